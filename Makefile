@@ -1,0 +1,35 @@
+# Two commands a fresh machine needs: `make quickstart` and `make test`.
+# Both create .venv at the repo root on first use. On a machine without CUDA, torch is the
+# CPU wheel `torch==2.13.0` installed *before* the project, so `torch>=2.4` in pyproject.toml
+# is already satisfied and pip never pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install quickstart test test-fast clean-quickstart
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	    echo "torch already in $(VENV): $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+	    echo "CUDA machine: install a CUDA build of torch yourself into $(VENV) first"; exit 1; \
+	else \
+	    $(PY) -m pip install -q torch==2.13.0; \
+	fi
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+# Prepares the small real corpus + tokenizer if missing, then trains configs/quickstart.yaml.
+quickstart: $(STAMP)
+	$(PY) scripts/quickstart.py
+
+# CPU test suite; Triton kernels run under the interpreter.
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -x --durations=15 tests
+
+clean-quickstart:
+	rm -rf data/quickstart runs/quickstart

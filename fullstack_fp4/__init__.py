@@ -1,0 +1,1 @@
+"""Full-Stack FP4: NVFP4 recipes (numerics, linear, optimizers, attention) usable without megatron."""
