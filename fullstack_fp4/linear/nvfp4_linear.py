@@ -1,0 +1,148 @@
+"""NVFP4 linear layer, NVIDIA's recipe: ``y = x Wᵀ + b`` with all three GEMMs in NVFP4.
+
+Shapes: ``x [..., in]`` (megatron's ``[s, b, h]`` is flattened to ``[T, in]``, T = s·b),
+``W [out, in]``. Every GEMM is :func:`fullstack_fp4.nvfp4.gemm.nvfp4_matmul` (``a @ bᵀ`` with
+both operands quantized along the reduction dimension K).
+
+=========  =============================  ==========================  ================
+GEMM       a (quantized along K)           b (quantized along K)       K
+=========  =============================  ==========================  ================
+fprop      x      1×16, nearest            W   16×16, nearest          in
+dgrad      dY     1×16, stochastic         Wᵀ  16×16 (same codes)      out
+wgrad      RHT(dYᵀ) 1×16, stochastic       RHT(xᵀ) 1×16, nearest       T (tokens)
+=========  =============================  ==========================  ================
+
+Why each choice:
+
+* **W with 16×16 tiles** (forward *and* dgrad): one scale per tile means the quantization
+  does not depend on which axis is the reduction axis, so ``Wᵀ`` quantized along ``out`` is the
+  exact transpose of ``W`` quantized along ``in`` (same codes, same tile scales, same tensor
+  scale; :meth:`NVFP4Tensor.t` repacks the nibbles). Forward and dgrad therefore see the *same*
+  quantized weight, the chain rule holds for the quantized network (dgrad is the true gradient
+  of the quantized forward w.r.t. x, up to dY's rounding), and one quantization serves both.
+* **Stochastic rounding on dY only**: gradients are averaged over many steps, so an unbiased
+  rounding turns the quantization error into zero-mean noise instead of a systematic bias;
+  forward operands keep nearest rounding (lower variance, and the forward has no averaging).
+  Caveat inherited from the format: an element whose scaled value exceeds 6 (possible only for
+  the block max, when the E4M3 block scale rounds down, by at most 1/16 relative) is clamped
+  to 6 before rounding, a small bias the tests account for.
+* **RHT-16 on both wgrad operands**, blockwise along the tokens (the reduction dim): with
+  ``R = blockdiag(diag(s) H16 / 4)`` orthogonal, ``(dYᵀ R)(xᵀ R)ᵀ = dYᵀ R Rᵀ x = dYᵀ x``, so it
+  cancels exactly in the product while spreading token outliers over each 16-block.
+* **Padding the tokens to a multiple of 16** for wgrad (blocks run along T): zero rows add
+  nothing to ``dYᵀ x``, are fixed points of the RHT (``0 · R = 0``) and cannot raise a block's
+  amax, so the product is unchanged; only the last, partial 16-block of tokens is affected
+  (it is quantized together with zeros, as it would be with any block layout).
+
+Saved for backward: only quantized tensors, never a BF16 copy of x. ``W``'s 16×16 NVFP4
+codes (for dgrad) and ``RHT(xᵀ)``'s NVFP4 codes (for wgrad): ≈ 4.5 bits per element instead of
+16. The wgrad copy of x is quantized in the forward (the same thing TE does with its
+"columnwise" usage), at the cost of one more quantization pass there.
+
+``amax_reduce`` (optional callable on an FP32 0-dim tensor, e.g. an all-reduce MAX over the
+tensor-parallel group) is applied to each operand's amax so that every rank uses one tensor
+scale; ``None`` means local amax.
+
+Non-finite gradients raise ``ValueError`` (from ``quantize``): BF16 training has no loss
+scaler that would expect and skip Inf gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from fullstack_fp4.nvfp4 import NVFP4Tensor, hadamard16, quantize
+from fullstack_fp4.nvfp4.gemm import nvfp4_matmul
+
+__all__ = ["NVFP4LinearFunction", "nvfp4_linear", "quantize_wgrad_operand"]
+
+AmaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
+
+
+def _quantize(t: torch.Tensor, amax_reduce: AmaxReduce, **kw) -> NVFP4Tensor:
+    gamax = None
+    if amax_reduce is not None:
+        gamax = amax_reduce(t.detach().abs().amax().to(torch.float32))
+    return quantize(t, global_amax=gamax, **kw)
+
+
+def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
+                           amax_reduce: AmaxReduce = None) -> NVFP4Tensor:
+    """``[T, C]`` -> NVFP4 of ``RHT16(pad(m)ᵀ)``, shape ``[C, T_pad]``, quantized along tokens."""
+    t = m.shape[0]
+    pad = (-t) % 16
+    if pad:
+        m = F.pad(m, (0, 0, 0, pad))   # zero tokens: see module docstring
+    return _quantize(hadamard16(m.t()), amax_reduce, tile=(1, 16), rounding=rounding,
+                     generator=generator)
+
+
+def _pack(q: NVFP4Tensor):
+    return (q.data, q.block_scale, q.tensor_scale), (q.shape, q.dtype, q.tile)
+
+
+def _unpack(tensors, meta) -> NVFP4Tensor:
+    return NVFP4Tensor(*tensors, *meta)
+
+
+class NVFP4LinearFunction(torch.autograd.Function):
+    """``y = x Wᵀ + b`` with NVFP4 fprop, dgrad and wgrad (see module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias=None, generator=None, amax_reduce=None):
+        in_f, out_f = weight.shape[1], weight.shape[0]
+        if x.shape[-1] != in_f:
+            raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
+        x2 = x.reshape(-1, in_f)
+        qx = _quantize(x2, amax_reduce, tile=(1, 16), rounding="nearest")
+        qw = _quantize(weight, amax_reduce, tile=(16, 16), rounding="nearest")
+        y = nvfp4_matmul(qx, qw, out_dtype=x.dtype)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        saved, ctx.meta = [], {}
+        if need_dx:
+            tw, ctx.meta["w"] = _pack(qw)
+            saved += tw
+        if need_dw:
+            qxt = quantize_wgrad_operand(x2, rounding="nearest", amax_reduce=amax_reduce)
+            tx, ctx.meta["xt"] = _pack(qxt)
+            saved += tx
+        ctx.save_for_backward(*saved)
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.generator, ctx.amax_reduce = generator, amax_reduce
+        return y.reshape(*x.shape[:-1], out_f)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        saved = list(ctx.saved_tensors)
+        out_f = grad_out.shape[-1]
+        dy2 = grad_out.reshape(-1, out_f)
+        gen, red = ctx.generator, ctx.amax_reduce
+        dx = dw = db = None
+        if "w" in ctx.meta:
+            qw = _unpack(saved[:3], ctx.meta["w"])
+            saved = saved[3:]
+            qdy = _quantize(dy2, red, tile=(1, 16), rounding="stochastic", generator=gen)
+            dx = nvfp4_matmul(qdy, qw.t(), out_dtype=ctx.x_dtype).reshape(ctx.x_shape)
+        if "xt" in ctx.meta:
+            qxt = _unpack(saved[:3], ctx.meta["xt"])
+            qdyt = quantize_wgrad_operand(dy2, rounding="stochastic", generator=gen,
+                                          amax_reduce=red)
+            dw = nvfp4_matmul(qdyt, qxt, out_dtype=ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.to(torch.float32).sum(dim=0).to(ctx.bias_dtype)
+        return dx, dw, db, None, None
+
+
+def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                 generator: Optional[torch.Generator] = None,
+                 amax_reduce: AmaxReduce = None) -> torch.Tensor:
+    """Functional NVFP4 linear, ``x [..., in]``, ``weight [out, in]`` (both multiples of 16)."""
+    return NVFP4LinearFunction.apply(x, weight, bias, generator, amax_reduce)

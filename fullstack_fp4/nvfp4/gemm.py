@@ -1,0 +1,109 @@
+"""``nvfp4_matmul``: the ONE backend function for NVFP4 GEMMs, ``a @ b.T``.
+
+Both operands are quantized along the shared reduction dimension K (``a``: ``[..., M, K]``
+flattened to ``[M, K]``; ``b``: ``[N, K]``), exactly as the tensor cores consume them.
+
+Emulated path (every GPU before Blackwell, and the CPU):
+
+1. Decode ``e2m1(code) · fp32(block_scale)`` and store it in BF16. This is **exact**:
+   an E2M1 magnitude is ``m · 2^e`` with a 2-bit significand m ∈ {0, 1, 2, 3} (0.5 = 1·2⁻¹,
+   1.5 = 3·2⁻¹, 3 = 3·2⁰, 6 = 3·2¹), an E4M3 scale is ``n · 2^g`` with a 4-bit significand
+   n ≤ 15 (subnormals: n ≤ 7, g = -9), so the product's significand ``m · n ≤ 45 < 2⁶`` needs
+   at most 6 bits, below BF16's 8 (7 stored + the implicit bit); its magnitude lies in
+   ``[0.5 · 2⁻⁹, 6 · 448] = [2⁻¹⁰, 2688]``, far inside BF16's normal range ``[2⁻¹²⁶, 2¹²⁸)``.
+   So the BF16 operand equals the mathematical product and the only rounding of the whole
+   GEMM is in the accumulation.
+2. Multiply with FP32 accumulation: on CUDA ``torch.mm(..., out_dtype=torch.float32)`` (BF16
+   tensor cores, FP32 accumulate and FP32 output); on CPU the BF16 operands are upcast to FP32
+   (exact) and multiplied in FP32.
+3. Multiply the product of the two FP32 tensor scales onto the FP32 result, then cast to
+   ``out_dtype``: ``out = acc · (ts_a · ts_b)`` (``ts_a · ts_b`` first, one FP32 rounding,
+   as torchao's ``scale_result``), matching the hardware, which applies the global scale as an
+   epilogue ``alpha``.
+
+The result equals the exact NVFP4 product up to FP32 accumulation order and the final cast.
+
+Native path (Blackwell, sm_100 / sm_120): ``torch._scaled_mm`` with ``float4_e2m1fn_x2``
+operands and swizzled E4M3 block scales. UNTESTED: it has never run here (our GPU is an H200,
+sm_90); it is behind ``FULLSTACK_FP4_NATIVE_GEMM=1`` and must get a test on Blackwell against
+the emulated path before anyone turns it on.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .e2m1 import e2m1_decode
+from .tensor import NVFP4Tensor
+
+__all__ = ["nvfp4_matmul", "decode_to_bf16"]
+
+
+def decode_to_bf16(t: NVFP4Tensor) -> torch.Tensor:
+    """``e2m1(code) · fp32(block_scale)`` as BF16 (exact, see module docstring), ``[M, K]``."""
+    k = t.shape[-1]
+    vals = e2m1_decode(t.codes()).reshape(-1, k // 16, 16)
+    scale = t.block_scale.reshape(-1, k // 16, 1).to(torch.float32)
+    return (vals * scale).reshape(-1, k).to(torch.bfloat16)
+
+
+def _check(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
+    if len(b.shape) != 2:
+        raise ValueError(f"b must be 2D [N, K], got shape {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"reduction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    if a.device != b.device:
+        raise ValueError("a and b are on different devices")
+
+
+def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16):
+    """``dequant(a) @ dequant(b).T`` computed as NVFP4 hardware would; shape ``[..., N]``."""
+    _check(a, b)
+    if _native_enabled(a):
+        return _native_scaled_mm(a, b, out_dtype)
+    a2, b2 = decode_to_bf16(a), decode_to_bf16(b)
+    if a2.is_cuda:
+        acc = torch.mm(a2, b2.t(), out_dtype=torch.float32)
+    else:
+        acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32).t())
+    alpha = a.tensor_scale.to(torch.float32) * b.tensor_scale.to(torch.float32)
+    out = (acc * alpha).to(out_dtype)
+    return out.reshape(*a.shape[:-1], b.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# UNTESTED HOOK: native Blackwell FP4 GEMM. Never executed in this project's CI or on the H200.
+# ---------------------------------------------------------------------------------------------
+def _native_enabled(a: NVFP4Tensor) -> bool:
+    if os.environ.get("FULLSTACK_FP4_NATIVE_GEMM") != "1" or not a.data.is_cuda:
+        return False
+    return torch.cuda.get_device_capability(a.data.device)[0] >= 10
+
+
+def _to_blocked(scale: torch.Tensor) -> torch.Tensor:
+    """cuBLAS' swizzled scale layout (128×4 blocks as 32×16 tiles), after torchao's to_blocked."""
+    rows, cols = scale.shape
+    nr, nc = -(-rows // 128), -(-cols // 4)
+    padded = torch.zeros(nr * 128, nc * 4, dtype=scale.dtype, device=scale.device)
+    padded[:rows, :cols] = scale
+    blocks = padded.view(nr, 128, nc, 4).permute(0, 2, 1, 3)
+    return blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
+
+
+def _native_scaled_mm(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype):
+    """UNTESTED sketch of the Blackwell path; verify against the emulated path before use."""
+    k = a.shape[-1]
+    a_data = a.data.reshape(-1, k // 2).contiguous()
+    a_scale = a.block_scale.reshape(-1, k // 16).view(torch.uint8)
+    b_scale = b.block_scale.reshape(-1, k // 16).view(torch.uint8)
+    acc = torch._scaled_mm(
+        a_data.view(torch.float4_e2m1fn_x2),
+        b.data.contiguous().view(torch.float4_e2m1fn_x2).t(),
+        _to_blocked(a_scale).view(torch.float8_e4m3fn),
+        _to_blocked(b_scale).view(torch.float8_e4m3fn),
+        out_dtype=torch.float32,
+    )
+    alpha = a.tensor_scale.to(torch.float32) * b.tensor_scale.to(torch.float32)
+    return (acc * alpha).to(out_dtype).reshape(*a.shape[:-1], b.shape[0])
