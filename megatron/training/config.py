@@ -1,0 +1,169 @@
+"""Load a run config: YAML file(s) -> dotted overrides -> typed `RunConfig` -> validation.
+
+Composition: a YAML file may name `base: other.yaml` (a path relative to itself, or a list of
+them, applied in order); its own keys override the base's, dict by dict. Command-line
+overrides `section.key=value` come last; the value is parsed as YAML (`3`, `1e-3`, `true`,
+`[a, b]`, `null`).
+
+Every problem is a `ConfigError` with one message that names the key; the entry point turns
+it into exit code 2. Unknown keys name the closest valid one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any, Union
+
+import yaml
+
+from megatron.training.config_schema import PRESETS, RunConfig
+
+
+class ConfigError(ValueError):
+    """A config the run cannot start from; the message says which key and how to fix it."""
+
+
+def load_config(path: str | None, overrides: list[str] = (), *, validate: bool = True) -> RunConfig:
+    raw: dict = load_yaml_tree(path) if path else {}
+    for item in overrides:
+        apply_override(raw, item)
+    cfg = from_dict(RunConfig, raw, prefix="")
+    apply_preset(cfg)
+    if validate:
+        from megatron.training.config_validate import validate_config
+
+        validate_config(cfg)
+    return cfg
+
+
+def load_yaml_tree(path: str, _seen: tuple = ()) -> dict:
+    path = os.path.abspath(path)
+    if path in _seen:
+        raise ConfigError(f"config {path}: 'base' chain loops back to itself")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config {path}: top level must be a mapping of sections")
+    bases = doc.pop("base", None) or []
+    merged: dict = {}
+    for b in [bases] if isinstance(bases, str) else bases:
+        merged = deep_merge(merged, load_yaml_tree(os.path.join(os.path.dirname(path), b), _seen + (path,)))
+    return deep_merge(merged, doc)
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_override(raw: dict, item: str) -> None:
+    if "=" not in item or item.startswith("="):
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    key, text = item.split("=", 1)
+    try:
+        value = yaml.safe_load(text) if text != "" else None
+    except yaml.YAMLError:
+        value = text
+    parts = key.strip().split(".")
+    node = raw
+    for p in parts[:-1]:
+        if not isinstance(node.setdefault(p, {}), dict):
+            raise ConfigError(f"override {item!r}: {p!r} is a value, not a section")
+        node = node[p]
+    node[parts[-1]] = value
+
+
+def from_dict(cls, data: Any, prefix: str):
+    """Build dataclass `cls` from a dict, checking every key and type."""
+    where = prefix.rstrip(".") or "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__} {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = coerce(hints[name], value, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def coerce(tp, value, key: str):
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key + ".")
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return coerce(args[0], value, key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]  # a single path is a list of one
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [coerce(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if value is None:
+        raise ConfigError(f"{key} must be a {tp.__name__}, got null")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # 1e6 in YAML is a float
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads "3e-4" as a string
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported schema type {tp}")  # a bug in the schema, not the user
+
+
+def apply_preset(cfg: RunConfig) -> None:
+    m = cfg.model
+    if m.preset is None:
+        return
+    if m.preset not in PRESETS:
+        close = difflib.get_close_matches(m.preset, list(PRESETS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"model.preset '{m.preset}' is not one of {', '.join(PRESETS)}{hint}")
+    for k, v in PRESETS[m.preset].items():
+        if getattr(m, k) is None:
+            setattr(m, k, v)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)

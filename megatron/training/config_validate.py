@@ -1,0 +1,134 @@
+"""Cross-field rules of a run config, checked before anything is built.
+
+Each rule raises `ConfigError` with a message that says what to change. The list of recipe
+names comes from `megatron.training.recipes`, the one place that knows which recipes exist.
+"""
+from __future__ import annotations
+
+import os
+
+from megatron.training.config import ConfigError
+from megatron.training.config_schema import RunConfig
+
+
+def _choice(key: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got '{value}'")
+
+
+def _positive(key: str, value, allow_zero: bool = False) -> None:
+    if value is None:
+        raise ConfigError(f"{key} must be set")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}; got {value}")
+
+
+def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
+    from megatron.training import recipes
+
+    m, p, t, o, f, d, c, lg = (cfg.model, cfg.parallel, cfg.train, cfg.optimizer, cfg.fp4,
+                               cfg.data, cfg.checkpoint, cfg.logging)
+    for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length"):
+        if getattr(m, k) is None:
+            raise ConfigError(f"model.{k} is not set: set it or choose a model.preset")
+        _positive(f"model.{k}", getattr(m, k))
+    if m.num_query_groups is None:
+        m.num_query_groups = m.num_attention_heads
+    _positive("model.num_query_groups", m.num_query_groups)
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(f"model.hidden_size ({m.hidden_size}) must be divisible by "
+                          f"model.num_attention_heads ({m.num_attention_heads})")
+    if m.num_attention_heads % m.num_query_groups:
+        raise ConfigError(f"model.num_attention_heads ({m.num_attention_heads}) must be divisible by "
+                          f"model.num_query_groups ({m.num_query_groups})")
+    _choice("model.position_embedding", m.position_embedding, ("rope", "learned"))
+
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    _positive("parallel.tensor_model_parallel_size", tp)
+    _positive("parallel.pipeline_model_parallel_size", pp)
+    if m.num_attention_heads % tp or m.num_query_groups % tp:
+        raise ConfigError(f"model.num_attention_heads ({m.num_attention_heads}) and model.num_query_groups "
+                          f"({m.num_query_groups}) must be divisible by parallel.tensor_model_parallel_size ({tp})")
+    if m.ffn_hidden_size % tp:
+        raise ConfigError(f"model.ffn_hidden_size ({m.ffn_hidden_size}) must be divisible by "
+                          f"parallel.tensor_model_parallel_size ({tp})")
+    if m.num_layers % pp:
+        raise ConfigError(f"model.num_layers ({m.num_layers}) must be divisible by "
+                          f"parallel.pipeline_model_parallel_size ({pp})")
+
+    _positive("train.iters", t.iters)
+    _positive("train.micro_batch_size", t.micro_batch_size)
+    _positive("train.global_batch_size", t.global_batch_size)
+    _positive("train.log_interval", t.log_interval)
+    _positive("train.eval_interval", t.eval_interval)
+    _positive("train.eval_iters", t.eval_iters, allow_zero=True)
+    if t.exit_interval is not None:
+        _positive("train.exit_interval", t.exit_interval)
+    _choice("train.precision", t.precision, ("bf16", "fp32"))
+    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    if world % (tp * pp):
+        raise ConfigError(f"world size {world} is not divisible by tensor x pipeline parallel size ({tp} x {pp})")
+    dp = world // (tp * pp)
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ConfigError(f"train.global_batch_size ({t.global_batch_size}) must be divisible by "
+                          f"train.micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp})")
+
+    _choice("optimizer.name", o.name, recipes.OPTIMIZERS)
+    _choice("optimizer.schedule", o.schedule, ("cosine", "wsd", "constant"))
+    _positive("optimizer.lr", o.lr)
+    _positive("optimizer.min_lr", o.min_lr, allow_zero=True)
+    if o.min_lr > o.lr:
+        raise ConfigError(f"optimizer.min_lr ({o.min_lr}) must not exceed optimizer.lr ({o.lr})")
+    _positive("optimizer.warmup_iters", o.warmup_iters, allow_zero=True)
+    if not 0 <= o.beta1 < 1 or not 0 <= o.beta2 < 1:
+        raise ConfigError("optimizer.beta1 and optimizer.beta2 must lie in [0, 1)")
+    if not 0 < o.wsd_decay_fraction <= 1:
+        raise ConfigError("optimizer.wsd_decay_fraction must lie in (0, 1]")
+    _choice("optimizer.orthogonal.coefficients", o.orthogonal.coefficients, ("auto", "muon", "root", "fitted"))
+
+    _choice("fp4.linear", f.linear, recipes.LINEAR)
+    _choice("fp4.attention", f.attention, recipes.ATTENTION)
+    _choice("fp4.fallback", f.fallback, ("off", "warn", "bf16"))
+    _positive("fp4.bf16_first_layers", f.bf16_first_layers, allow_zero=True)
+    _positive("fp4.bf16_last_layers", f.bf16_last_layers, allow_zero=True)
+    if f.bf16_first_layers + f.bf16_last_layers > m.num_layers:
+        raise ConfigError("fp4.bf16_first_layers + fp4.bf16_last_layers exceeds model.num_layers")
+    for kind, name in (("fp4.linear", f.linear), ("fp4.attention", f.attention), ("optimizer.name", o.name)):
+        reason = recipes.unavailable_reason(kind, name)
+        if reason:
+            raise ConfigError(f"{kind}: '{name}' {reason}")
+    if f.linear != "bf16" and (m.hidden_size % 16 or m.ffn_hidden_size % 16):
+        raise ConfigError("NVFP4 linears need model.hidden_size and model.ffn_hidden_size divisible by 16")
+    if f.linear == "lora_svd":
+        lr_ = f.lora_svd
+        _positive("fp4.lora_svd.rank", lr_.rank)
+        if lr_.rank >= min(m.hidden_size, m.ffn_hidden_size) // tp:
+            raise ConfigError(f"fp4.lora_svd.rank ({lr_.rank}) must be below the smallest per-rank matrix dimension")
+        _positive("fp4.lora_svd.realign_interval", lr_.realign_interval)
+
+    if not d.mock:
+        if not d.path:
+            raise ConfigError("data.path is empty: give indexed-dataset prefixes, or set data.mock=true")
+        if d.weights is not None and len(d.weights) != len(d.path):
+            raise ConfigError(f"data.weights has {len(d.weights)} entries but data.path has {len(d.path)}")
+        if not d.tokenizer:
+            raise ConfigError("data.tokenizer is not set (a SentencePiece .model file)")
+        parts = d.split.split(",")
+        try:
+            nums = [float(x) for x in parts]
+        except ValueError:
+            nums = []
+        if len(nums) != 3 or min(nums) < 0 or sum(nums) <= 0:
+            raise ConfigError(f"data.split must be three non-negative numbers like '98,2,0'; got '{d.split}'")
+    elif m.vocab_size is None:
+        raise ConfigError("data.mock=true needs model.vocab_size")
+
+    if c.load not in ("auto", "none") and not c.load:
+        raise ConfigError("checkpoint.load must be auto, none or a path")
+    if c.save_interval is not None:
+        _positive("checkpoint.save_interval", c.save_interval)
+        if not c.save_dir:
+            raise ConfigError("checkpoint.save_interval is set but checkpoint.save_dir is not")
+    _positive("checkpoint.keep_last", c.keep_last)
+    _choice("logging.wandb_mode", lg.wandb_mode, ("offline", "online", "disabled"))
+    _positive("logging.quant_stats_interval", lg.quant_stats_interval, allow_zero=True)

@@ -1,0 +1,38 @@
+"""The recipe switches of the config and which of them are implemented.
+
+The schema knows every name from the start, so a config written for a later release reads
+correctly; choosing a name whose implementation has not landed is a config error that says
+so, instead of a silent BF16 run.
+"""
+from __future__ import annotations
+
+LINEAR = ("bf16", "nvfp4", "lora_svd")
+ATTENTION = ("bf16", "q_attn")
+OPTIMIZERS = ("adamw", "q_adamw", "root", "q_root", "muon", "q_muon")
+
+# (config key, name) pairs whose implementation is wired into the trainer.
+IMPLEMENTED = {
+    ("fp4.linear", "bf16"),
+    ("fp4.attention", "bf16"),
+    ("optimizer.name", "adamw"),
+}
+
+
+def unavailable_reason(kind: str, name: str) -> str | None:
+    if (kind, name) in IMPLEMENTED:
+        return None
+    return "is part of the schema but not implemented in this release yet; choose another value"
+
+
+def convert_layer_spec(spec, cfg, *, layer_index: int):
+    """Rewrite one transformer layer's spec for the configured FP4 recipes.
+
+    A converter swaps submodules (linears, core attention); the layer classes stay megatron's.
+    `spec` is a private deep copy the caller hands over.
+    """
+    return spec
+
+
+def after_model_build(model, cfg) -> None:
+    """Hook for recipes that need the built module tree (e.g. initial SVD splits)."""
+    return None
