@@ -1,0 +1,108 @@
+"""``q_attention``: the autograd function and its CPU/GPU dispatch.
+
+Dispatch: CUDA tensors with the default-format forward paths (pv, dv, dp in BF16) run the
+Triton kernels (``triton_fwd.py``, ``triton_bwd.py``: flash-style, S never materialised);
+anything else runs ``reference.py`` (materialises S: CPU tests and the error table; on CUDA
+only when a softmax-sensitive path is switched *to* NVFP4, which is an experiment, not a
+training configuration). ``backend=`` forces one.
+
+Rounding per path (the decision):
+  * Q, K views (qk and ds operands): nearest — see ``prologue.py``.
+  * dS: nearest by default; ``ds_rounding="stochastic"`` available. Measured with
+    ``scripts/q_attn_error_table.py`` (see README.md): stochastic rounding of dS raises the
+    per-step relative error of dQ/dK (it adds variance that nearest rounding does not) while
+    the bias it removes is already small, because dS's rows sum to zero and its rounding
+    errors largely cancel in the seq-long reductions of dQ = dS K and dK = dSᵀ Q.
+  * P / dP / dO / V when switched to NVFP4 (experiments only): nearest.
+K-smoothing default: on (measured: it cuts the qk-path error of O and dQ, see README.md).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+
+from . import reference
+from .paths import quantized, resolve_paths
+from .prologue import make_views
+
+
+def _use_triton(q: torch.Tensor, paths: dict, backend: Optional[str]) -> bool:
+    if backend is not None:
+        if backend not in ("triton", "reference"):
+            raise ValueError(f"backend must be 'triton' or 'reference', got {backend!r}")
+        return backend == "triton"
+    return q.is_cuda and not any(quantized(paths, p) for p in ("pv", "dv", "dp"))
+
+
+class QAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, paths, smooth, ds_rounding, generator, use_triton):
+        views = make_views(q, k, qk_fp4=quantized(paths, "qk"), ds_fp4=quantized(paths, "ds"),
+                           smooth=smooth, backend="triton" if use_triton else "reference")
+        if use_triton:
+            from .triton_fwd import attention_forward
+            o, lse = attention_forward(views, v, causal=causal, scale=scale)
+        else:
+            o, lse = reference.forward(v, views, causal=causal, scale=scale, paths=paths)
+        ctx.save_for_backward(v, o, lse, views.q_hd, views.k_hd, views.q_sq, views.k_sq,
+                              views.dec_q_hd, views.dec_k_hd, views.dec_q_sq, views.dec_k_sq,
+                              views.k_mean)
+        ctx.cfg = (causal, scale, paths, ds_rounding, generator, use_triton, q.dtype, k.dtype)
+        ctx.mark_non_differentiable(lse)
+        return o.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        from .prologue import QAttnViews
+        v, o, lse, *vw = ctx.saved_tensors
+        views = QAttnViews(*vw)
+        causal, scale, paths, ds_rounding, generator, use_triton, qdt, kdt = ctx.cfg
+        do = do.contiguous()
+        if use_triton:
+            from .triton_bwd import attention_backward
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+            dq, dk, dv = attention_backward(do, o, lse, v, views, causal=causal, scale=scale,
+                                            ds_stochastic=ds_rounding == "stochastic", seed=seed)
+        else:
+            dq, dk, dv = reference.backward(do, o, v, views, causal=causal, scale=scale,
+                                            paths=paths, ds_rounding=ds_rounding,
+                                            generator=generator)
+        return (dq.to(qdt), dk.to(kdt), dv.to(v.dtype)) + (None,) * 7
+
+
+def q_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                softmax_scale: Optional[float] = None, paths: Optional[Mapping[str, str]] = None,
+                generator: Optional[torch.Generator] = None, k_smoothing: bool = True,
+                ds_rounding: str = "nearest", return_lse: bool = False,
+                backend: Optional[str] = None):
+    """Q-Attn: attention with NVFP4 ``QKᵀ`` and ``dS`` GEMMs (see README.md for the math).
+
+    ``q [B, H, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (H a multiple of Hkv: grouped-query
+    attention), BF16 (FP32 accepted; operands of BF16 paths are rounded to BF16 anyway).
+    ``D`` a multiple of 16 (64 and 128 on the GPU kernels). ``causal`` needs ``Sq == Sk``
+    (top-left aligned mask). ``softmax_scale`` defaults to ``1/sqrt(D)``. ``paths`` maps GEMM
+    path names (qk, pv, dv, dp, ds) to "nvfp4" | "bf16" (``paths.py``). ``generator`` seeds the
+    stochastic rounding of dS when ``ds_rounding="stochastic"``. Returns ``O`` (and the natural
+    log-sum-exp ``[B, H, Sq]`` FP32 with ``return_lse``).
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be [batch, heads, seq, head_dim]")
+    b, h, sq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k/v shape {tuple(k.shape)}/{tuple(v.shape)} incompatible with q {tuple(q.shape)}")
+    if h % k.shape[1]:
+        raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({k.shape[1]})")
+    if d % 16:
+        raise ValueError(f"head_dim must be a multiple of 16 (NVFP4 blocks), got {d}")
+    if causal and sq != k.shape[2]:
+        raise ValueError("causal attention needs seq_q == seq_k")
+    if ds_rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"ds_rounding must be 'nearest' or 'stochastic', got {ds_rounding!r}")
+    resolved = resolve_paths(paths)
+    scale = float(softmax_scale) if softmax_scale is not None else d ** -0.5
+    use_triton = _use_triton(q, resolved, backend)
+    o, lse = QAttnFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale,
+                                 resolved, k_smoothing, ds_rounding, generator, use_triton)
+    return (o, lse) if return_lse else o
