@@ -1,0 +1,181 @@
+"""Quintic Newton–Schulz orthogonalisation in FP64 / FP32 / BF16 / NVFP4.
+
+``newton_schulz(G)`` approximates the polar factor ``U·Vᵀ`` of ``G = U·Σ·Vᵀ``:
+
+    X₀ = G / (‖G‖_F + 1e-7)            (σ_max(X₀) ≤ 1, inside the quintic's basin)
+    X ← a·X + (b·A + c·A²)·X,  A = X·Xᵀ (one (a, b, c) per step, see ns_coefficients.py)
+
+A tall ``G`` (rows > cols) is transposed first so that ``A`` is the *smaller* Gram matrix
+(``min × min``): the products then cost ``4·m²·n + 2·m³`` FLOPs with m = min dim.
+
+NVFP4 precision (``precision="nvfp4"``): every matrix product takes NVFP4 operands
+(E2M1 + E4M3 per 1×16 block along the product's reduction dimension + FP32 tensor scale) and
+accumulates in FP32; everything that is not a product (scalings, sums) is FP32. Two variants:
+
+``nvfp4_form="naive"`` — the textbook step with each operand quantized:
+    Xr = q(X)                   rows of X, K = n; reused as BOTH operands of A = Xr·Xrᵀ
+    A  = Xr·Xrᵀ;  Aq = q(A);    A² = Aq·Aqᵀ  (A symmetric: one quantized view, used twice)
+    X ← a·X + q(bA + cA²)·q_col(X)   q_col: X quantized along its rows' index (K = m)
+It diverges on full-rank Gaussian inputs (measured): near convergence ``B = bA + cA²`` ≈
+``(b + c)·I`` ≈ −2.7·I for Muon's triple, so the ~10 % NVFP4 error of ``q_col(X)`` enters the
+output multiplied by 2.7 while the exact output ``(a + b + c)·X`` is only ≈ 0.7·X.
+
+``nvfp4_form="shifted"`` (default, ours) — take the identity out of every quantized operand:
+    A  = Xr·Xrᵀ;  τ = trace(A)/m;  D = A − τ·I          (D small once X is near-orthogonal)
+    D² = q(D)·q(D)ᵀ                                      (one quantized view, used twice)
+    A² = τ²·I + 2τ·D + D²  ⇒  bA + cA² = β·I + B',  β = bτ + cτ²,  B' = (b + 2cτ)·D + c·D²
+    X ← (a + β)·X + q(B')·q_col(X)
+Algebraically identical to the exact step; the identity parts (``τ``, ``β``, ``(a + β)·X``) are
+exact FP32 scalars/axpys, so quantization noise scales with ‖D‖ and ‖B'‖, which shrink as X
+converges, instead of with ‖A‖ and ‖B‖, which do not. Cost: 4 quantizations (Xr, q(D), q(B'),
+q_col(X)) and 3 GEMMs per step, the same as naive. The remaining dominant error is the
+quantization of X inside ``A = Xr·Xrᵀ`` (first order, ∝ sqrt(m/n)); the fitted coefficient
+schedules (``coefficients="fp4"``) damp it by ending with convergent steps.
+
+``clip_percentile=p``: before each quantization, the operand's entries are clamped to the p-th
+percentile of that operand's |entries| (each operand separately: X, D, B', since their
+outliers are unrelated). Measured (scripts/ns_error_table.py): in NS it *hurts* — clamping
+changes the matrix, not only its encoding, and on heavy-tailed inputs it pushes singular values
+out of the basin — so it is off by default; it exists to reproduce the paper's ablation.
+
+Backends for the NVFP4 products: "reference" quantizes with ``fullstack_fp4.nvfp4.quantize`` and
+multiplies with ``nvfp4_matmul`` (the oracle path); "triton" uses ``triton_ns`` (one fused
+kernel per operand: amax-scaled quantize + decode to the exact BF16 operand, no NVFP4Tensor
+round trip) and a BF16 GEMM with FP32 output; "auto" = triton on CUDA when importable.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .ns_coefficients import Triple, resolve_schedule
+
+__all__ = ["newton_schulz", "ns_step"]
+
+_DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
+           "nvfp4": torch.float32}
+
+
+def _clip(x: torch.Tensor, percentile: Optional[float]) -> torch.Tensor:
+    """Clamp entries to the ``percentile``-th percentile of |x| (kthvalue: no size limit)."""
+    if percentile is None:
+        return x
+    flat = x.detach().abs().flatten()
+    k = max(1, min(flat.numel(), int(round(percentile / 100.0 * flat.numel()))))
+    t = flat.float().kthvalue(k).values
+    return x.clamp(-t, t)
+
+
+class _NVFP4Products:
+    """NVFP4 operands and products for one backend. ``op(x)`` quantizes ``x`` along its last
+    dim; ``mm(p, q)`` = ``p @ q.T`` with FP32 accumulation and FP32 output."""
+
+    def __init__(self, backend: str, clip: Optional[float], rounding: str,
+                 generator: Optional[torch.Generator], device: torch.device):
+        if backend == "auto":
+            backend = "triton" if device.type == "cuda" and _triton_available() else "reference"
+        if backend not in ("reference", "triton"):
+            raise ValueError(f"backend must be auto | reference | triton, got {backend!r}")
+        self.backend, self.clip, self.rounding, self.generator = backend, clip, rounding, generator
+
+    def op(self, x: torch.Tensor):
+        x = _clip(x, self.clip).contiguous()
+        if self.backend == "triton":
+            from .triton_ns import quantize_decode  # noqa: PLC0415 (optional, CUDA only)
+            if self.rounding != "nearest":
+                raise ValueError("the triton NS backend implements nearest rounding only")
+            return quantize_decode(x)
+        from fullstack_fp4.nvfp4 import quantize  # noqa: PLC0415 (keep import cheap)
+        return quantize(x, rounding=self.rounding, generator=self.generator)
+
+    def mm(self, p, q) -> torch.Tensor:
+        if self.backend == "triton":
+            from .triton_ns import decoded_matmul  # noqa: PLC0415
+            return decoded_matmul(p, q)
+        from fullstack_fp4.nvfp4.gemm import nvfp4_matmul  # noqa: PLC0415
+        return nvfp4_matmul(p, q, out_dtype=torch.float32)
+
+
+def _triton_available() -> bool:
+    try:
+        from . import triton_ns  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
+def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: str):
+    """One NVFP4 step on the padded ``X`` (``m`` = true row count; padding rows are zero)."""
+    a, b, c = abc
+    Xr = P.op(X)                       # rows of X, K = n: both operands of X·Xᵀ
+    A = P.mm(Xr, Xr)
+    Xc = P.op(X.t())                   # X quantized along dim 0 (K = m) for (·)·X
+    if form == "naive":
+        Aq = P.op(A)                   # A symmetric: q(A) serves as A and as Aᵀ
+        B = b * A + c * P.mm(Aq, Aq)
+        return a * X + P.mm(P.op(B), Xc)
+    tau = torch.diagonal(A)[:m].sum() / m
+    D = A.clone()
+    torch.diagonal(D)[:m] -= tau       # padded block stays exactly 0 (no −τ on it)
+    Dq = P.op(D)                       # D symmetric: one view for D and Dᵀ
+    Bp = (b + 2 * c * tau) * D + c * P.mm(Dq, Dq)
+    beta = b * tau + c * tau * tau
+    return (a + beta) * X + P.mm(P.op(Bp), Xc)
+
+
+def ns_step(X: torch.Tensor, abc: Triple) -> torch.Tensor:
+    """One exact step in X's dtype (used by the dense paths and as the oracle in scripts)."""
+    a, b, c = abc
+    A = X @ X.mT
+    return a * X + (b * A + c * (A @ A)) @ X
+
+
+def newton_schulz(
+    G: torch.Tensor,
+    *,
+    steps: int = 5,
+    coefficients: Union[str, Triple, Sequence[Triple]] = "muon",
+    precision: str = "fp32",
+    clip_percentile: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+    rounding: str = "nearest",
+    nvfp4_form: str = "shifted",
+    backend: str = "auto",
+    eps: float = 1e-7,
+) -> torch.Tensor:
+    """Orthogonalise the 2-D ``G``; returns the same shape, dtype per ``precision``
+    (fp64 → float64, bf16 → bfloat16, fp32 / nvfp4 → float32).
+
+    coefficients: "muon" | "root" (ROOT's shape table) | "fp4" (our fitted table) | a triple |
+    a per-step list. The table lookup uses ``G``'s own shape (before transposition).
+    generator / rounding: only for ``precision="nvfp4"`` with ``rounding="stochastic"``.
+    """
+    if G.ndim != 2:
+        raise ValueError(f"newton_schulz expects a 2-D matrix, got shape {tuple(G.shape)}")
+    if precision not in _DTYPES:
+        raise ValueError(f"precision must be one of {sorted(_DTYPES)}, got {precision!r}")
+    if nvfp4_form not in ("shifted", "naive"):
+        raise ValueError(f"nvfp4_form must be shifted | naive, got {nvfp4_form!r}")
+    schedule = resolve_schedule(coefficients, G.shape, steps)
+    X = G.to(_DTYPES[precision])
+    transposed = X.shape[0] > X.shape[1]
+    if transposed:
+        X = X.mT
+    X = X / (X.norm() + eps)
+    if precision != "nvfp4":
+        for abc in schedule:
+            X = ns_step(X, abc)
+    else:
+        m, n = X.shape
+        # NVFP4 blocks are 16 wide along every reduction dim (n for X·Xᵀ, m for the others):
+        # zero padding changes no product, and the shifted form keeps the padded block at 0.
+        pm, pn = -m % 16, -n % 16
+        if pm or pn:
+            X = torch.nn.functional.pad(X, (0, pn, 0, pm))
+        P = _NVFP4Products(backend, clip_percentile, rounding, generator, X.device)
+        for abc in schedule:
+            X = _step_nvfp4(X, m, abc, P, nvfp4_form)
+        X = X[:m, :n]
+    return X.mT.contiguous() if transposed else X.contiguous()
