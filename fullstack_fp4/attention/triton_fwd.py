@@ -1,0 +1,111 @@
+"""Triton Q-Attn forward: flash-attention style, S never materialised.
+
+One program per (b·h, BLOCK_M queries). Operands are the prologue's views: ``q_hd``, ``k_hd``
+hold ``code · block_scale`` in BF16 (exact), so ``tl.dot`` on them is the NVFP4 GEMM up to
+accumulation order (emulation on Hopper: DESIGN.md "Hardware"); the two per-head decode scales,
+the softmax scale and log2(e) are folded into one FP32 factor applied to the accumulator.
+Online softmax in FP32 with exp2; ``P`` is rounded to BF16 for ``O += P V`` (BF16 path, FP32
+accumulation). Causal programs split the key loop: blocks left of the diagonal need no mask,
+the diagonal block(s) do; the sequence tail is masked everywhere (any length).
+
+Outputs: ``O`` BF16, and ``lse2 = max + log2(sum)`` (base 2, of the scaled logits) that the
+backward reuses; ``attention_forward`` also returns the natural-log LSE ``lse2 · ln 2``.
+"""
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_nvfp4 import dot_bf16
+
+LOG2E = 1.4426950408889634
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start_n_lo, start_n_hi, offs_m, Sk, qk_mul,
+               D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+               INTERP: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    for start_n in range(start_n_lo, start_n_hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = offs_n[:, None] < Sk
+        k = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = dot_bf16(q, tl.trans(k), INTERP) * qk_mul
+        if MASK:
+            valid = offs_n[None, :] < Sk
+            if CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + dot_bf16(p.to(tl.bfloat16), v, INTERP)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, GROUPS, scale2,
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr, INTERP: tl.constexpr):
+    bh = tl.program_id(1)
+    start_m = tl.program_id(0) * BLOCK_M
+    b = bh // H
+    h = bh % H
+    bkv = b * (H // GROUPS) + h // GROUPS
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + bh * Sq * D + offs_m[:, None] * D + offs_d[None, :],
+                mask=offs_m[:, None] < Sq, other=0.0)
+    qk_mul = tl.load(dq_ptr + bh) * tl.load(dk_ptr + bkv) * scale2
+    k_base = k_ptr + bkv * Sk * D
+    v_base = v_ptr + bkv * Sk * D
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if CAUSAL:
+        lo = start_m                                   # blocks left of the diagonal: unmasked
+        hi = tl.minimum(start_m + BLOCK_M, Sk)
+    else:
+        lo = (Sk // BLOCK_N) * BLOCK_N
+        hi = Sk
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, 0, lo, offs_m, Sk, qk_mul,
+                               D, BLOCK_N, False, CAUSAL, INTERP)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, Sk, qk_mul,
+                               D, BLOCK_N, True, CAUSAL, INTERP)
+    o = acc / l_i[:, None]
+    row_mask = offs_m < Sq
+    tl.store(o_ptr + bh * Sq * D + offs_m[:, None] * D + offs_d[None, :], o.to(tl.bfloat16),
+             mask=row_mask[:, None])
+    tl.store(lse_ptr + bh * Sq + offs_m, m_i + tl.math.log2(l_i), mask=row_mask)
+
+
+def _config(d: int, is_interp: bool):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_N must divide BLOCK_M (causal split)."""
+    if d <= 64:
+        return 128, 64, 4, 3
+    return 128, 64, 8, 3
+
+
+def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float):
+    """``(O bf16 [B,H,Sq,D], lse natural [B,H,Sq])``; also stashes ``lse2`` for the backward."""
+    q, k = views.q_hd, views.k_hd
+    b, h, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    if d not in (16, 32, 64, 128):
+        raise ValueError(f"Triton Q-Attn supports head_dim 16/32/64/128, got {d}")
+    v = v.contiguous()
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse2 = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+    bm, bn, warps, stages = _config(d, False)
+    grid = (triton.cdiv(sq, bm), b * h)
+    _fwd_kernel[grid](q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse2,
+                      sq, sk, h, h // hk, scale * LOG2E, D=d, BLOCK_M=bm, BLOCK_N=bn,
+                      CAUSAL=causal, INTERP=INTERPRET, num_warps=warps, num_stages=stages)
+    return o, lse2 * math.log(2.0)

@@ -1,0 +1,90 @@
+"""In-register NVFP4 quantization for the Q-Attn kernels (Triton ``@jit`` helpers).
+
+Bit-compatible with ``fullstack_fp4.nvfp4.reference.quantize_reference`` (docs/nvfp4-format.md):
+
+    s = e4m3_rne(min(bamax · (enc · (1/6)), 448));  f = min(1 / (s · dec), FP32_MAX)
+    value = e2m1_round(clamp(x · f, −6, 6)) · s       (returned: code·scale, exact in BF16)
+
+Choices that keep it exact on GPU and in the interpreter alike:
+  * ``e4m3_rne`` without a float8 cast (the interpreter and Triton 3.6 differ there): the
+    exponent comes from the FP32 bits, the value is scaled by an exact power of two so the
+    E4M3 step becomes 1, rounded to nearest-even with the ``(r + 2²³) − 2²³`` FP32 trick
+    (exact for 0 ≤ r < 2²², here r ≤ 16), and scaled back. Subnormals: exponent floor −6.
+  * Divisions use ``tl.div_rn`` (IEEE), because ``/`` on FP32 may lower to an approximate
+    ``div.full.f32`` on NVIDIA GPUs.
+  * E2M1 nearest by the format's threshold chain (ties to even); stochastic by
+    ``lo = floor(a / step) · step``, up iff ``u < (a − lo) / step`` (step a power of two).
+"""
+
+import triton
+import triton.language as tl
+
+FP32_MAX = 3.4028234663852886e38
+
+
+@triton.jit
+def e4m3_rne(v):
+    """Round FP32 ``0 <= v <= 448`` to the nearest-even E4M3 value (returned as FP32)."""
+    bits = v.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)                       # subnormal range shares the 2^-9 step
+    inv_step = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)   # 2^(3 - e), exact
+    step = ((127 + (e - 3)) << 23).to(tl.float32, bitcast=True)       # 2^(e - 3), exact
+    r = v * inv_step
+    r = (r + 8388608.0) - 8388608.0             # RNE to an integer (r <= 16)
+    return r * step
+
+
+@triton.jit
+def e2m1_nearest(a):
+    """Magnitude ``0 <= a <= 6`` to the E2M1 grid, ties to even."""
+    return tl.where(a <= 0.25, 0.0, tl.where(a < 0.75, 0.5, tl.where(a <= 1.25, 1.0,
+           tl.where(a < 1.75, 1.5, tl.where(a <= 2.5, 2.0, tl.where(a < 3.5, 3.0,
+           tl.where(a <= 5.0, 4.0, 6.0)))))))
+
+
+@triton.jit
+def e2m1_stochastic(a, u):
+    """Magnitude ``0 <= a <= 6`` rounded up to the next grid value iff ``u < frac``."""
+    step = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+    lo = (a / step).to(tl.int32).to(tl.float32) * step      # a/step exact (power of two)
+    frac = (a - lo) / step
+    up = (u < frac) & (lo < 6.0)
+    return tl.where(up, lo + step, lo)
+
+
+@triton.jit
+def encode_scales(amax):
+    """``(enc·(1/6), dec)`` FP32 for a tensor amax (TE order; amax 0 -> enc = FP32_MAX)."""
+    enc = tl.minimum(tl.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax), FP32_MAX)
+    dec = tl.div_rn(tl.full(enc.shape, 1.0, tl.float32), enc)
+    return enc * 0.16666667163372040, dec
+
+
+@triton.jit
+def qdq_values(x, bamax, enc6, dec, u, STOCHASTIC: tl.constexpr):
+    """``e2m1(code) · s`` for FP32 ``x`` whose block amax (broadcast to x) is ``bamax``."""
+    s = e4m3_rne(tl.minimum(bamax * enc6, 448.0))
+    f = tl.minimum(tl.div_rn(tl.full(s.shape, 1.0, tl.float32), s * dec), FP32_MAX)
+    y = tl.minimum(tl.maximum(x * f, -6.0), 6.0)
+    a = tl.abs(y)
+    if STOCHASTIC:
+        m = e2m1_stochastic(a, u)
+    else:
+        m = e2m1_nearest(a)
+    return tl.where(y < 0, -m, m) * s
+
+
+@triton.jit
+def dot_bf16(a, b, INTERP: tl.constexpr):
+    """``tl.dot`` of BF16 operands with FP32 accumulation.
+
+    Under ``TRITON_INTERPRET=1`` (Triton 3.9 + numpy 2.4) a BF16 ``tl.dot`` returns garbage
+    (measured: errors ~1e10), so the interpreter path upcasts first; BF16 values are exact in
+    FP32, and a BF16 MMA forms exact products in FP32, so the result is the same up to
+    accumulation order.
+    """
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b)
