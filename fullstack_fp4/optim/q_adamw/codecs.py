@@ -1,0 +1,272 @@
+"""NVFP4 codecs for Adam's two moments, on flat 1-D tensors of any length (pure PyTorch oracle).
+
+Layout shared by both moments (``n`` real entries, padded with zeros to ``npad``):
+
+* ``codes``        uint8 ``[npad/2]``        E2M1 codes, element 2i low nibble (fullstack_fp4.nvfp4)
+* ``block_scale``  float8_e4m3fn ``[npad/16]`` one E4M3 scale per 16 elements (NVFP4 1×16)
+* ``chunk_scale``  float32 ``[ceil(npad/CHUNK)]`` the second-level (FP32 decode) scale of each
+  chunk of ``CHUNK = 1024`` elements — NVFP4's "tensor scale", taken per chunk.
+
+Second moment only: ``tile_mean``, BF16 ``[npad/TILE]``, ``TILE = 32``.
+
+First moment ``m`` (``encode_exp_avg``)::
+
+    y = RHT16(m)                       # Hadamard-16 with TE's fixed signs: spreads an outlier
+                                       # over its 16-block so one E4M3 scale fits all of it
+    NVFP4(y, scale_rule="4over6", rounding="stochastic", second-level scale per chunk)
+    decode: m̂ = RHT16⁻¹(q · s · d)
+
+m changes sign and is averaged by the EMA, so unbiased stochastic rounding (E[m̂] = m) matters
+more than the per-step error; 4/6 picks, per block, the scale that maps the block max to 4 or 6,
+whichever reconstructs the block better (nearest-rounded candidates; then SR with the winner).
+
+Second moment ``v`` (``encode_exp_avg_sq``)::
+
+    s    = sqrt(max(v, 0))                  # halves the dynamic range (in log2) of v
+    μ_t  = bf16_rne(mean of s over a tile)  # per tile of TILE=32 real entries, kept in BF16
+    r    = s − μ_t  (0 at padding)          # zero-mean residual
+    NVFP4(RHT16(r), scale_rule="6", rounding="nearest", second-level scale per chunk)
+    decode: ŝ = max(RHT16⁻¹(q · s · d) + μ_t, μ_t / 4);  v̂ = min(ŝ², FP32_MAX)
+
+``v̂ >= 0`` always (``μ_t >= 0``) and is never NaN for finite input; zeros, 1e-30 and 1e30 are
+fine (BF16 has FP32's exponent range, the chunk scale follows each chunk's own amax).
+
+Guard. An entry far below its tile mean has ``r ≈ −μ_t``; the residual's quantization error is
+a fraction of the block amax (and the Hadamard spreads it over the block), so ``ŝ`` can come out
+≈ 0 or negative and ``m / (ŝ + eps)`` explodes — the divergence in
+shared/notes/fp4-calibration.md. We floor ``ŝ`` at ``REL_FLOOR · μ_t`` with ``REL_FLOOR = 1/4``:
+the update of every entry is then bounded by ``|m| / (μ_t / 4)``; an entry whose true ``s`` is
+below ``μ_t / 4`` gets a *smaller* update than exact Adam (a locally larger eps), never a larger
+one. Measured against the alternatives (scripts/q_adamw_error_table.py --variants, README.md):
+no guard (update error 1e4×), the calibration run's floor at the tile minimum (BF16 rounded
+toward zero; bounded but entries between min and mean still reconstruct near the min: update
+relL2 6–13, max error 185–495× the largest update, and 2 more bytes per tile), and relative
+floors 1/2, 1/4, 1/8, 1/16: 1/4 had the lowest update relL2 on both synthetic sets
+(0.46 / 0.37, max error ~2×), needs no storage, and costs nothing in a kernel.
+
+Why these sizes (bytes per parameter, B/param):
+
+* Hadamard 16 = the NVFP4 block: mixing inside the block is what the block's single E4M3 scale
+  needs, costs 4 butterfly stages in a kernel, and never crosses a block/chunk boundary, so a
+  chunk is self-contained. Bigger Hadamards (the calibration run used 128) mix outliers across
+  blocks, which only spreads one block's large scale over its neighbours.
+* ``TILE = 32`` for the mean: one BF16 per 32 entries = 0.0625 B/param. TILE 16 costs 0.125 and
+  takes the state to 1.26 B/param, over the 1.2 budget, for a small gain (update relL2 0.44 vs
+  0.46); TILE 64 is measurably worse (README.md).
+* ``CHUNK = 1024``: one Triton program owns one chunk — loads it, takes its amax in registers,
+  computes its scales, quantizes and stores — so the fused optimizer step is a *single pass*
+  over memory with no global-amax reduction (a per-tensor scale would need a second pass, or
+  last step's amax). Per-chunk scales also adapt to local dynamic range: E4M3 block scales span
+  only ~2^17 (with subnormals), and a heavy-tailed v over a 1e9-entry shard would flush whole
+  blocks to zero under one tensor scale. 1024 keeps 8 values per thread per live tensor at 4
+  warps (everything stays in registers) and costs 4 B / 1024 = 0.004 B/param per moment.
+* v uses the 6-rule with nearest rounding: v is an average that changes slowly (β2 = 0.999), a
+  bias-free SR buys little, and 4/6 on v cut the √v error by ~10% at twice the kernel work.
+
+Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0625 + 0.0039 → **1.195 B/param**
+(:func:`state_bytes_per_param` counts a given length exactly, padding included).
+
+Bit-exactness with the fused kernel (``triton_step.py``): every reduction whose result is
+rounded (tile sum → mean) is a fixed pairwise tree written out here and mirrored in the kernel;
+the Hadamard is fullstack_fp4.nvfp4's butterfly (stages 1, 2, 4, 8); amax/min are exact in any
+order; the 4/6 error sums in FP64 (order-independent in practice, as the nvfp4 reference argues).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from fullstack_fp4.nvfp4.e2m1 import (E2M1_MAX, e2m1_decode, e2m1_round_nearest,
+                                      e2m1_round_stochastic, pack_codes, unpack_codes)
+from fullstack_fp4.nvfp4.hadamard import hadamard16, inverse_hadamard16
+# The reference's per-block helpers take broadcastable enc/dec, so per-chunk scales reuse them.
+from fullstack_fp4.nvfp4.reference import _block_error, _candidate, tensor_scales
+
+__all__ = [
+    "BLOCK", "CHUNK", "TILE", "REL_FLOOR", "FP32_MAX", "MomentState",
+    "encode_exp_avg", "decode_exp_avg", "encode_exp_avg_sq", "decode_exp_avg_sq",
+    "padded_numel", "state_bytes_per_param",
+]
+
+BLOCK = 16        # NVFP4 block = Hadamard size
+CHUNK = 1024      # elements per second-level scale = elements per kernel program
+TILE = 32         # v: elements per BF16 tile mean
+REL_FLOOR = 0.25  # v: decode floor, as a fraction of the tile mean (the guard)
+FP32_MAX = torch.finfo(torch.float32).max
+M_SCALE_RULE = "4over6"
+V_SCALE_RULE = "6"
+
+
+@dataclass
+class MomentState:
+    """One encoded moment of ``numel`` entries (see the module docstring for the layout)."""
+
+    codes: torch.Tensor                   # uint8 [npad/2]
+    block_scale: torch.Tensor             # float8_e4m3fn [npad/16]
+    chunk_scale: torch.Tensor             # float32 [nchunks], decode scale
+    numel: int
+    tile_mean: Optional[torch.Tensor] = None   # bfloat16 [npad/tile] (v only)
+    tile_floor: Optional[torch.Tensor] = None  # bfloat16 [npad/tile], measurement only
+    tile: int = TILE
+
+    def nbytes(self) -> int:
+        ts = [self.codes, self.block_scale, self.chunk_scale, self.tile_mean, self.tile_floor]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def padded_numel(n: int, tile: int = TILE) -> int:
+    """Storage length: ``n`` rounded up to the tile (itself a multiple of the 16-block)."""
+    unit = max(BLOCK, tile)
+    return -(-n // unit) * unit
+
+
+def state_bytes_per_param(n: int, tile: int = TILE) -> float:
+    """Bytes of both encoded moments per real parameter for a flat tensor of ``n`` entries."""
+    npad = padded_numel(n, tile)
+    nch = -(-npad // CHUNK)
+    m = npad // 2 + npad // BLOCK + 4 * nch
+    v = m + 2 * (npad // tile)
+    return (m + v) / n
+
+
+# ----------------------------------------------------------------------------- NVFP4, chunked
+def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Tensor]):
+    """NVFP4 of flat FP32 ``y`` (length a multiple of 16) with one FP32 scale per CHUNK.
+
+    Same FP32 order of operations as fullstack_fp4.nvfp4.reference (TE's), with the tensor amax
+    replaced by each chunk's amax. ``rand`` given -> stochastic rounding with those uniforms.
+    """
+    npad = y.numel()
+    nb = npad // BLOCK
+    nch = -(-npad // CHUNK)
+    yc = torch.zeros(nch * CHUNK, dtype=torch.float32, device=y.device)
+    yc[:npad] = y
+    y3 = yc.view(nch, CHUNK // BLOCK, BLOCK)
+    amax = y3.abs().amax(dim=(1, 2))                        # [nch], exact in any order
+    enc, dec = tensor_scales(amax, scale_rule)
+    enc3, dec3 = enc.view(nch, 1, 1), dec.view(nch, 1, 1)
+    bamax = y3.abs().amax(dim=-1, keepdim=True)
+    s, f = _candidate(y3, bamax, enc3, dec3, 6.0)
+    if scale_rule == "4over6":
+        s4, f4 = _candidate(y3, bamax, enc3, dec3, 4.0)
+        c6 = e2m1_round_nearest(torch.clamp(y3 * f, -E2M1_MAX, E2M1_MAX))
+        c4 = e2m1_round_nearest(torch.clamp(y3 * f4, -E2M1_MAX, E2M1_MAX))
+        use4 = _block_error(y3, c4, s4, dec3, 1) < _block_error(y3, c6, s, dec3, 1)
+        s = torch.where(use4, s4.to(torch.float32), s.to(torch.float32)).to(torch.float8_e4m3fn)
+        f = torch.where(use4, f4, f)
+    yq = torch.clamp(y3 * f, -E2M1_MAX, E2M1_MAX)
+    if rand is None:
+        codes = e2m1_round_nearest(yq)
+    else:
+        u = torch.zeros(nch * CHUNK, dtype=torch.float32, device=y.device)
+        u[:npad] = rand.reshape(-1)[:npad]
+        codes = e2m1_round_stochastic(yq, u.view_as(yq))
+    codes = codes.reshape(-1)[:npad]
+    return pack_codes(codes), s.reshape(-1)[:nb].contiguous(), dec.contiguous()
+
+
+def _dequantize_chunked(codes: torch.Tensor, block_scale: torch.Tensor,
+                        chunk_scale: torch.Tensor) -> torch.Tensor:
+    """``q · fp32(s) · d`` per element, left to right (the nvfp4 decode order)."""
+    q = e2m1_decode(unpack_codes(codes)).view(-1, BLOCK)
+    nb = q.shape[0]
+    d = chunk_scale.repeat_interleave(CHUNK // BLOCK)[:nb]
+    return ((q * block_scale.to(torch.float32)[:, None]) * d[:, None]).reshape(-1)
+
+
+def _pad(x: torch.Tensor, npad: int) -> torch.Tensor:
+    out = torch.zeros(npad, dtype=torch.float32, device=x.device)
+    out[: x.numel()] = x.reshape(-1).to(torch.float32)
+    return out
+
+
+# ----------------------------------------------------------------------------- first moment
+def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
+                   generator: Optional[torch.Generator] = None,
+                   tile: int = TILE) -> MomentState:
+    """Encode Adam's first moment (any shape, read flat): RHT-16, 4/6, stochastic rounding.
+
+    ``rand``: FP32 uniforms in [0, 1) of length >= ``padded_numel(m.numel())``, one per stored
+    (Hadamard-domain) element; else drawn from ``generator``. Padding is zero on every encode,
+    so it never carries anything into the real entries' blocks.
+    """
+    n = m.numel()
+    npad = padded_numel(n, tile)
+    y = hadamard16(_pad(m, npad).view(-1, BLOCK)).reshape(-1)
+    if rand is None:
+        rand = torch.rand(npad, generator=generator, dtype=torch.float32, device=m.device)
+    codes, bs, cs = _quantize_chunked(y, M_SCALE_RULE, rand)
+    return MomentState(codes, bs, cs, n, tile=tile)
+
+
+def decode_exp_avg(state: MomentState) -> torch.Tensor:
+    """Flat FP32 first moment of ``state.numel`` entries."""
+    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale)
+    return inverse_hadamard16(y.view(-1, BLOCK)).reshape(-1)[: state.numel]
+
+
+# ----------------------------------------------------------------------------- second moment
+def _pairwise_tile_sum(x2: torch.Tensor) -> torch.Tensor:
+    """Sum of each row by halving (a fixed tree the kernel repeats, so the FP32 sum agrees)."""
+    while x2.shape[1] > 1:
+        h = x2.shape[1] // 2
+        x2 = x2[:, :h] + x2[:, h:]
+    return x2[:, 0]
+
+
+def bf16_toward_zero(x: torch.Tensor) -> torch.Tensor:
+    """FP32 -> BF16 by truncating the low 16 bits: rounds |x| down, so the result is <= x >= 0."""
+    bits = x.to(torch.float32).contiguous().view(torch.int32) & ~0xFFFF
+    return bits.view(torch.float32).to(torch.bfloat16)  # exact: already representable
+
+
+def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
+                      scale_rule: str = V_SCALE_RULE, subtract_mean: bool = True,
+                      with_floor: bool = False) -> MomentState:
+    """Encode Adam's second moment: sqrt, BF16 tile mean, RHT-16 residual, NVFP4 RTN.
+
+    ``tile``/``scale_rule``/``subtract_mean``/``with_floor`` (also store the tile minimum, for
+    the "tile_min" guard) exist to measure the alternatives (the error table); the optimizer
+    and the kernel use the defaults.
+    """
+    n = v.numel()
+    npad = padded_numel(n, tile)
+    s = _pad(torch.sqrt(torch.clamp(v.reshape(-1).to(torch.float32), min=0.0)), npad)
+    valid = torch.arange(npad, device=v.device) < n
+    s2 = s.view(-1, tile)
+    cnt = valid.view(-1, tile).sum(dim=1).clamp(min=1).to(torch.float32)
+    mean = torch.div(_pairwise_tile_sum(s2), cnt).to(torch.bfloat16)     # RNE
+    if not subtract_mean:
+        mean = torch.zeros_like(mean)
+    floor = None
+    if with_floor:
+        floor = bf16_toward_zero(torch.where(valid.view(-1, tile), s2, torch.inf).amin(dim=1))
+    r = torch.where(valid.view(-1, tile), s2 - mean.to(torch.float32)[:, None], 0.0)
+    y = hadamard16(r.reshape(-1, BLOCK)).reshape(-1)
+    codes, bs, cs = _quantize_chunked(y, scale_rule, None)
+    return MomentState(codes, bs, cs, n, tile_mean=mean, tile_floor=floor, tile=tile)
+
+
+def decode_exp_avg_sq(state: MomentState, *, guard: str = "relative",
+                      rel_floor: float = REL_FLOOR) -> torch.Tensor:
+    """Flat FP32 second moment, ``>= 0`` and finite: ``max(r̂ + μ, μ/4)²`` clamped to FP32_MAX.
+
+    ``guard``: "relative" (default, ``rel_floor · μ``), and for the measurement only
+    "tile_min" (needs ``with_floor=True`` at encode) or "none" (``max(ŝ, 0)``).
+    """
+    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale)
+    r = inverse_hadamard16(y.view(-1, BLOCK)).reshape(-1, state.tile)
+    mean = state.tile_mean.to(torch.float32)[:, None]
+    sh = r + mean
+    if guard == "relative":
+        sh = torch.maximum(sh, mean * rel_floor)
+    elif guard == "tile_min":
+        sh = torch.maximum(sh, state.tile_floor.to(torch.float32)[:, None])
+    elif guard == "none":
+        sh = torch.clamp(sh, min=0.0)
+    else:
+        raise ValueError(f"unknown guard {guard!r}")
+    return torch.clamp(sh * sh, max=FP32_MAX).reshape(-1)[: state.numel]
