@@ -1,0 +1,1 @@
+"""Helpers of scripts/build_corpus.py: text cleaning, sources, and the leak-proof split."""
