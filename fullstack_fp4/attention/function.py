@@ -64,6 +64,7 @@ class QAttnFunction(torch.autograd.Function):
             from .triton_bwd import attention_backward
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
             dq, dk, dv = attention_backward(do, o, lse, v, views, causal=causal, scale=scale,
+                                            ds_fp4=quantized(paths, "ds"),
                                             ds_stochastic=ds_rounding == "stochastic", seed=seed)
         else:
             dq, dk, dv = reference.backward(do, o, v, views, causal=causal, scale=scale,
