@@ -88,11 +88,13 @@ def e2m1_round_stochastic(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"rand shape {tuple(u.shape)} != input shape {tuple(y.shape)}")
     a = y.abs().to(torch.float32).clamp(max=E2M1_MAX)
     grid = _grid(y.device)
-    # Index of the largest grid value <= a (right=True puts a == grid[i] at i + 1).
-    lo_idx = torch.searchsorted(grid, a.contiguous(), right=True) - 1
-    hi_idx = (lo_idx + 1).clamp(max=7)
-    lo, hi = grid[lo_idx], grid[hi_idx]
-    step = hi - lo
+    # Index of the largest grid value <= a: the number of grid points 0.5..6 that are <= a.
+    lo_idx = torch.zeros(a.shape, dtype=torch.uint8, device=a.device)
+    for g in E2M1_VALUES[1:]:
+        lo_idx += a >= g
+    lo_idx = lo_idx.long()
+    lo = grid[lo_idx]
+    step = grid[(lo_idx + 1).clamp(max=7)] - lo
     # At the top (lo == hi == 6) there is nowhere to go: frac = 0 (avoids 0/0).
     frac = torch.where(step > 0, (a - lo) / torch.where(step > 0, step, 1.0), 0.0)
     up = u.to(torch.float32) < frac
