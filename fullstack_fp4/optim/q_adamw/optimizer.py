@@ -1,0 +1,219 @@
+"""``QAdamW``: AdamW whose two moments are stored in NVFP4 (codecs.py), fused on the GPU.
+
+Update (AdamW, decoupled decay, bias correction; t = the parameter's step count)::
+
+    p ← p · (1 − lr·wd)
+    m ← β1·m̂ + (1−β1)·g          v ← β2·v̂ + (1−β2)·g²       (m̂, v̂ decoded from 4 bits)
+    p ← p − (lr / (1−β1^t)) · m / (sqrt(v) / sqrt(1−β2^t) + eps)
+    store encode_exp_avg(m), encode_exp_avg_sq(v)
+
+The step uses the *fresh* FP32 m and v (before re-encoding), like an FP32 AdamW step that
+happens to start from the decoded moments; the quantization error enters the next step only.
+
+Paths. CUDA FP32 params: one fused Triton launch per parameter (triton_step.py), uniforms for
+stochastic rounding from Philox in the kernel. Otherwise (CPU): ``q_adamw_step_reference``, the
+pure-PyTorch oracle, with uniforms from a ``torch.Generator``. Both seed their uniforms from
+``(seed, parameter index, step)``: no RNG state to checkpoint, so a resumed run draws the same
+bits as an uninterrupted one (``state_dict`` round trips are bit-exact).
+
+Parameters with ``numel < min_numel`` (default 4096: norms, biases, small heads; their FP32
+moments are a negligible share of memory, and they are the tensors where a tile of 32 mixes
+the most unrelated entries) keep FP32 moments and the same update.
+
+Parameters are read flat (``p.view(-1)``), so 1-D FP32 shards of any length — what
+megatron-core's distributed optimizer hands its inner optimizer — work as they are: the codec
+pads to the 32-tile and the padding is zeroed on every encode.
+
+State (per quantized parameter; integer dtypes so ``Optimizer.load_state_dict`` — which casts
+floating-point state to the parameter's dtype — leaves the bits alone):
+``exp_avg_codes`` uint8, ``exp_avg_scales`` uint8 (E4M3 bits), ``exp_avg_chunk_scales`` int32
+(FP32 bits), the same three for ``exp_avg_sq``, ``exp_avg_sq_means`` int16 (BF16 bits), ``step``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .codecs import (CHUNK, MomentState, decode_exp_avg, decode_exp_avg_sq, encode_exp_avg,
+                     encode_exp_avg_sq, padded_numel)
+
+__all__ = ["QAdamW", "q_adamw_step_reference", "optimizer_state_bytes"]
+
+_KEYS = ("exp_avg_codes", "exp_avg_scales", "exp_avg_chunk_scales", "exp_avg_sq_codes",
+         "exp_avg_sq_scales", "exp_avg_sq_chunk_scales", "exp_avg_sq_means")
+
+
+def _f32(x: float, device) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float32, device=device)
+
+
+def _pack_state(st: dict, m: MomentState, v: MomentState) -> None:
+    st["exp_avg_codes"] = m.codes
+    st["exp_avg_scales"] = m.block_scale.view(torch.uint8)
+    st["exp_avg_chunk_scales"] = m.chunk_scale.view(torch.int32)
+    st["exp_avg_sq_codes"] = v.codes
+    st["exp_avg_sq_scales"] = v.block_scale.view(torch.uint8)
+    st["exp_avg_sq_chunk_scales"] = v.chunk_scale.view(torch.int32)
+    st["exp_avg_sq_means"] = v.tile_mean.view(torch.int16)
+
+
+def _unpack_state(st: dict, n: int):
+    m = MomentState(st["exp_avg_codes"], st["exp_avg_scales"].view(torch.float8_e4m3fn),
+                    st["exp_avg_chunk_scales"].view(torch.float32), n)
+    v = MomentState(st["exp_avg_sq_codes"], st["exp_avg_sq_scales"].view(torch.float8_e4m3fn),
+                    st["exp_avg_sq_chunk_scales"].view(torch.float32), n,
+                    tile_mean=st["exp_avg_sq_means"].view(torch.bfloat16))
+    return m, v
+
+
+def _hyper(lr, beta1, beta2, eps, wd, step, device):
+    """FP32 scalars, computed once in FP64 and rounded — the kernel gets the same values."""
+    bc1 = 1.0 - beta1 ** step
+    bc2 = 1.0 - beta2 ** step
+    return dict(decay=1.0 - lr * wd, beta1=beta1, omb1=1.0 - beta1, beta2=beta2,
+                omb2=1.0 - beta2, sqrt_bc2=math.sqrt(bc2), eps=eps, step_size=lr / bc1)
+
+
+def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict, *, lr: float,
+                           beta1: float, beta2: float, eps: float, weight_decay: float,
+                           step: int, rand: torch.Tensor) -> None:
+    """One Q-AdamW step on flat FP32 ``p_flat`` in place, state dict ``st`` updated in place.
+
+    Pure PyTorch, FP32, in exactly the kernel's order of operations. ``rand``: uniforms for the
+    first moment's stochastic rounding, length ``padded_numel(n)``.
+    """
+    n = p_flat.numel()
+    dev = p_flat.device
+    h = {k: _f32(v, dev) for k, v in _hyper(lr, beta1, beta2, eps, weight_decay, step,
+                                             dev).items()}
+    ms, vs = _unpack_state(st, n)
+    m = decode_exp_avg(ms)
+    v = decode_exp_avg_sq(vs)
+    g = g_flat.reshape(-1).to(torch.float32)
+    p = p_flat * h["decay"]
+    m = m * h["beta1"] + g * h["omb1"]
+    v = v * h["beta2"] + (g * g) * h["omb2"]
+    s = torch.sqrt(v)
+    upd = m / (s / h["sqrt_bc2"] + h["eps"])
+    p_flat.copy_(p - h["step_size"] * upd)
+    _pack_state(st, encode_exp_avg(m, rand=rand), encode_exp_avg_sq(v))
+
+
+def _init_state(n: int, device) -> dict:
+    z = torch.zeros(n, dtype=torch.float32, device=device)
+    st: dict = {}
+    _pack_state(st, encode_exp_avg(z, rand=torch.zeros(padded_numel(n), device=device)),
+                encode_exp_avg_sq(z))
+    return st
+
+
+def _seed(seed: int, index: int, step: int) -> int:
+    # Distinct, deterministic 31-bit seed per (parameter, step): a resume redraws the same bits.
+    return (seed * 1_000_003 + index * 7_919 + step * 104_729) % (2 ** 31 - 1)
+
+
+class QAdamW(torch.optim.Optimizer):
+    """AdamW with NVFP4 moments (see the module docstring)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, *, min_numel: int = 4096, seed: int = 0,
+                 use_kernel: Optional[bool] = None):
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError("lr, eps and weight_decay must be >= 0")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        min_numel=min_numel, seed=seed)
+        super().__init__(params, defaults)
+        self.use_kernel = use_kernel  # None: the kernel for CUDA FP32 params
+
+    def _kernel_ok(self, p: torch.Tensor) -> bool:
+        if self.use_kernel is False:
+            return False
+        return p.is_cuda and p.dtype == torch.float32 and p.is_contiguous()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = -1
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                index += 1
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("QAdamW does not support sparse gradients")
+                st = self.state[p]
+                quantized = p.numel() >= group["min_numel"]
+                if not st:
+                    st["step"] = torch.tensor(0.0)
+                    if quantized:
+                        st.update(_init_state(p.numel(), p.device))
+                    else:
+                        st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        st["exp_avg_sq"] = torch.zeros_like(p,
+                                                            memory_format=torch.preserve_format)
+                st["step"] += 1
+                t = int(st["step"].item())
+                if not quantized:
+                    self._fp32_step(p, st, lr, b1, b2, eps, wd, t)
+                    continue
+                seed = _seed(group["seed"], index, t)
+                if self._kernel_ok(p):
+                    from .triton_step import launch
+                    n = p.numel()
+                    launch(p.view(-1), p.grad.reshape(-1).contiguous(), _kernel_views(st), n,
+                           padded_numel(n), seed=seed,
+                           **_hyper(lr, b1, b2, eps, wd, t, p.device))
+                else:
+                    gen = torch.Generator(device=p.device).manual_seed(seed)
+                    rand = torch.rand(padded_numel(p.numel()), generator=gen, device=p.device)
+                    direct = p.is_contiguous() and p.dtype == torch.float32
+                    flat = p.data.view(-1) if direct else p.data.reshape(-1).float()
+                    q_adamw_step_reference(flat, p.grad, st, lr=lr, beta1=b1, beta2=b2,
+                                           eps=eps, weight_decay=wd, step=t, rand=rand)
+                    if not direct:
+                        p.data.copy_(flat.view_as(p))
+        return loss
+
+    @staticmethod
+    def _fp32_step(p, st, lr, b1, b2, eps, wd, t):
+        g = p.grad.to(p.dtype)
+        m, v = st["exp_avg"], st["exp_avg_sq"]
+        p.mul_(1.0 - lr * wd)
+        m.mul_(b1).add_(g, alpha=1.0 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+        denom = (v.sqrt() / math.sqrt(1.0 - b2 ** t)).add_(eps)
+        p.addcdiv_(m, denom, value=-lr / (1.0 - b1 ** t))
+
+    def state_bytes(self) -> int:
+        """Bytes held in optimizer state tensors (all parameters; 'step' counters excluded)."""
+        return optimizer_state_bytes(self)
+
+    def state_bytes_per_param(self) -> float:
+        n = sum(p.numel() for g in self.param_groups for p in g["params"] if p in self.state)
+        return self.state_bytes() / max(n, 1)
+
+
+def _kernel_views(st: dict) -> dict:
+    d = dict(st)
+    d["exp_avg_chunk_scales"] = st["exp_avg_chunk_scales"].view(torch.float32)
+    d["exp_avg_sq_chunk_scales"] = st["exp_avg_sq_chunk_scales"].view(torch.float32)
+    return d
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in ``opt.state`` except ``step`` (works for any torch optimizer)."""
+    total = 0
+    for st in opt.state.values():
+        for k, t in st.items():
+            if k != "step" and torch.is_tensor(t):
+                total += t.numel() * t.element_size()
+    return total
