@@ -398,6 +398,7 @@ def quantize_triton(
     rht_signs=None,
     generator: Optional[torch.Generator] = None,
     config: Optional[tuple] = None,
+    check_finite: bool = True,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (BF16/FP16/FP32, any leading dims, contiguous last dim K % 16 == 0) to NVFP4.
 
@@ -411,6 +412,8 @@ def quantize_triton(
         ``global_amax``, when given with RHT, must be the amax of the transformed tensor.
     config: (BLOCK_M, BLOCK_B, num_warps) override (benchmarks); BLOCK_M a multiple of 16 for
         16×16 tiles.
+    check_finite: False skips the one host sync of the NaN/Inf check (benchmarks that time the
+        kernels alone; garbage in, garbage out). Keep True everywhere else.
     Raises ValueError on NaN/Inf input (one host sync, after the kernels are queued).
     """
     tile, rows, k = _check_input(x, tile, rounding, scale_rule)
@@ -476,11 +479,13 @@ def quantize_triton(
         BM=bm, NB=nb, num_warps=nw, enable_fp_fusion=False)
 
     # One host sync: NaN/Inf in the input <=> the observed amax bits are >= +Inf's.
-    if given:
+    if not check_finite:
+        pass
+    elif given:
         bad = (obs >= 0x7F800000) | ~torch.isfinite(g) | (g < 0)
     else:
         bad = obs >= 0x7F800000
-    if bool(bad.item()):
+    if check_finite and bool(bad.item()):
         if given and not (bool(torch.isfinite(g).all()) and bool((g >= 0).all())):
             raise ValueError(f"global_amax must be finite and >= 0, got {float(g)}")
         raise ValueError("quantize: input holds NaN or Inf")
