@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_nvfp4 import dot_bf16, encode_scales, qdq_values
+from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, qdq_values
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
@@ -86,7 +86,7 @@ def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
             if CAUSAL:
                 valid = valid & (offs_m[None, :] >= offs_n[:, None])
             pT = tl.where(valid, tl.math.exp2(qkT - lse[None, :]), 0.0)
-            dv += dot_bf16(pT.to(tl.bfloat16), do, INTERP)
+            dv += dot_bf16(to_bf16(pT, INTERP), do, INTERP)
             dpT = dot_bf16(v, tl.trans(do), INTERP)
             dsT = pT * (dpT - delta[None, :])
             qs = tl.load(qs_ptr + q_offs, mask=m_ok[:, None], other=0.0)
@@ -95,9 +95,9 @@ def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                 if STOCH:
                     u = tl.rand(seed, (bh * Sq + offs_m[None, :]) * Sk + offs_n[:, None])
                 vals, dec_t = _quantize_tile(dsT, u, BN, BM, STOCH)
-                dk += dot_bf16(vals.to(tl.bfloat16), qs, INTERP) * (dec_t * dec_qs)
+                dk += dot_bf16(to_bf16(vals, INTERP), qs, INTERP) * (dec_t * dec_qs)
             else:
-                dk += dot_bf16(dsT.to(tl.bfloat16), qs, INTERP)
+                dk += dot_bf16(to_bf16(dsT, INTERP), qs, INTERP)
     tl.store(dk_ptr + kv_offs, dk, mask=n_ok[:, None])
     tl.store(dv_ptr + kv_offs, dv, mask=n_ok[:, None])
 
@@ -147,9 +147,9 @@ def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
             if STOCH:
                 u = tl.rand(seed, (bh * Sq + offs_m[:, None]) * Sk + offs_n[None, :])
             vals, dec_t = _quantize_tile(ds, u, BM, BN, STOCH)
-            dq += dot_bf16(vals.to(tl.bfloat16), ks, INTERP) * (dec_t * dec_ks)
+            dq += dot_bf16(to_bf16(vals, INTERP), ks, INTERP) * (dec_t * dec_ks)
         else:
-            dq += dot_bf16(ds.to(tl.bfloat16), ks, INTERP)
+            dq += dot_bf16(to_bf16(ds, INTERP), ks, INTERP)
     tl.store(dq_ptr + q_offs, dq, mask=m_ok[:, None])
 
 

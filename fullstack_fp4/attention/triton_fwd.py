@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_nvfp4 import dot_bf16
+from .triton_nvfp4 import dot_bf16, to_bf16
 
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -45,7 +45,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start_n_lo, start_n_hi, offs_m,
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot_bf16(p.to(tl.bfloat16), v, INTERP)
+        acc = acc * alpha[:, None] + dot_bf16(to_bf16(p, INTERP), v, INTERP)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -81,7 +81,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, 
                                D, BLOCK_N, True, CAUSAL, INTERP)
     o = acc / l_i[:, None]
     row_mask = offs_m < Sq
-    tl.store(o_ptr + bh * Sq * D + offs_m[:, None] * D + offs_d[None, :], o.to(tl.bfloat16),
+    tl.store(o_ptr + bh * Sq * D + offs_m[:, None] * D + offs_d[None, :], to_bf16(o, INTERP),
              mask=row_mask[:, None])
     tl.store(lse_ptr + bh * Sq + offs_m, m_i + tl.math.log2(l_i), mask=row_mask)
 

@@ -88,3 +88,20 @@ def dot_bf16(a, b, INTERP: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32))
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def to_bf16(x, INTERP: tl.constexpr):
+    """FP32 -> BF16, round-to-nearest-even (what ``cvt.rn.bf16.f32`` does on the GPU).
+
+    Under ``TRITON_INTERPRET=1`` (Triton 3.9) ``.to(tl.bfloat16)`` truncates (measured: every
+    result rounded toward zero, twice the RNE error and biased), so the interpreter path rounds
+    the FP32 bits itself (finite inputs: ``bits + 0x7FFF + lsb``, low half cleared) and the
+    final cast is then exact.
+    """
+    if INTERP:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    else:
+        return x.to(tl.bfloat16)
