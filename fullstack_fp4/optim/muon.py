@@ -1,0 +1,137 @@
+"""Muon (and the shared machinery of orthogonalised optimizers) for plain 2-D torch params.
+
+Muon step for a weight ``W`` (rows × cols) with gradient ``G``, per Keller Jordan's reference:
+
+    M ← μ·M + (1 − μ)·G                       (EMA momentum, μ = 0.95)
+    D = (1 − μ)·G + μ·M   if nesterov else M  (Nesterov look-ahead)
+    U = NS₅(D) · sqrt(max(1, rows / cols))     (NS: newton_schulz; the factor keeps the RMS of
+                                               a tall matrix's update equal to a wide one's)
+    W ← W·(1 − lr·wd) − lr·U                   (decoupled weight decay, AdamW-style)
+
+Fused logical matrices: a parameter may carry ``ns_split_sizes`` (a list of row counts along
+dim 0 summing to ``rows``), e.g. megatron's fused QKV ``[q_rows, k_rows, v_rows]`` or gate/up
+``[ffn, ffn]``. Each block is then orthogonalised (and shape-scaled, and for Root clamped) as
+its own matrix: the polar factor of a concatenation mixes the blocks' spectra (a Q head's
+update would depend on the V gradient's scale), which is not the update of separate matrices.
+Momentum stays one buffer per parameter (element-wise, so splitting it changes nothing).
+
+Only 2-D parameters are accepted; ``split_params_for_orthogonal`` separates them from the
+rest (embeddings, output layer, norms, biases), which go to AdamW / QAdamW.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from .newton_schulz import newton_schulz
+
+__all__ = ["Muon", "OrthogonalOptimizer", "split_params_for_orthogonal", "split_blocks"]
+
+
+def split_blocks(t: torch.Tensor, p: torch.nn.Parameter) -> list[torch.Tensor]:
+    """Views of ``t`` (shaped like ``p``) along dim 0 per ``p.ns_split_sizes`` (or ``[t]``)."""
+    sizes = getattr(p, "ns_split_sizes", None)
+    if sizes is None:
+        return [t]
+    sizes = [int(s) for s in sizes]
+    if sum(sizes) != t.shape[0] or min(sizes) <= 0:
+        raise ValueError(f"ns_split_sizes {sizes} do not partition {t.shape[0]} rows")
+    return list(torch.split(t, sizes, dim=0))
+
+
+def split_params_for_orthogonal(named_params: Iterable[tuple[str, torch.nn.Parameter]], *,
+                                is_embedding_or_output: Callable[[str, torch.nn.Parameter], bool]):
+    """``(matrix_params, other_params)``: trainable 2-D hidden weights go to Muon / Root; the
+    rest (anything not 2-D, and embedding / output layers, whose rows are token vectors and
+    which the Muon literature keeps on AdamW) go to AdamW. Frozen params are dropped."""
+    matrices, others = [], []
+    for name, p in named_params:
+        if not p.requires_grad:
+            continue
+        (matrices if p.ndim == 2 and not is_embedding_or_output(name, p) else others).append(p)
+    return matrices, others
+
+
+class OrthogonalOptimizer(torch.optim.Optimizer):
+    """Shared step: momentum → per-block pre-processing → NS → shape scale → decoupled WD.
+    Subclasses define ``_momentum``, ``_pre_ns`` and ``_scale``."""
+
+    def __init__(self, params, *, lr, momentum, weight_decay, ns_steps, ns_precision,
+                 ns_coefficients, ns_clip_percentile, ns_backend, defaults_extra):
+        if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0:
+            raise ValueError(f"bad lr={lr} / momentum={momentum} / weight_decay={weight_decay}")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
+                        ns_precision=ns_precision, ns_coefficients=ns_coefficients,
+                        ns_clip_percentile=ns_clip_percentile, ns_backend=ns_backend,
+                        **defaults_extra)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"{type(self).__name__} takes 2-D weights only, got "
+                                     f"{tuple(p.shape)}; give it to AdamW "
+                                     "(split_params_for_orthogonal)")
+
+    def _momentum(self, g, state, group):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _pre_ns(self, d_block, g_block, group):
+        return d_block
+
+    def _scale(self, rows, cols, group) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def orthogonalize(self, d: torch.Tensor, group) -> torch.Tensor:
+        return newton_schulz(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
+                             precision=group["ns_precision"],
+                             clip_percentile=group["ns_clip_percentile"],
+                             backend=group["ns_backend"])
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                d = self._momentum(g, self.state[p], group)
+                update = torch.empty_like(p)
+                for d_b, g_b, u_b in zip(split_blocks(d, p), split_blocks(g, p),
+                                         split_blocks(update, p)):
+                    o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
+                    u_b.copy_(o.to(p.dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
+                if wd:
+                    p.mul_(1 - lr * wd)
+                p.add_(update, alpha=-lr)
+        return loss
+
+
+class Muon(OrthogonalOptimizer):
+    """Muon; ``ns_precision="nvfp4"`` (with e.g. ``ns_coefficients="fp4"``) is q_muon."""
+
+    def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
+                 ns_steps=5, ns_precision="bf16", ns_coefficients="muon",
+                 ns_clip_percentile=None, ns_backend="auto"):
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         ns_steps=ns_steps, ns_precision=ns_precision,
+                         ns_coefficients=ns_coefficients, ns_clip_percentile=ns_clip_percentile,
+                         ns_backend=ns_backend, defaults_extra=dict(nesterov=nesterov))
+
+    def _momentum(self, g, state, group):
+        mu = group["momentum"]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(g)
+        buf = state["momentum_buffer"]
+        buf.lerp_(g, 1 - mu)
+        return g.lerp(buf, mu) if group["nesterov"] else buf
+
+    def _scale(self, rows, cols, group) -> float:
+        return math.sqrt(max(1.0, rows / cols))

@@ -1,0 +1,165 @@
+"""Muon / Root against straightforward reference optimizers written here; fused splits; resume."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from fullstack_fp4.optim.muon import Muon, split_params_for_orthogonal
+from fullstack_fp4.optim.ns_coefficients import MUON, ROOT_PUBLISHED
+from fullstack_fp4.optim.root import Root
+
+
+def ref_ns(G, abc, steps=5):
+    """Plain FP32 quintic NS (same arithmetic order as any textbook version)."""
+    a, b, c = abc
+    X = G.float()
+    tall = X.shape[0] > X.shape[1]
+    if tall:
+        X = X.T
+    X = X / (X.norm() + 1e-7)
+    for _ in range(steps):
+        A = X @ X.T
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return X.T if tall else X
+
+
+def ref_muon_step(params, grads, bufs, lr, wd, mu=0.95):
+    for p, g, buf in zip(params, grads, bufs):
+        buf.mul_(mu).add_((1 - mu) * g)                 # EMA momentum
+        d = (1 - mu) * g + mu * buf                     # Nesterov
+        u = ref_ns(d, MUON) * max(1.0, p.shape[0] / p.shape[1]) ** 0.5
+        p.mul_(1 - lr * wd).sub_(lr * u)
+
+
+def ref_root_step(params, grads, bufs, lr, wd, mu=0.95):
+    for p, g, buf in zip(params, grads, bufs):
+        buf.mul_(mu).add_(g)
+        eps = torch.quantile(g.abs().flatten(), 0.9)
+        b = torch.maximum(torch.minimum(buf, eps), -eps)
+        key = (min(p.shape), max(p.shape))
+        u = ref_ns(b, ROOT_PUBLISHED.get(key, MUON)) * 0.2 * math.sqrt(max(p.shape))
+        p.mul_(1 - lr * wd).sub_(lr * u)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(24, 48, bias=False), torch.nn.Tanh(),
+                               torch.nn.Linear(48, 16, bias=False))
+
+
+def _grads(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, 24, generator=g)
+    model.zero_grad()
+    model(x).pow(2).mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("opt_cls,ref_step,lr", [(Muon, ref_muon_step, 0.02),
+                                                 (Root, ref_root_step, 0.01)])
+def test_step_matches_reference(opt_cls, ref_step, lr):
+    model = _model()
+    ref_params = [p.detach().clone() for p in model.parameters()]
+    bufs = [torch.zeros_like(p) for p in ref_params]
+    opt = opt_cls(model.parameters(), lr=lr, weight_decay=0.1, ns_precision="fp32")
+    for step in range(4):
+        grads = _grads(model, step)
+        opt.step()
+        ref_step(ref_params, grads, bufs, lr, 0.1)
+        for p, r in zip(model.parameters(), ref_params):
+            assert torch.allclose(p.detach(), r, rtol=0, atol=2e-6), step
+
+
+def test_root_uses_published_table_for_its_shape():
+    p = torch.nn.Parameter(torch.zeros(2048, 3072))
+    opt = Root([p], ns_precision="fp32")
+    seen = []
+    opt.orthogonalize = lambda d, group: seen.append(group["ns_coefficients"]) or d  # noqa
+    p.grad = torch.randn(2048, 3072)
+    opt.step()
+    assert seen == ["root"]  # the lookup itself is tested in test_newton_schulz
+
+
+@pytest.mark.parametrize("opt_cls", [Muon, Root])
+def test_fused_split_equals_separate_blocks(opt_cls):
+    torch.manual_seed(3)
+    sizes = [32, 16, 16]  # e.g. Q, K, V rows of a fused QKV weight
+    w = torch.randn(64, 48)
+    fused = torch.nn.Parameter(w.clone())
+    fused.ns_split_sizes = sizes
+    parts = [torch.nn.Parameter(b.clone()) for b in torch.split(w, sizes)]
+    o1 = opt_cls([fused], lr=0.01, weight_decay=0.05, ns_precision="fp32")
+    o2 = opt_cls(parts, lr=0.01, weight_decay=0.05, ns_precision="fp32")
+    for _ in range(3):
+        g = torch.randn(64, 48)
+        fused.grad = g.clone()
+        for p, gb in zip(parts, torch.split(g, sizes)):
+            p.grad = gb.clone()
+        o1.step()
+        o2.step()
+    assert torch.equal(fused.detach(), torch.cat([p.detach() for p in parts]))
+    # ...and is not the same as orthogonalising the concatenation.
+    whole = torch.nn.Parameter(w.clone())
+    o3 = opt_cls([whole], lr=0.01, ns_precision="fp32")
+    whole.grad = torch.randn(64, 48)
+    fused.grad = whole.grad.clone()
+    before = fused.detach().clone()
+    o3.step()
+    o1b = opt_cls([fused], lr=0.01, ns_precision="fp32")
+    o1b.step()
+    assert not torch.allclose(fused.detach() - before, whole.detach() - w, atol=1e-4)
+
+
+def test_bad_split_sizes_raise():
+    p = torch.nn.Parameter(torch.randn(10, 8))
+    p.ns_split_sizes = [4, 4]
+    p.grad = torch.randn(10, 8)
+    with pytest.raises(ValueError):
+        Muon([p]).step()
+
+
+@pytest.mark.parametrize("opt_cls", [Muon, Root])
+def test_state_dict_round_trip_resumes_exactly(opt_cls):
+    model = _model(1)
+    clone = copy.deepcopy(model)
+    opt = opt_cls(model.parameters(), lr=0.02, weight_decay=0.1, ns_precision="bf16")
+    for s in range(2):
+        _grads(model, s)
+        opt.step()
+    clone.load_state_dict(model.state_dict())
+    opt2 = opt_cls(clone.parameters(), lr=0.5, weight_decay=0.0, ns_precision="bf16")
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))  # hyper-parameters come back too
+    for s in range(2, 4):
+        _grads(model, s)
+        opt.step()
+        _grads(clone, s)
+        opt2.step()
+    for p, q in zip(model.parameters(), clone.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_q_muon_runs_nvfp4_and_rejects_vectors():
+    model = _model(2)
+    opt = Muon(model.parameters(), ns_precision="nvfp4", ns_coefficients="fp4")
+    before = [p.detach().clone() for p in model.parameters()]
+    _grads(model, 0)
+    opt.step()
+    for p, b in zip(model.parameters(), before):
+        assert torch.isfinite(p).all() and not torch.equal(p, b)
+    with pytest.raises(ValueError):
+        Muon([torch.nn.Parameter(torch.zeros(5))])
+
+
+def test_split_params_for_orthogonal():
+    emb = torch.nn.Embedding(10, 8)
+    lin = torch.nn.Linear(8, 8)
+    head = torch.nn.Linear(8, 10, bias=False)
+    frozen = torch.nn.Linear(8, 8, bias=False).requires_grad_(False)
+    named = [("emb.weight", emb.weight), ("lin.weight", lin.weight), ("lin.bias", lin.bias),
+             ("head.weight", head.weight), ("frozen.weight", frozen.weight)]
+    mats, others = split_params_for_orthogonal(
+        named, is_embedding_or_output=lambda n, p: n.startswith(("emb", "head")))
+    assert mats == [lin.weight]
+    assert others == [emb.weight, lin.bias, head.weight]

@@ -1,0 +1,145 @@
+"""Newton–Schulz: FP64 oracle, coefficient tables, NVFP4 algebra and stability."""
+
+import pytest
+import torch
+
+from fullstack_fp4.optim import newton_schulz as ns_mod
+from fullstack_fp4.optim.newton_schulz import newton_schulz
+from fullstack_fp4.optim.ns_coefficients import (MUON, ROOT_PUBLISHED, fp4_coefficients,
+                                                 resolve_schedule, root_coefficients)
+
+
+def ns_fp64_reference(G, schedule):
+    """Textbook quintic NS in float64, written independently of the module."""
+    X = G.double()
+    tall = X.shape[0] > X.shape[1]
+    if tall:
+        X = X.T
+    X = X / (torch.linalg.matrix_norm(X) + 1e-7)
+    for a, b, c in schedule:
+        A = X @ X.T
+        X = a * X + b * (A @ X) + c * (A @ (A @ X))
+    return X.T if tall else X
+
+
+def rel(x, y):
+    return ((x.double() - y.double()).norm() / y.double().norm()).item()
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (48, 160), (160, 48), (33, 70)])
+def test_fp32_matches_fp64_reference(shape):
+    g = torch.Generator().manual_seed(1)
+    G = torch.randn(*shape, generator=g)
+    out = newton_schulz(G, precision="fp32")
+    assert out.dtype == torch.float32 and out.shape == G.shape
+    assert rel(out, ns_fp64_reference(G, [MUON] * 5)) < 2e-5
+
+
+def test_per_step_schedule_and_fp64_precision():
+    G = torch.randn(40, 96, generator=torch.Generator().manual_seed(2))
+    sched = [(3.0, -3.2, 1.2), (2.5, -2.0, 0.5), MUON, (1.875, -1.25, 0.375)]
+    out = newton_schulz(G, steps=4, coefficients=sched, precision="fp64")
+    assert rel(out, ns_fp64_reference(G, sched)) < 1e-12
+
+
+def test_bf16_close_but_not_exact():
+    G = torch.randn(64, 192, generator=torch.Generator().manual_seed(3))
+    out = newton_schulz(G, precision="bf16")
+    assert out.dtype == torch.bfloat16
+    err = rel(out, ns_fp64_reference(G, [MUON] * 5))
+    assert 1e-4 < err < 0.05  # BF16 NS lands at ~2 % on the H200 anchors
+
+
+def test_root_table_lookup():
+    for (lo, hi), abc in ROOT_PUBLISHED.items():
+        assert root_coefficients((lo, hi)) == abc
+        assert root_coefficients((hi, lo)) == abc  # orientation does not matter
+    assert root_coefficients((2048, 2049)) == MUON  # exact keys only, else Muon's
+    assert resolve_schedule("root", (8192, 2048), 5) == [(2.9794, -3.6674, 1.6207)] * 5
+    assert resolve_schedule("muon", (7, 9), 3) == [MUON] * 3
+    assert resolve_schedule((1.0, 2.0, 3.0), (7, 9), 2) == [(1.0, 2.0, 3.0)] * 2
+    with pytest.raises(ValueError):
+        resolve_schedule([MUON] * 2, (7, 9), 5)
+    with pytest.raises(ValueError):
+        resolve_schedule("polar", (7, 9), 5)
+
+
+def test_fp4_table_lookup_nearest_aspect(monkeypatch):
+    table = {(128, 128): [(1.0, 0.0, 0.0)] * 5, (128, 512): [(2.0, 0.0, 0.0)] * 5}
+    monkeypatch.setattr("fullstack_fp4.optim.ns_coefficients.FP4_FITTED", table)
+    assert fp4_coefficients((512, 128))[0] == (2.0, 0.0, 0.0)   # exact key, transposed
+    assert fp4_coefficients((3000, 3100))[0] == (1.0, 0.0, 0.0)  # aspect ~1
+    assert fp4_coefficients((1000, 3500))[0] == (2.0, 0.0, 0.0)  # aspect 3.5 -> 4
+
+
+class _ExactProducts:
+    """Identity 'quantizer' + exact FP64 products: isolates the step algebra from NVFP4."""
+
+    def op(self, x):
+        return x.double()
+
+    def mm(self, p, q):
+        return p @ q.T
+
+
+@pytest.mark.parametrize("form", ["shifted", "naive"])
+def test_nvfp4_step_algebra_is_the_exact_step(form):
+    X = torch.randn(32, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    X = X / X.norm()
+    Xp = torch.nn.functional.pad(X, (0, 0, 0, 16))  # padded rows must stay inert
+    out = ns_mod._step_nvfp4(Xp, 32, MUON, _ExactProducts(), form)
+    assert torch.allclose(out[:32], ns_mod.ns_step(X, MUON), atol=1e-12)
+    assert out[32:].abs().max() == 0
+
+
+def test_nvfp4_products_use_quantized_operands():
+    """One NVFP4 step equals the same step composed here from quantize().dequantize()."""
+    from fullstack_fp4.nvfp4 import quantize
+    G = torch.randn(32, 96, generator=torch.Generator().manual_seed(5))
+    q = lambda t: quantize(t.contiguous()).dequantize().double()  # noqa: E731
+    X = G / (G.norm() + 1e-7)
+    a, b, c = MUON
+    Xr = q(X)
+    A = Xr @ Xr.T
+    tau = A.diagonal().mean()
+    D = A - tau * torch.eye(32, dtype=torch.float64)
+    Dq = q(D.float())
+    Bp = (b + 2 * c * tau) * D + c * (Dq @ Dq.T)
+    want = (a + b * tau + c * tau * tau) * X.double() + q(Bp.float()) @ q(X.T).T
+    got = newton_schulz(G, steps=1, precision="nvfp4", backend="reference")
+    assert rel(got, want) < 1e-4
+    assert rel(got, ns_fp64_reference(G, [MUON])) > 1e-3  # and it is really quantized
+
+
+def _lowrank_plus_noise(m, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return 3 * torch.randn(m, 8, generator=g) @ torch.randn(8, n, generator=g) \
+        + 0.3 * torch.randn(m, n, generator=g)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "lowrank"])
+def test_nvfp4_shifted_stays_bounded(kind):
+    G = (torch.randn(128, 384, generator=torch.Generator().manual_seed(6)) if kind == "gaussian"
+         else _lowrank_plus_noise(128, 384, 7))
+    ref = ns_fp64_reference(G, [MUON] * 5)
+    out = newton_schulz(G, precision="nvfp4", backend="reference")
+    assert torch.isfinite(out).all()
+    assert torch.linalg.matrix_norm(out.double(), ord=2) < 1.6  # Muon's quintic peaks ~1.2
+    assert rel(out, ref) < 0.45
+
+
+def test_naive_nvfp4_diverges_on_full_rank_gaussian():
+    """The failure the shifted form exists to avoid (issue 6): keep it visible."""
+    G = torch.randn(128, 384, generator=torch.Generator().manual_seed(6))
+    out = newton_schulz(G, precision="nvfp4", nvfp4_form="naive", backend="reference")
+    assert rel(out, ns_fp64_reference(G, [MUON] * 5)) > 1.0
+
+
+def test_clip_percentile_100_is_identity_and_99_clamps():
+    x = torch.randn(100, 16, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(ns_mod._clip(x, 100.0), x)
+    y = ns_mod._clip(x, 99.0)
+    assert (y.abs() <= torch.quantile(x.abs(), 0.99) + 1e-6).all() and (y != x).sum() >= 10
+    G = torch.randn(32, 64, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(newton_schulz(G, precision="nvfp4", clip_percentile=100.0),
+                       newton_schulz(G, precision="nvfp4"))
