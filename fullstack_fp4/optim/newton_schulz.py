@@ -81,14 +81,14 @@ class _NVFP4Products:
         self.backend, self.clip, self.rounding, self.generator = backend, clip, rounding, generator
 
     def op(self, x: torch.Tensor):
-        x = _clip(x, self.clip).contiguous()
+        x = _clip(x, self.clip)
         if self.backend == "triton":
             from .triton_ns import quantize_decode  # noqa: PLC0415 (optional, CUDA only)
             if self.rounding != "nearest":
                 raise ValueError("the triton NS backend implements nearest rounding only")
-            return quantize_decode(x)
+            return quantize_decode(x)  # reads strided views (X.t()) in place, no copy
         from fullstack_fp4.nvfp4 import quantize  # noqa: PLC0415 (keep import cheap)
-        return quantize(x, rounding=self.rounding, generator=self.generator)
+        return quantize(x.contiguous(), rounding=self.rounding, generator=self.generator)
 
     def mm(self, p, q) -> torch.Tensor:
         if self.backend == "triton":
