@@ -30,6 +30,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
 from megatron.training.config import to_dict
+from megatron.training.errors import CheckpointError
 
 FORMAT_VERSION = 1
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
@@ -41,9 +42,6 @@ SHAPE_KEYS = {
     "optimizer": ("name",),
 }
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded; the message says which and why."""
 
 
 def _rank() -> int:
@@ -187,6 +185,7 @@ def save_checkpoint(save_dir: str, iteration: int, *, model, optimizer, train_st
         shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted save
         os.makedirs(os.path.join(tmp, "rng"))
         os.makedirs(os.path.join(tmp, "extra"))
+        os.makedirs(os.path.join(tmp, "dist"))
     _barrier()
     dist_checkpointing.save(_sharded_state_dict(model, optimizer, is_loading=False), os.path.join(tmp, "dist"))
     torch.save(_rng_state(), os.path.join(tmp, "rng", f"rank_{rank:05d}.pt"))

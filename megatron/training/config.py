@@ -22,8 +22,7 @@ import yaml
 from megatron.training.config_schema import PRESETS, RunConfig
 
 
-class ConfigError(ValueError):
-    """A config the run cannot start from; the message says which key and how to fix it."""
+from megatron.training.errors import ConfigError  # noqa: F401  (re-exported)
 
 
 def load_config(path: str | None, overrides: list[str] = (), *, validate: bool = True) -> RunConfig:

@@ -29,7 +29,8 @@ def padded_vocab_size(vocab: int, cfg: RunConfig) -> int:
     return ((vocab + multiple - 1) // multiple) * multiple
 
 
-def transformer_config(cfg: RunConfig, *, use_cpu_initialization: bool) -> TransformerConfig:
+def transformer_config(cfg: RunConfig, *, use_cpu_initialization: bool,
+                       perform_initialization: bool = True) -> TransformerConfig:
     m, p = cfg.model, cfg.parallel
     bf16 = cfg.train.precision == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -58,6 +59,7 @@ def transformer_config(cfg: RunConfig, *, use_cpu_initialization: bool) -> Trans
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         sequence_parallel=False,
         use_cpu_initialization=use_cpu_initialization,
+        perform_initialization=perform_initialization,
         gradient_accumulation_fusion=False,  # needs apex / TE
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -88,10 +90,12 @@ def block_spec(cfg: RunConfig, tconfig: TransformerConfig, pp_rank: int | None =
 
 
 def build_model(cfg: RunConfig, vocab_size: int, *, pre_process: bool = True, post_process: bool = True,
-                pp_rank: int | None = None, use_cpu_initialization: bool | None = None) -> GPTModel:
+                pp_rank: int | None = None, use_cpu_initialization: bool | None = None,
+                perform_initialization: bool = True) -> GPTModel:
     if use_cpu_initialization is None:
         use_cpu_initialization = not torch.cuda.is_available()
-    tconfig = transformer_config(cfg, use_cpu_initialization=use_cpu_initialization)
+    tconfig = transformer_config(cfg, use_cpu_initialization=use_cpu_initialization,
+                                 perform_initialization=perform_initialization)
     model = GPTModel(
         config=tconfig,
         transformer_layer_spec=block_spec(cfg, tconfig, pp_rank),

@@ -36,3 +36,8 @@ def convert_layer_spec(spec, cfg, *, layer_index: int):
 def after_model_build(model, cfg) -> None:
     """Hook for recipes that need the built module tree (e.g. initial SVD splits)."""
     return None
+
+
+def convert_optimizer(optimizer, cfg, model_chunks) -> None:
+    """Swap the inner torch optimizer of megatron-core's wrapper for the configured recipe."""
+    return None

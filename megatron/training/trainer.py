@@ -1,0 +1,245 @@
+"""The training loop: build everything from a validated config, then step, log, eval, save.
+
+Read top to bottom: `Trainer.__init__` builds (distributed state, data, model, optimizer,
+checkpoint resume); `train()` is the loop; `train_step()` one optimizer step over the
+micro-batches of one global batch through megatron-core's forward-backward schedule (which
+also runs the pipeline when `pipeline_model_parallel_size > 1`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+
+from megatron.training import checkpointing
+from megatron.training.batches import MockTokens, micro_batches
+from megatron.training.config import dump_yaml
+from megatron.training.errors import DataError
+from megatron.training.initialize import initialize
+from megatron.training.metrics import MetricsLogger, format_train_line
+from megatron.training.model import build_model, flops_per_token
+from megatron.training.optimizer import apply_schedule, build_optimizer
+from megatron.training.schedules import learning_rate
+
+# Dense BF16 tensor-core peak (datasheet), for MFU. Unknown devices report no MFU.
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "B200": 2250.0, "GB200": 2500.0}
+
+
+def peak_tflops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+class Trainer:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.device = initialize(cfg)
+        self.rank = dist.get_rank()
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.is_logger = (ps.is_pipeline_last_stage() and self.dp_rank == 0
+                          and ps.get_tensor_model_parallel_rank() == 0)
+        self.iteration, self.consumed_samples = 0, 0
+        self.stop_requested = False
+
+        self.vocab_size, self.train_ds, self.valid_ds = self._build_data()
+        self.gpt = build_model(cfg, self.vocab_size, pre_process=ps.is_pipeline_first_stage(),
+                               post_process=ps.is_pipeline_last_stage())
+        self.gpt.to(self.device)
+        self.model = self._wrap(self.gpt)
+        self.optimizer = build_optimizer(cfg, [self.model])
+        self.flops_per_token = flops_per_token(cfg, self.vocab_size)
+        self.metrics = MetricsLogger(cfg, enabled=self.is_logger)
+        self._load_checkpoint()
+        self._write_run_info()
+
+    # ---------------------------------------------------------------- build
+    def _build_data(self):
+        cfg = self.cfg
+        t, d = cfg.train, cfg.data
+        n_train = t.iters * t.global_batch_size
+        n_valid = max(1, t.eval_iters) * t.global_batch_size
+        if d.mock:
+            v = cfg.model.vocab_size
+            return (v, MockTokens(n_train, cfg.model.seq_length, v, t.seed),
+                    MockTokens(n_valid, cfg.model.seq_length, v, t.seed + 1))
+        from megatron.training.data import build_datasets
+        from megatron.training.tokenizer import load_tokenizer
+
+        try:
+            tok = load_tokenizer(d.tokenizer)
+            train, valid, _ = build_datasets(d, tokenizer=tok, seq_length=cfg.model.seq_length, seed=t.seed,
+                                             train_samples=n_train, valid_samples=n_valid)
+        except (ValueError, OSError) as e:
+            raise DataError(str(e)) from None
+        if cfg.model.vocab_size is not None and cfg.model.vocab_size < tok.vocab_size:
+            raise DataError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
+                            f"vocabulary ({tok.vocab_size})")
+        return cfg.model.vocab_size or tok.vocab_size, train, valid
+
+    def _wrap(self, gpt):
+        cfg = self.cfg
+        module = Float16Module(gpt.config, gpt) if cfg.train.precision == "bf16" else gpt
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+            use_distributed_optimizer=cfg.parallel.use_distributed_optimizer)
+        model = DistributedDataParallel(gpt.config, ddp_config, module)
+        gpt.config.no_sync_func = model.no_sync
+        gpt.config.finalize_model_grads_func = finalize_model_grads
+        return model
+
+    def _load_checkpoint(self):
+        c = self.cfg.checkpoint
+        path = checkpointing.resolve_load_path(c.load, c.save_dir)
+        if path is None:
+            return
+        meta = checkpointing.load_checkpoint(path, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg)
+        self.iteration, self.consumed_samples = meta["iteration"], meta["consumed_samples"]
+        if self.rank == 0:
+            print(f"[checkpoint] resumed from {path} at iteration {self.iteration}", flush=True)
+
+    def _write_run_info(self):
+        if self.rank != 0:
+            return
+        text = dump_yaml(self.cfg)
+        print("---- resolved config ----\n" + text + "-------------------------", flush=True)
+        for d in {self.cfg.logging.dir, self.cfg.checkpoint.save_dir} - {None}:
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "config.yaml"), "w") as f:
+                f.write(text)
+        if self.cfg.logging.dir:
+            try:
+                commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+            except OSError:
+                commit = ""
+            with open(os.path.join(self.cfg.logging.dir, "run_info.json"), "w") as f:
+                json.dump({"git_commit": commit, "argv": sys.argv, "world_size": dist.get_world_size(),
+                           "torch": torch.__version__, "device": str(self.device)}, f, indent=1)
+
+    # ---------------------------------------------------------------- steps
+    def _forward_step(self, data_iterator, model):
+        batch = next(data_iterator)
+        losses = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        return losses, partial(self._loss, batch["loss_mask"])
+
+    @staticmethod
+    def _loss(loss_mask, losses):
+        loss = (losses.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+        # clone: the schedule divides the returned loss by num_microbatches in place
+        return loss, {"lm loss": loss.detach().clone()}
+
+    def _run_schedule(self, dataset, start_sample: int, forward_only: bool) -> float | None:
+        t = self.cfg.train
+        mbs = micro_batches(dataset, start_sample=start_sample, global_batch=t.global_batch_size,
+                            micro_batch=t.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.dp_size,
+                            device=self.device)
+        out = get_forward_backward_func()(
+            forward_step_func=self._forward_step, data_iterator=iter(mbs), model=[self.model],
+            num_microbatches=len(mbs), seq_length=self.cfg.model.seq_length,
+            micro_batch_size=t.micro_batch_size, forward_only=forward_only)
+        if not ps.is_pipeline_last_stage():
+            return None
+        loss = torch.stack([o["lm loss"] for o in out]).mean()
+        dist.all_reduce(loss, group=ps.get_data_parallel_group())
+        return (loss / self.dp_size).item()
+
+    def train_step(self) -> tuple[float | None, float]:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss = self._run_schedule(self.train_ds, self.consumed_samples, forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        return loss, float(grad_norm) if grad_norm is not None else float("nan")
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        if self.cfg.train.eval_iters == 0:
+            return None
+        self.model.eval()
+        losses = [self._run_schedule(self.valid_ds, i * self.cfg.train.global_batch_size, forward_only=True)
+                  for i in range(self.cfg.train.eval_iters)]
+        self.model.train()
+        return None if losses[0] is None else sum(losses) / len(losses)
+
+    def save(self):
+        c = self.cfg.checkpoint
+        if not c.save_dir:
+            return None
+        path = checkpointing.save_checkpoint(
+            c.save_dir, self.iteration, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg,
+            keep_last=c.keep_last, train_state={"consumed_samples": self.consumed_samples})
+        if self.rank == 0:
+            print(f"[checkpoint] saved {path}", flush=True)
+        return path
+
+    # ---------------------------------------------------------------- loop
+    def _on_signal(self, signum, frame):
+        self.stop_requested = True
+
+    def _should_stop(self) -> bool:
+        flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same iteration
+        return bool(flag.item())
+
+    def train(self) -> dict:
+        cfg, t = self.cfg, self.cfg.train
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        tokens_per_step = t.global_batch_size * cfg.model.seq_length
+        peak = peak_tflops()
+        last_val, start_iter = None, self.iteration
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        while self.iteration < t.iters:
+            lr = learning_rate(cfg.optimizer, self.iteration, t.iters)
+            apply_schedule(self.optimizer, lr, cfg.optimizer.weight_decay)
+            start = time.perf_counter()
+            loss, grad_norm = self.train_step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            step_s = time.perf_counter() - start
+            self.iteration += 1
+            self.consumed_samples += t.global_batch_size
+            if self.iteration % t.log_interval == 0 or self.iteration == 1:
+                tps = tokens_per_step / step_s
+                tflops = tps * self.flops_per_token / dist.get_world_size() / 1e12
+                rec = {"iter": self.iteration, "consumed_samples": self.consumed_samples, "loss": loss,
+                       "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps, "step_ms": 1e3 * step_s,
+                       "tflops": tflops, "mfu": tflops / peak if peak else None,
+                       "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30
+                       if torch.cuda.is_available() else None}
+                self.metrics.log(rec, stdout=format_train_line(rec, t.iters))
+            if self.iteration % t.eval_interval == 0 or self.iteration == t.iters:
+                last_val = self.evaluate()
+                if last_val is not None:
+                    self.metrics.log({"iter": self.iteration, "val_loss": last_val},
+                                     stdout=f" validation loss at iteration {self.iteration}: {last_val:.6E} |")
+            stop = self._should_stop()
+            exit_now = t.exit_interval is not None and self.iteration >= t.exit_interval
+            periodic = cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0
+            if periodic or ((stop or exit_now) and cfg.checkpoint.save_on_exit):
+                self.save()
+            if stop or exit_now:
+                if self.rank == 0:
+                    why = "signal received" if stop else f"train.exit_interval={t.exit_interval}"
+                    print(f"[train] stopping at iteration {self.iteration} ({why})", flush=True)
+                break
+        else:
+            if self.iteration > start_iter and cfg.checkpoint.save_on_exit and cfg.checkpoint.save_dir and not (
+                    cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0):
+                self.save()
+        self.metrics.close()
+        return {"iteration": self.iteration, "val_loss": last_val}

@@ -1,0 +1,53 @@
+"""Pretrain a GPT with megatron-core and the Full-Stack FP4 recipes.
+
+    torchrun --nproc-per-node N pretrain_gpt.py --config configs/X.yaml [section.key=value ...]
+    python pretrain_gpt.py --config configs/X.yaml --dry-run      # validate, build, count, exit
+
+Bad input (config, data, checkpoint) prints one `error:` line and exits with code 2.
+"""
+import argparse
+import sys
+
+from megatron.training.config import dump_yaml, load_config
+from megatron.training.errors import UserError
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="YAML run config")
+    p.add_argument("--dry-run", action="store_true", help="validate, build the model on the meta device, print, exit")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.iters=100")
+    return p.parse_args(argv)
+
+
+def dry_run(cfg) -> None:
+    from megatron.training.dry_run import describe
+
+    print(dump_yaml(cfg), end="")
+    print(describe(cfg))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.dry_run:
+            dry_run(cfg)
+            return 0
+        from megatron.training.trainer import Trainer
+
+        result = Trainer(cfg).train()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        from megatron.training.initialize import shutdown
+
+        shutdown()
+    if result.get("val_loss") is not None:
+        print(f"[train] done at iteration {result['iteration']}, validation loss {result['val_loss']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
