@@ -177,6 +177,12 @@ def _dequantize_chunked(codes: torch.Tensor, block_scale: torch.Tensor,
     return ((q * block_scale.to(torch.float32)[:, None]) * d[:, None]).reshape(-1)
 
 
+def _sqrt_rn(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded FP32 sqrt (the kernel's ``sqrt_rn``). torch's vectorized CPU sqrt is
+    off by an ulp at times; sqrt in FP64 then one rounding is exact-to-nearest (53 >= 2·24+2)."""
+    return torch.sqrt(x.to(torch.float64)).to(torch.float32)
+
+
 def _pad(x: torch.Tensor, npad: int) -> torch.Tensor:
     out = torch.zeros(npad, dtype=torch.float32, device=x.device)
     out[: x.numel()] = x.reshape(-1).to(torch.float32)
@@ -234,7 +240,7 @@ def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
     """
     n = v.numel()
     npad = padded_numel(n, tile)
-    s = _pad(torch.sqrt(torch.clamp(v.reshape(-1).to(torch.float32), min=0.0)), npad)
+    s = _pad(_sqrt_rn(torch.clamp(v.reshape(-1).to(torch.float32), min=0.0)), npad)
     valid = torch.arange(npad, device=v.device) < n
     s2 = s.view(-1, tile)
     cnt = valid.view(-1, tile).sum(dim=1).clamp(min=1).to(torch.float32)

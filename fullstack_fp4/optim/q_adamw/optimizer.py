@@ -37,7 +37,8 @@ from typing import Optional
 
 import torch
 
-from .codecs import (CHUNK, MomentState, decode_exp_avg, decode_exp_avg_sq, encode_exp_avg,
+from .codecs import (CHUNK, MomentState, _sqrt_rn, decode_exp_avg, decode_exp_avg_sq,
+                     encode_exp_avg,
                      encode_exp_avg_sq, padded_numel)
 
 __all__ = ["QAdamW", "q_adamw_step_reference", "optimizer_state_bytes"]
@@ -74,7 +75,7 @@ def _hyper(lr, beta1, beta2, eps, wd, step, device):
     bc1 = 1.0 - beta1 ** step
     bc2 = 1.0 - beta2 ** step
     return dict(decay=1.0 - lr * wd, beta1=beta1, omb1=1.0 - beta1, beta2=beta2,
-                omb2=1.0 - beta2, sqrt_bc2=math.sqrt(bc2), eps=eps, step_size=lr / bc1)
+                omb2=1.0 - beta2, inv_sqrt_bc2=1.0 / math.sqrt(bc2), eps=eps, step_size=lr / bc1)
 
 
 def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict, *, lr: float,
@@ -96,8 +97,9 @@ def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict,
     p = p_flat * h["decay"]
     m = m * h["beta1"] + g * h["omb1"]
     v = v * h["beta2"] + (g * g) * h["omb2"]
-    s = torch.sqrt(v)
-    upd = m / (s / h["sqrt_bc2"] + h["eps"])
+    s = _sqrt_rn(v)
+    # a product, not s / sqrt(bc2): torch may turn a division by a scalar into one anyway
+    upd = m / (s * h["inv_sqrt_bc2"] + h["eps"])
     p_flat.copy_(p - h["step_size"] * upd)
     _pack_state(st, encode_exp_avg(m, rand=rand), encode_exp_avg_sq(v))
 
@@ -182,6 +184,18 @@ class QAdamW(torch.optim.Optimizer):
                     if not direct:
                         p.data.copy_(flat.view_as(p))
         return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """As torch's, but the 4-bit state keeps its integer dtypes (torch would cast every
+        state tensor of a floating-point parameter to the parameter's dtype)."""
+        raw = {k: dict(v) for k, v in state_dict["state"].items()}
+        super().load_state_dict(state_dict)
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params):
+            for k in _KEYS:
+                if i in raw and k in raw[i]:
+                    self.state[p][k] = raw[i][k].to(p.device)
 
     @staticmethod
     def _fp32_step(p, st, lr, b1, b2, eps, wd, t):

@@ -214,7 +214,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
                    mc_ptr, ms_ptr, mcs_ptr,
                    vc_ptr, vs_ptr, vcs_ptr, vmean_ptr,
                    u_ptr, n, npad, seed,
-                   decay, beta1, omb1, beta2, omb2, sqrt_bc2, eps, step_size,
+                   decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
                    HAS_U: tl.constexpr, CHUNK_C: tl.constexpr):
     NB: tl.constexpr = CHUNK_C // 16
     NT: tl.constexpr = CHUNK_C // 32
@@ -242,7 +242,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
     m = tl.where(live2, m, 0.0)
     v = tl.where(live2, v, 0.0)
     s = tl.sqrt_rn(v)
-    upd = tl.div_rn(m, tl.div_rn(s, sqrt_bc2) + eps)
+    upd = tl.div_rn(m, s * inv_sqrt_bc2 + eps)
     p = p - step_size * tl.reshape(upd, (CHUNK_C,))
     tl.store(p_ptr + idx, p, mask=live)
 
@@ -272,7 +272,8 @@ REL_FLOOR_C = tl.constexpr(REL_FLOOR)
 assert BLOCK == 16 and TILE == 32 and CHUNK % 32 == 0
 
 
-def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, sqrt_bc2, eps,
+def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2,
+           eps,
            step_size, rand=None):
     """Run the fused step in place on the flat FP32 ``p_flat`` and the state tensors ``st``.
 
@@ -287,5 +288,5 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
         st["exp_avg_sq_codes"], st["exp_avg_sq_scales"], st["exp_avg_sq_chunk_scales"],
         st["exp_avg_sq_means"],
         u, n, npad, seed,
-        decay, beta1, omb1, beta2, omb2, sqrt_bc2, eps, step_size,
+        decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
         HAS_U=rand is not None, CHUNK_C=CHUNK, num_warps=NUM_WARPS, enable_fp_fusion=False)

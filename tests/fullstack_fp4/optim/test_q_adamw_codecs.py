@@ -1,0 +1,158 @@
+"""Q-AdamW codecs: round trips, error vs direct NVFP4, the guard, extreme values, padding."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+
+from fullstack_fp4.optim import (decode_exp_avg, decode_exp_avg_sq, encode_exp_avg,  # noqa: E402
+                                 encode_exp_avg_sq, state_bytes_per_param)
+from fullstack_fp4.optim.q_adamw.codecs import bf16_toward_zero  # noqa: E402
+from q_adamw_error_table import direct_nvfp4, synthetic_moments  # noqa: E402
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.fixture(scope="module")
+def moments():
+    return synthetic_moments(1 << 14, steps=60, structured=True)
+
+
+def test_exp_avg_round_trip_heavy_tailed():
+    g = torch.Generator().manual_seed(1)
+    m = torch.distributions.StudentT(2.0).sample((5000,)) * 1e-3
+    st = encode_exp_avg(m, generator=g)
+    mh = decode_exp_avg(st)
+    assert mh.shape == m.shape and torch.isfinite(mh).all()
+    # NVFP4 with SR on RHT-mixed blocks: ~10-20% relative L2 error; 0.3 catches a broken codec.
+    assert _rel(mh, m) < 0.3
+    assert st.codes.dtype == torch.uint8 and st.codes.numel() == 5024 // 2
+
+
+def test_exp_avg_stochastic_rounding_is_unbiased():
+    m = torch.linspace(-1, 1, 4096) ** 3
+    acc = torch.zeros(4096, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    k = 200
+    for _ in range(k):
+        acc += decode_exp_avg(encode_exp_avg(m, generator=g)).double()
+    one = decode_exp_avg(encode_exp_avg(m, generator=g))
+    # the average of k independent SR decodes is ~sqrt(k) times closer than one decode
+    assert _rel(acc / k, m) < 0.25 * _rel(one, m)
+
+
+def test_exp_avg_sq_round_trip_lognormal_and_student_t():
+    g = torch.Generator().manual_seed(2)
+    for v in (torch.exp(2.0 * torch.randn(6000, generator=g)) * 1e-6,
+              (torch.distributions.StudentT(3.0).sample((6000,)) * 1e-3) ** 2):
+        vh = decode_exp_avg_sq(encode_exp_avg_sq(v))
+        assert (vh >= 0).all() and torch.isfinite(vh).all()
+        assert _rel(vh.sqrt(), v.sqrt()) < 0.2
+
+
+def test_second_moment_error_vs_direct_nvfp4(moments):
+    """Pipeline vs direct NVFP4 of v on heavy-tailed (row×col×lognormal, t3) moments.
+
+    Measured on sqrt(v), the quantity Adam divides by: ~57% lower here (target ≥ 50%). On v
+    itself (relL2, dominated by the largest entries) the two are about equal — README.md.
+    """
+    m, v = moments
+    vp = decode_exp_avg_sq(encode_exp_avg_sq(v))
+    vd = direct_nvfp4(v)
+    e_pipe = _rel(vp.sqrt(), v.sqrt())
+    e_direct = _rel(vd.clamp(min=0).sqrt(), v.sqrt())
+    assert e_pipe < 0.5 * e_direct, (e_pipe, e_direct)
+
+
+def test_update_error_vs_direct_nvfp4(moments):
+    m, v = moments
+    u = m.double() / (v.double().sqrt() + 1e-8)
+
+    def uerr(vh):
+        return _rel(m.double() / (vh.double().clamp(min=0).sqrt() + 1e-8), u)
+
+    e_pipe = uerr(decode_exp_avg_sq(encode_exp_avg_sq(v)))
+    e_direct = uerr(direct_nvfp4(v))
+    assert e_pipe < 1.0 and e_direct > 100 * e_pipe, (e_pipe, e_direct)
+
+
+def test_guard_entry_far_below_tile_mean():
+    """One entry 1e-6 of its tile's others: its update must not blow up (it does unguarded)."""
+    v = torch.full((1024,), 1.0)
+    v[7::32] = 4.0 + torch.arange(32.0)  # some spread in every tile
+    small = torch.arange(3, 1024, 32)
+    v[small] = 1e-12                      # sqrt: 1e-6 vs ~1
+    m = torch.full((1024,), 1e-3)
+    u = m / (v.sqrt() + 1e-8)
+    st = encode_exp_avg_sq(v)
+    u_g = m / (decode_exp_avg_sq(st).sqrt() + 1e-8)
+    u_none = m / (decode_exp_avg_sq(st, guard="none").sqrt() + 1e-8)
+    assert torch.isfinite(u_g).all()
+    # guarded: no update beyond the codec's ordinary error (measured max 1.74× here, on the
+    # large entries of a tile; the tiny ones get ~1e-6 of theirs, i.e. much smaller)
+    assert (u_g <= 2.5 * u).all()
+    assert (u_g[small] <= 1e-2).all()
+    # the test can fail: without the guard the same state gives ~1e5-times larger updates
+    assert (u_none[small] > 10 * u_g[small]).any()
+
+
+@pytest.mark.parametrize("val", [0.0, 1e-30, 1e30, 1e-45, 3e38])
+def test_extreme_values_no_nan_inf(val):
+    v = torch.full((100,), val)
+    v[64:96] = 0.0          # one whole tile of zeros (zeros inside a non-zero tile get μ/4)
+    vh = decode_exp_avg_sq(encode_exp_avg_sq(v))
+    mh = decode_exp_avg(encode_exp_avg(v.sqrt() * torch.where(torch.arange(100) % 2 == 0, 1, -1),
+                                       generator=torch.Generator().manual_seed(0)))
+    assert torch.isfinite(vh).all() and (vh >= 0).all() and torch.isfinite(mh).all()
+    assert (vh[64:96] == 0).all()
+    if 0 < val < 1e38:
+        assert _rel(vh, v) < 0.05 and _rel(mh.abs(), v.sqrt()) < 0.3
+
+
+def test_zeros_decode_to_zero():
+    z = torch.zeros(777)
+    assert (decode_exp_avg_sq(encode_exp_avg_sq(z)) == 0).all()
+    assert (decode_exp_avg(encode_exp_avg(z, generator=torch.Generator())) == 0).all()
+
+
+@pytest.mark.parametrize("n", [1, 17, 1000, 1025, 3000])
+def test_any_length_and_padding_never_leaks(n):
+    g = torch.Generator().manual_seed(n)
+    v = torch.rand(n, generator=g) + 0.1
+    m = torch.randn(n, generator=g)
+    sv = encode_exp_avg_sq(v)
+    npad = -(-n // 32) * 32
+    assert sv.codes.numel() == npad // 2 and sv.tile_mean.numel() == npad // 32
+    # the last tile's mean is over the real entries only (padding is not averaged in)
+    last = v[(npad // 32 - 1) * 32:].sqrt()
+    assert abs(float(sv.tile_mean[-1]) - float(last.mean())) <= 0.01 * float(last.mean())
+    # a prefix's codes don't depend on what follows the real entries
+    rand = torch.rand(npad + 64, generator=g)
+    a = encode_exp_avg(m, rand=rand)
+    b = encode_exp_avg(torch.cat([m, torch.randn(40, generator=g)]), rand=rand)
+    full_blocks = (n // 16) * 16 if n % 32 else n
+    if n >= CHUNK_FULL:
+        assert torch.equal(a.codes[: full_blocks // 2][:512], b.codes[: full_blocks // 2][:512])
+    assert decode_exp_avg(a).numel() == n and decode_exp_avg_sq(sv).numel() == n
+
+
+CHUNK_FULL = 1024
+
+
+def test_bf16_toward_zero_is_a_lower_bound():
+    x = torch.rand(10000) * torch.exp(10 * torch.randn(10000))
+    f = bf16_toward_zero(x).float()
+    assert (f <= x).all() and (f >= x * (1 - 2 ** -7)).all()
+
+
+def test_bytes_per_param_under_budget():
+    assert state_bytes_per_param(3072 * 3072) < 1.2
+    st_m = encode_exp_avg(torch.zeros(1 << 16), generator=torch.Generator())
+    st_v = encode_exp_avg_sq(torch.zeros(1 << 16))
+    assert (st_m.nbytes() + st_v.nbytes()) / (1 << 16) == pytest.approx(
+        state_bytes_per_param(1 << 16))
