@@ -112,12 +112,12 @@ def rows_for(m, v, variants: bool, seed: int = 0):
                              ("relative", 0.25), ("relative", 0.125), ("relative", 0.0625)):
                 vh = decode_exp_avg_sq(st, guard=guard, rel_floor=c)
                 name = f"tile {tile}, guard {guard}" + (f" {c}·μ" if c else "")
-                bb = f"{float(b) + 4 / tile:.3f}" if guard == "tile_min" else b
+                bb = f"{float(b) + 2 / tile:.3f}" if guard == "tile_min" else b
                 out.append((name, metrics(m, v, m_hat, vh), bb))
         st = encode_exp_avg_sq(v, scale_rule="4over6")
         out.append(("tile 32, μ/4, 4/6 on v", metrics(m, v, m_hat, decode_exp_avg_sq(st)), ""))
         st = encode_exp_avg_sq(v, subtract_mean=False)
-        out.append(("sqrt+RHT, no mean subtraction, floor μ/4 (μ stored anyway)",
+        out.append(("sqrt+RHT, no mean subtraction (μ = 0, so no floor)",
                     metrics(m, v, m_hat, decode_exp_avg_sq(st)), ""))
     return out
 
