@@ -35,6 +35,40 @@ def _check_prefixes(prefixes: Sequence[str], what: str) -> None:
                 )
 
 
+def _num_documents(prefix: str) -> int:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    return len(IndexedDataset(prefix, mmap=True).sequence_lengths)
+
+
+def _check_split_nonempty(config, sizes) -> None:
+    """Every prefix must give each requested split at least one document.
+
+    megatron-core loops forever looking for epochs when a split of a prefix holds no tokens
+    (`GPTDataset._get_num_epochs`), so this is checked first, with megatron's own rounding of
+    the split matrix into document ranges.
+    """
+    if config.blend_per_split is not None:
+        for name, blend, wanted in zip(("path", "valid_path"), config.blend_per_split, sizes):
+            for prefix in (blend[0] if blend and wanted else []):
+                if _num_documents(prefix) == 0:
+                    raise ValueError(f"data.{name}: {prefix} holds no documents")
+        return
+    for prefix in config.blend[0]:
+        n = _num_documents(prefix)
+        for split_name, bounds, wanted in zip(("train", "valid", "test"), config.split_matrix,
+                                              sizes):
+            if not wanted:
+                continue
+            docs = 0 if bounds is None else (
+                int(round(bounds[1] * float(n))) - int(round(bounds[0] * float(n))))
+            if docs <= 0:
+                raise ValueError(
+                    f"data.split {config.split!r} leaves the {split_name} split of {prefix} "
+                    f"({n} documents) empty: give it a larger share, add documents, or set "
+                    "data.valid_path")
+
+
 def _blend(prefixes, weights, what):
     prefixes = list(prefixes)
     if not prefixes:
@@ -93,6 +127,7 @@ def build_datasets(data_cfg, *, tokenizer, seq_length: int, seed: int, train_sam
         raise ValueError("data.valid_path is set, so there is no test split: use test_samples=0")
     config = build_gpt_config(data_cfg, tokenizer=tokenizer, seq_length=seq_length, seed=seed)
     sizes = [train_samples, valid_samples, test_samples]
+    _check_split_nonempty(config, sizes)
     for name in _DATASET_LOGGERS:  # megatron logs every index build at INFO; keep warnings
         logging.getLogger(name).setLevel(logging.WARNING)
     builder = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config)
