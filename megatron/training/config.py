@@ -48,7 +48,7 @@ def load_yaml_tree(path: str, _seen: tuple = ()) -> dict:
         with open(path) as f:
             doc = yaml.safe_load(f)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(e).split())}") from None
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ConfigError(f"config {path}: top level must be a mapping of sections")

@@ -1,0 +1,134 @@
+"""Shared helpers for the training-stack tests: run `pretrain_gpt.py` as a subprocess.
+
+Every run uses a tiny fp32 model on mock data (vocab 256, seq 32, global batch 4, micro 2) and
+one CPU thread per process (so a 1-process run and a 2-process torchrun run reduce in the same
+order inside each matmul, and concurrent runs do not fight over the 2 CI cores).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+PRETRAIN = os.path.join(REPO, "pretrain_gpt.py")
+
+TINY = [
+    "model.preset=tiny", "model.seq_length=32", "model.vocab_size=256", "data.mock=true",
+    "train.global_batch_size=4", "train.micro_batch_size=2", "train.precision=fp32",
+    "train.eval_iters=1", "train.log_interval=1", "logging.tensorboard=false",
+    # A real lr after 2 warmup steps, so that the losses move and a wrong resume would show.
+    "optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "optimizer.warmup_iters=2", "optimizer.schedule=cosine",
+]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
+             PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    return e
+
+
+def base_config(directory: str) -> str:
+    """An (almost empty) YAML file; everything else comes as overrides."""
+    path = os.path.join(directory, "run.yaml")
+    with open(path, "w") as f:
+        f.write("model:\n  preset: tiny\n")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pretrain_cmd(config: str, overrides: list[str], nproc: int = 1, extra_args: list[str] = ()) -> list[str]:
+    args = [PRETRAIN, "--config", config, *extra_args, *TINY, *overrides]
+    if nproc == 1:
+        return [sys.executable, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
+
+
+def start(config: str, overrides: list[str], *, nproc: int = 1, log: str | None = None) -> subprocess.Popen:
+    """Start a run; stdout+stderr go to `log` (a file: no pipe can fill up and block)."""
+    out = open(log, "w") if log else subprocess.DEVNULL
+    p = subprocess.Popen(pretrain_cmd(config, overrides, nproc), cwd=REPO, env=env(),
+                         stdout=out, stderr=subprocess.STDOUT)
+    p.log_path = log
+    return p
+
+
+def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise
+    text = open(p.log_path).read() if p.log_path else ""
+    return rc, text
+
+
+def run(config: str, overrides: list[str], *, nproc: int = 1, timeout: float = 300,
+        extra_args: list[str] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run(pretrain_cmd(config, overrides, nproc, extra_args), cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(logdir: str) -> tuple[dict[int, dict], dict[int, float]]:
+    """(train records by iteration, validation loss by iteration) from metrics.jsonl."""
+    train, val = {}, {}
+    with open(os.path.join(logdir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "val_loss" in rec:
+                val[rec["iter"]] = rec["val_loss"]
+            else:
+                train[rec["iter"]] = rec
+    return train, val
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+# ----------------------------------------------------------------- the shared baseline run
+STRAIGHT_ITERS = 8
+STRAIGHT = ["train.iters=8", "train.eval_interval=4"]
+
+
+_STRAIGHT_LOCK = threading.Lock()
+_STRAIGHT: list[str] = []
+
+
+def straight_run_dir() -> str:
+    """A directory with a finished 1-process run of STRAIGHT_ITERS steps (no checkpoints),
+    run once per pytest process and shared by the resume and distributed tests."""
+    with _STRAIGHT_LOCK:
+        if not _STRAIGHT:
+            _STRAIGHT.append(_straight_run())
+        return _STRAIGHT[0]
+
+
+def _straight_run() -> str:
+    d = tempfile.mkdtemp(prefix="straight_run_")
+    p = start(base_config(d), STRAIGHT + [f"logging.dir={d}/log", "checkpoint.load=none"],
+              log=os.path.join(d, "out.txt"))
+    rc, text = finish(p)
+    assert rc == 0, text[-3000:]
+    return d
+
+
+def start_straight_run_async():
+    """Kick off the baseline in a background thread (so it overlaps with another run)."""
+    t = threading.Thread(target=straight_run_dir, daemon=True)
+    t.start()
+    return t
