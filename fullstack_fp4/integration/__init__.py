@@ -1,1 +1,1 @@
-""""""
+"""Adapters that plug the fullstack_fp4 recipes into megatron-core (layer-spec modules, optimizer wrappers)."""

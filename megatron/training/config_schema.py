@@ -47,7 +47,6 @@ class TrainConfig:
     eval_interval: int = 100
     eval_iters: int = 10
     log_interval: int = 10
-    torch_compile: bool = False
 
 
 @dataclass

@@ -13,7 +13,9 @@ OPTIMIZERS = ("adamw", "q_adamw", "root", "q_root", "muon", "q_muon")
 # (config key, name) pairs whose implementation is wired into the trainer.
 IMPLEMENTED = {
     ("fp4.linear", "bf16"),
+    ("fp4.linear", "nvfp4"),
     ("fp4.attention", "bf16"),
+    ("fp4.attention", "q_attn"),
     ("optimizer.name", "adamw"),
 }
 
@@ -30,6 +32,18 @@ def convert_layer_spec(spec, cfg, *, layer_index: int):
     A converter swaps submodules (linears, core attention); the layer classes stay megatron's.
     `spec` is a private deep copy the caller hands over.
     """
+    attn = spec.submodules.self_attention.submodules
+    mlp = spec.submodules.mlp.submodules
+    if cfg.fp4.linear == "nvfp4":
+        from fullstack_fp4.integration.nvfp4_linear_layers import (NVFP4ColumnParallelLinear,
+                                                                   NVFP4RowParallelLinear)
+
+        attn.linear_qkv, mlp.linear_fc1 = NVFP4ColumnParallelLinear, NVFP4ColumnParallelLinear
+        attn.linear_proj, mlp.linear_fc2 = NVFP4RowParallelLinear, NVFP4RowParallelLinear
+    if cfg.fp4.attention == "q_attn":
+        from fullstack_fp4.integration.q_attn_core_attention import QAttnCoreAttention
+
+        attn.core_attention = QAttnCoreAttention
     return spec
 
 

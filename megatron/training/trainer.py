@@ -45,8 +45,8 @@ def peak_tflops() -> float | None:
 
 
 class Trainer:
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, *, verbose: bool = True):
+        self.cfg, self.verbose = cfg, verbose
         self.device = initialize(cfg)
         self.rank = dist.get_rank()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
@@ -115,7 +115,8 @@ class Trainer:
         if self.rank != 0:
             return
         text = dump_yaml(self.cfg)
-        print("---- resolved config ----\n" + text + "-------------------------", flush=True)
+        if self.verbose:
+            print("---- resolved config ----\n" + text + "-------------------------", flush=True)
         for d in {self.cfg.logging.dir, self.cfg.checkpoint.save_dir} - {None}:
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, "config.yaml"), "w") as f:

@@ -1,0 +1,184 @@
+"""The paper's efficiency setting: 4 decoder blocks of the 3b preset, sequence 4096.
+
+Every arm runs in ONE process, through the same `Trainer` a real run uses (megatron-core
+GPTModel, DDP, Float16Module, megatron-core optimizer wrappers), on synthetic tokens:
+
+    python scripts/bench_blocks.py [--arms bf16,nvfp4_linear,...] [--steps 10] [--out DIR]
+
+Per arm: forward+backward time, optimizer-step time, whole-step time, tokens/s, model TFLOP/s,
+MFU against the datasheet dense BF16 peak (989 TFLOP/s on H100/H200) and against 790 TFLOP/s
+(the measured BF16 GEMM rate the repo's reference anchors use), peak memory of the whole step
+and of the optimizer phase (the `optimizer.step()` call, with params, grads and states live).
+
+On Hopper the NVFP4 GEMMs are emulated (exact BF16 operands, FP32 accumulation): an NVFP4
+arm's time is an emulation's time, not what a Blackwell GPU would do.
+Writes bench_blocks.{md,json,png} to --out (default $OUT or runs/bench_blocks).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from megatron.training.config import load_config  # noqa: E402
+from megatron.training.errors import UserError  # noqa: E402
+
+# Arm -> overrides on top of the common 4-block 3b config. Same names as configs/3b_64b/.
+ARMS = {
+    "bf16": [],
+    "nvfp4_linear": ["fp4.linear=nvfp4"],
+    "lora_svd": ["fp4.linear=lora_svd"],
+    "q_adamw": ["optimizer.name=q_adamw"],
+    "root": ["optimizer.name=root"],
+    "q_root": ["optimizer.name=q_root"],
+    "muon": ["optimizer.name=muon"],
+    "q_muon": ["optimizer.name=q_muon"],
+    "q_attn": ["fp4.attention=q_attn"],
+    "full_stack": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn"],
+    "full_stack_root": ["fp4.linear=lora_svd", "optimizer.name=q_root", "fp4.attention=q_attn"],
+}
+COMMON = ["model.preset=3b", "model.num_layers=4", "model.vocab_size=32000", "data.mock=true",
+          "train.global_batch_size=2", "train.micro_batch_size=2", "train.precision=bf16",
+          "train.iters=1000", "train.eval_iters=0", "checkpoint.load=none", "checkpoint.save_dir=null",
+          "checkpoint.save_on_exit=false", "logging.dir=null", "optimizer.warmup_iters=0"]
+PEAK_DATASHEET, PEAK_ANCHOR = 989.4, 790.0
+
+
+def cuda_time(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def run_arm(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
+    from megatron.training.trainer import Trainer
+
+    cfg = load_config(None, COMMON + overrides)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    tr = Trainer(cfg, verbose=False)
+    tokens = cfg.train.global_batch_size * cfg.model.seq_length
+    fb, opt, opt_peak = [], [], 0
+    for i in range(warmup + steps):
+        tr.model.zero_grad_buffer()
+        tr.optimizer.zero_grad()
+        t_fb = cuda_time(lambda: tr._run_schedule(tr.train_ds, i * cfg.train.global_batch_size, False))
+        torch.cuda.reset_peak_memory_stats()
+        t_opt = cuda_time(tr.optimizer.step)
+        if i >= warmup:
+            fb.append(t_fb)
+            opt.append(t_opt)
+            opt_peak = max(opt_peak, torch.cuda.max_memory_allocated())
+    # whole-step peak: one more full step with the counter reset first
+    torch.cuda.reset_peak_memory_stats()
+    tr.model.zero_grad_buffer()
+    tr.optimizer.zero_grad()
+    tr._run_schedule(tr.train_ds, 0, False)
+    tr.optimizer.step()
+    torch.cuda.synchronize()
+    step_peak = torch.cuda.max_memory_allocated()
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    step_s = med(fb) + med(opt)
+    tflops = tokens * tr.flops_per_token / step_s / 1e12
+    out = {"arm": name, "overrides": overrides, "fwd_bwd_ms": 1e3 * med(fb), "opt_step_ms": 1e3 * med(opt),
+           "step_ms": 1e3 * step_s, "tokens_per_s": tokens / step_s, "tflops": tflops,
+           "mfu_datasheet": tflops / PEAK_DATASHEET, "mfu_vs_790": tflops / PEAK_ANCHOR,
+           "peak_mem_gib": step_peak / 2**30, "opt_phase_peak_gib": opt_peak / 2**30,
+           "params": sum(p.numel() for p in tr.gpt.parameters())}
+    del tr
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    base = next((r for r in rows if r["arm"] == "bf16"), None)
+    lines = ["| arm | fwd+bwd ms | opt step ms | step ms | tokens/s | TFLOP/s | MFU (989) | MFU (790) | "
+             "peak GiB | opt-phase peak GiB | step vs bf16 | opt-phase mem vs bf16 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['arm']} | error: {r['error']} |" + " |" * 11)
+            continue
+        rel_t = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else "-"
+        rel_m = f"{100 * (r['opt_phase_peak_gib'] / base['opt_phase_peak_gib'] - 1):+.1f}%" if base else "-"
+        lines.append(f"| {r['arm']} | {r['fwd_bwd_ms']:.1f} | {r['opt_step_ms']:.1f} | {r['step_ms']:.1f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['tflops']:.0f} | {100 * r['mfu_datasheet']:.1f}% | "
+                     f"{100 * r['mfu_vs_790']:.1f}% | {r['peak_mem_gib']:.2f} | {r['opt_phase_peak_gib']:.2f} | "
+                     f"{rel_t} | {rel_m} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no chart", flush=True)
+        return
+    ok = [r for r in rows if "error" not in r]
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4))
+    names = [r["arm"] for r in ok]
+    ax[0].bar(names, [r["step_ms"] for r in ok])
+    ax[0].set_ylabel("step time (ms)")
+    ax[1].bar(names, [r["opt_phase_peak_gib"] for r in ok])
+    ax[1].set_ylabel("optimizer-phase peak memory (GiB)")
+    for a in ax:
+        a.tick_params(axis="x", rotation=45)
+    fig.suptitle("4 blocks of the 3b preset, seq 4096, 2 sequences per step (H200; NVFP4 GEMMs emulated)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default="bf16")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_blocks"))
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("error: bench_blocks.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        print(f"error: unknown arm(s) {unknown}; choose from {', '.join(ARMS)}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for a in arms:
+        try:
+            rows.append(run_arm(a, ARMS[a], args.steps, args.warmup))
+        except UserError as e:  # e.g. a recipe not implemented in this release
+            rows.append({"arm": a, "error": str(e)[:120]})
+        except torch.OutOfMemoryError as e:
+            rows.append({"arm": a, "error": f"OOM: {str(e)[:80]}"})
+            gc.collect()
+            torch.cuda.empty_cache()
+        print(json.dumps(rows[-1]), flush=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "argv": sys.argv}
+    table = markdown(rows)
+    with open(os.path.join(args.out, "bench_blocks.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "bench_blocks.md"), "w") as f:
+        f.write(table + "\n")
+    plot(rows, os.path.join(args.out, "bench_blocks.png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
