@@ -106,20 +106,53 @@ def _triton_available() -> bool:
     return True
 
 
-def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: str):
+def _repelling_point_sq(abc: Triple):
+    """σ*² of the quintic's repelling fixed point above 1 (f(σ) = σ ⇔ a−1 + bσ² + cσ⁴ = 0,
+    larger root), or None when there is none (then the quintic has no such edge)."""
+    a, b, c = abc
+    if c <= 0:
+        return None
+    disc = b * b - 4 * c * (a - 1)
+    if disc < 0:
+        return None
+    root = (-b + disc ** 0.5) / (2 * c)
+    return root if root > 1 else None
+
+
+def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: str,
+                guard: bool = True):
     """One NVFP4 step on the padded ``X`` (``m`` = true row count; padding rows are zero)."""
     a, b, c = abc
     Xr = P.op(X)                       # rows of X, K = n: both operands of X·Xᵀ
     A = P.mm(Xr, Xr)
-    Xc = P.op(X.t())                   # X quantized along dim 0 (K = m) for (·)·X
     if form == "naive":
+        Xc = P.op(X.t())               # X quantized along dim 0 (K = m) for (·)·X
         Aq = P.op(A)                   # A symmetric: q(A) serves as A and as Aᵀ
         B = b * A + c * P.mm(Aq, Aq)
         return a * X + P.mm(P.op(B), Xc)
+    if guard:
+        # Basin guard: Muon-like quintics have a repelling fixed point σ* just above 1
+        # (Muon's: 1.264) and NVFP4 noise can kick σ_max past it, after which it explodes.
+        # Estimate λ_max(A) = σ_max² by power iteration (10 m×m mat-vecs, negligible beside
+        # the GEMMs) and scale X (and A by the square, exactly) so σ_max ≤ 0.99·σ*. Inactive in
+        # exact arithmetic for Muon's and our fitted triples (max f on [0, 1] < 0.99·σ*,
+        # checked); ROOT's (2048, 2048) and (2048, 3072) triples overshoot their own σ* even in
+        # exact arithmetic (max f 1.2246 > σ* 1.2236), so there it also acts. No branch, no sync.
+        edge2 = _repelling_point_sq(abc)
+        if edge2 is not None:
+            v = torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)
+            for _ in range(10):
+                v = A @ v
+                v = v / (v.norm() + 1e-30)
+            lam = (v.mT @ (A @ v)).reshape(())
+            s = torch.clamp((0.99 ** 2) * edge2 / (lam + 1e-30), max=1.0)
+            X = X * s.sqrt()
+            A = A * s
     tau = torch.diagonal(A)[:m].sum() / m
     D = A.clone()
     torch.diagonal(D)[:m] -= tau       # padded block stays exactly 0 (no −τ on it)
     Dq = P.op(D)                       # D symmetric: one view for D and Dᵀ
+    Xc = P.op(X.t())                   # X (after the guard) quantized along dim 0 (K = m)
     Bp = (b + 2 * c * tau) * D + c * P.mm(Dq, Dq)
     beta = b * tau + c * tau * tau
     return (a + beta) * X + P.mm(P.op(Bp), Xc)

@@ -121,11 +121,14 @@ def _lowrank_plus_noise(m, n, seed):
 def test_nvfp4_shifted_stays_bounded(kind):
     G = (torch.randn(128, 384, generator=torch.Generator().manual_seed(6)) if kind == "gaussian"
          else _lowrank_plus_noise(128, 384, 7))
-    ref = ns_fp64_reference(G, [MUON] * 5)
-    out = newton_schulz(G, precision="nvfp4", backend="reference")
+    sched = resolve_schedule("fp4", G.shape, 5)  # ours: shifted form + fitted schedule
+    ref = ns_fp64_reference(G, sched)
+    out = newton_schulz(G, coefficients="fp4", precision="nvfp4", backend="reference")
     assert torch.isfinite(out).all()
-    assert torch.linalg.matrix_norm(out.double(), ord=2) < 1.6  # Muon's quintic peaks ~1.2
-    assert rel(out, ref) < 0.45
+    assert torch.linalg.matrix_norm(out.double(), ord=2) < 1.3  # converged, not escaped
+    # Measured 13 % (gaussian) / 30 % (lowrank: its small singular directions sit below the
+    # NVFP4 noise floor); the bound guards against regressions, not the issue's 5 % target.
+    assert rel(out, ref) < (0.2 if kind == "gaussian" else 0.4)
 
 
 def test_naive_nvfp4_diverges_on_full_rank_gaussian():
@@ -143,3 +146,16 @@ def test_clip_percentile_100_is_identity_and_99_clamps():
     G = torch.randn(32, 64, generator=torch.Generator().manual_seed(9))
     assert torch.equal(newton_schulz(G, precision="nvfp4", clip_percentile=100.0),
                        newton_schulz(G, precision="nvfp4"))
+
+
+def test_basin_guard_keeps_muon_triple_bounded():
+    """Muon's quintic repels above σ* = 1.2637 (f(σ*) = σ*); without the guard, NVFP4 noise
+    kicked a singular value of this matrix out (measured spectral norm 4.8)."""
+    from fullstack_fp4.optim.newton_schulz import _repelling_point_sq
+    a, b, c = MUON
+    s = _repelling_point_sq(MUON) ** 0.5
+    assert abs(s * (a + b * s ** 2 + c * s ** 4) - s) < 1e-9 and 1.26 < s < 1.27
+    assert _repelling_point_sq((1.5, -0.5, 0.0)) is None
+    G = torch.randn(128, 384, generator=torch.Generator().manual_seed(6))
+    out = newton_schulz(G, precision="nvfp4", backend="reference")
+    assert torch.linalg.matrix_norm(out.double(), ord=2) < 1.3
