@@ -1,0 +1,95 @@
+"""Multi-process CPU runs (torchrun, gloo) give the loss of the 1-process run on the same
+global batch: data parallelism (DP=2), the distributed optimizer, tensor parallelism (TP=2).
+
+The 1-process reference is helpers.straight_run_dir() (8 steps, global batch 4, micro 2: two
+micro-batches); here 2 processes run the same config, stopped by train.exit_interval=4 (the
+schedule still follows train.iters=8, so steps 1-4 are the same steps).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from megatron.training.checkpointing import check_complete
+from tests.megatron.training import helpers
+
+pytestmark = pytest.mark.slow
+STEPS = 4
+RTOL = 1e-5
+
+
+def _two_process_run(tmp_path, extra: list[str]):
+    d = str(tmp_path)
+    p = helpers.start(helpers.base_config(d), helpers.STRAIGHT + [
+        f"train.exit_interval={STEPS}", f"logging.dir={d}/log", f"checkpoint.save_dir={d}/ckpt", *extra],
+        nproc=2, log=os.path.join(d, "out.txt"))
+    rc, out = helpers.finish(p, timeout=300)
+    assert rc == 0, out[-4000:]
+    return helpers.read_metrics(os.path.join(d, "log")), out
+
+
+def _compare(two, ref):
+    train2, val2 = two
+    train1, val1 = ref
+    assert sorted(train2) == list(range(1, STEPS + 1))
+    for it in range(1, STEPS + 1):
+        assert train2[it]["loss"] == pytest.approx(train1[it]["loss"], rel=RTOL), f"iteration {it}"
+        assert train2[it]["grad_norm"] == pytest.approx(train1[it]["grad_norm"], rel=1e-4), f"iteration {it}"
+        assert train2[it]["lr"] == train1[it]["lr"]
+    assert val2[STEPS] == pytest.approx(val1[STEPS], rel=RTOL)
+    # the model trains: this is not a comparison of two untouched initialisations
+    assert train1[STEPS]["loss"] != train1[1]["loss"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return helpers.read_metrics(os.path.join(helpers.straight_run_dir(), "log"))
+
+
+def test_data_parallel_matches_one_process(tmp_path, reference):
+    two, out = _two_process_run(tmp_path, [])
+    assert "world_size" in open(os.path.join(tmp_path, "log", "run_info.json")).read()
+    _compare(two, reference)
+
+
+@pytest.fixture(scope="module")
+def distopt_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("distopt")
+    return d, _two_process_run(d, ["parallel.use_distributed_optimizer=true"])
+
+
+def test_distributed_optimizer_matches_one_process(distopt_run, reference):
+    d, (two, out) = distopt_run
+    _compare(two, reference)
+    meta = check_complete(os.path.join(d, "ckpt", f"iter_{STEPS:07d}"))
+    assert meta["iteration"] == STEPS and meta["world_size"] == 2
+
+
+# megatron-core 0.16.1's DistributedOptimizer cannot be loaded as checkpointing.load_checkpoint
+# does it with torch AdamW on CPU (see the report of this test's author / the module notes):
+#  1. optimizer.sharded_state_dict(is_loading=True) on a fresh optimizer -> AssertionError at
+#     distrib_optimizer.py:642 (`assert len(steps) == 1`: no state yet);
+#  2. with the state initialised, optimizer.load_state_dict -> "a view of a leaf Variable that
+#     requires grad is being used in an in-place operation" (distrib_optimizer.py:940, not under no_grad);
+#  3. with both fixed, AdamW's per-parameter `step` comes back from the dummy init (1), not the
+#     checkpoint (4): losses diverge from step 6 on.
+@pytest.mark.xfail(strict=True, reason="distributed-optimizer resume is broken in checkpointing.load_checkpoint")
+def test_distributed_optimizer_resume_matches_one_process(distopt_run, reference):
+    d, _ = distopt_run
+    p = helpers.start(helpers.base_config(str(d)), helpers.STRAIGHT + [
+        f"logging.dir={d}/log_resumed", f"checkpoint.save_dir={d}/ckpt", "checkpoint.load=auto",
+        "parallel.use_distributed_optimizer=true"], nproc=2, log=os.path.join(d, "resumed.txt"))
+    rc, out = helpers.finish(p, timeout=300)
+    assert rc == 0, out[-4000:]
+    train2, val2 = helpers.read_metrics(os.path.join(d, "log_resumed"))
+    train1, val1 = reference
+    assert sorted(train2) == list(range(STEPS + 1, 2 * STEPS + 1))
+    for it in sorted(train2):
+        assert train2[it]["loss"] == pytest.approx(train1[it]["loss"], rel=RTOL), f"iteration {it}"
+    assert val2[2 * STEPS] == pytest.approx(val1[2 * STEPS], rel=RTOL)
+
+
+def test_tensor_parallel_matches_one_process(tmp_path, reference):
+    two, out = _two_process_run(tmp_path, ["parallel.tensor_model_parallel_size=2"])
+    _compare(two, reference)
