@@ -17,6 +17,11 @@ IMPLEMENTED = {
     ("fp4.attention", "bf16"),
     ("fp4.attention", "q_attn"),
     ("optimizer.name", "adamw"),
+    ("optimizer.name", "q_adamw"),
+    ("optimizer.name", "muon"),
+    ("optimizer.name", "q_muon"),
+    ("optimizer.name", "root"),
+    ("optimizer.name", "q_root"),
 }
 
 
@@ -54,4 +59,9 @@ def after_model_build(model, cfg) -> None:
 
 def convert_optimizer(optimizer, cfg, model_chunks) -> None:
     """Swap the inner torch optimizer of megatron-core's wrapper for the configured recipe."""
+    if cfg.optimizer.name == "adamw":
+        return None
+    from fullstack_fp4.integration.optimizers import convert_optimizer as convert
+
+    convert(optimizer, cfg, model_chunks)
     return None

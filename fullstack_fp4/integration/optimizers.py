@@ -1,0 +1,388 @@
+"""Put the FP4 optimizers inside megatron-core's optimizer wrappers (`optimizer.name`).
+
+megatron-core builds its wrapper first (`FP32Optimizer`, `Float16OptimizerWithFloat16Params`
+or `DistributedOptimizer`, possibly inside a one-element `ChainedOptimizer`): FP32 main
+params, grad clipping, the distributed optimizer's flat shards and param↔main-param copies
+stay megatron-core's. `convert_optimizer` then replaces the wrapper's inner torch AdamW:
+
+- `q_adamw`: `QAdamW` over the *same* param-group dicts (megatron's `lr_mult`/`wd_mult`
+  and the trainer's per-step `lr` / `weight_decay` keep working), `min_numel` from
+  `optimizer.q_adamw.min_numel`, seed `train.seed`.
+- `muon | q_muon | root | q_root`: a `SplitOptimizer` (one inner optimizer that dispatches
+  by parameter) holding Muon/Root for the 2-D transformer-layer matrices (`linear_qkv`,
+  `linear_proj`, `linear_fc1`, `linear_fc2` weights) and megatron's AdamW (torch AdamW with
+  the same defaults) for everything else — `q_root` takes QAdamW for the rest (the paper's
+  full-stack ROOT arm); `q_muon` keeps AdamW for the rest.
+
+Why one wrapper with a dispatching inner optimizer and not megatron's `ChainedOptimizer` of
+two wrappers: `build_optimizer` returns the wrapper object megatron built, so the recipe has
+to convert it in place; one wrapper also gives one grad-norm / clipping pass over all params
+(exactly megatron's), one set of main params, and no duplicated Float16 bookkeeping.
+
+Checkpoints (`dist_checkpointing`): the inner state is packed (QAdamW's uint8/int codes) or
+split across two optimizers, which megatron's mapping of torch-AdamW states onto
+`ShardedTensor`s cannot express. Each converted wrapper therefore saves ONE `ShardedObject`
+per rank, `optimizer.fullstack_fp4.inner_state`, holding:
+    the inner optimizer's `state_dict()` (4-bit codes stay 4-bit), the FP32 main params
+    (Float16 / distributed optimizer only: with `FP32Optimizer` they are the model params,
+    saved under `model`), the grad scaler, and the layout it was saved with.
+Plain optimizer: global shape (PP, TP), replicated over DP (DP rank 0 writes).
+Distributed optimizer: global shape (PP, TP, DP) — every DP rank owns a different flat shard.
+Resume is exact; a changed parallel layout (TP/PP/DP size, distributed optimizer on/off,
+parameter shards) is refused with an error naming both layouts (no resharding: QAdamW's codec
+chunks and the per-parameter seeds follow the local shard, so a resharded 4-bit state would
+not be the state of any run).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer.optimizer import (ChainedOptimizer, FP32Optimizer,
+                                               Float16OptimizerWithFloat16Params)
+
+from fullstack_fp4.optim.muon import Muon, split_blocks
+from fullstack_fp4.optim.q_adamw import QAdamW
+from fullstack_fp4.optim.root import Root
+
+__all__ = ["convert_optimizer", "SplitOptimizer", "IntegratedMuon", "IntegratedRoot",
+           "qkv_row_permutation", "is_orthogonal_matrix", "STATE_KEY", "OptimizerLayoutError"]
+
+MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
+                   "linear_fc2.weight")
+ORTHOGONAL = ("muon", "q_muon", "root", "q_root")
+STATE_KEY = "optimizer.fullstack_fp4.inner_state"
+FORMAT = 1
+# torch-AdamW-only keys dropped from a megatron group before it becomes a Muon/Root group.
+_ADAM_KEYS = ("betas", "eps", "amsgrad", "maximize", "foreach", "capturable", "differentiable",
+              "fused", "decoupled_weight_decay")
+
+
+class OptimizerLayoutError(RuntimeError):
+    """The checkpoint's optimizer state was saved with another parallel layout."""
+
+
+# ------------------------------------------------------------------------ orthogonal parts
+def is_orthogonal_matrix(name: str, p: torch.nn.Parameter) -> bool:
+    """The 2-D weights of the transformer layers' linears (attention in/out, MLP in/out)."""
+    return p.ndim == 2 and name.endswith(MATRIX_SUFFIXES)
+
+
+def qkv_row_permutation(num_groups_local: int, heads_per_group: int, head_dim: int):
+    """Rows of megatron's fused QKV weight are per query group `[q (heads_per_group·hd) | k (hd)
+    | v (hd)]`, groups one after another (attention.py `get_query_key_value_tensors`). Returns
+    `(perm, sizes)`: `w[perm]` is `[Q; K; V]` (all groups' q rows, then k, then v) and `sizes`
+    the row counts of the three logical matrices."""
+    per = (heads_per_group + 2) * head_dim
+    q, k, v = [], [], []
+    for g in range(num_groups_local):
+        base = g * per
+        q.append(torch.arange(base, base + heads_per_group * head_dim))
+        k.append(torch.arange(base + heads_per_group * head_dim,
+                              base + (heads_per_group + 1) * head_dim))
+        v.append(torch.arange(base + (heads_per_group + 1) * head_dim, base + per))
+    perm = torch.cat(q + k + v)
+    nq = num_groups_local * heads_per_group * head_dim
+    return perm, [nq, num_groups_local * head_dim, num_groups_local * head_dim]
+
+
+class _RowPermutedStep:
+    """The Muon/Root step (their `_momentum`, `_pre_ns`, `orthogonalize`, `_scale`, decoupled
+    WD, in `OrthogonalOptimizer.step`'s order), plus `ns_row_perm`: a param carrying it has its
+    rows regrouped by the permutation before the `ns_split_sizes` blocks are cut, and the
+    update scattered back — fused QKV orthogonalised as the logical Q, K and V matrices."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                d = self._momentum(g, self.state[p], group)
+                perm = getattr(p, "ns_row_perm", None)
+                if perm is not None:
+                    perm = perm.to(d.device)
+                    d, g = d.index_select(0, perm), g.index_select(0, perm)
+                upd = torch.empty_like(d, dtype=p.dtype)
+                for d_b, g_b, u_b in zip(split_blocks(d, p), split_blocks(g, p),
+                                         split_blocks(upd, p)):
+                    o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
+                    u_b.copy_(o.to(p.dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
+                if perm is not None:
+                    upd = torch.empty_like(upd).index_copy_(0, perm, upd)
+                if wd:
+                    p.mul_(1 - lr * wd)
+                p.add_(upd, alpha=-lr)
+        return loss
+
+
+class IntegratedMuon(_RowPermutedStep, Muon):
+    """`Muon` with the `ns_row_perm` regrouping (identical to `Muon` for params without it)."""
+
+
+class IntegratedRoot(_RowPermutedStep, Root):
+    """`Root` with the `ns_row_perm` regrouping (identical to `Root` for params without it)."""
+
+
+class SplitOptimizer:
+    """An inner optimizer for a megatron wrapper made of torch optimizers over disjoint params.
+
+    `param_groups` is the concatenation of theirs (the same dicts: the trainer's lr / wd writes
+    reach them), `step`/`zero_grad` call each, `state_dict` is `{"subs": [...]}`."""
+
+    def __init__(self, subs: list[torch.optim.Optimizer]):
+        self.subs = subs
+        self.defaults = subs[0].defaults
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for s in self.subs for g in s.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {p: st for s in self.subs for p, st in s.state.items()}
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for s in self.subs:
+            s.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True):
+        for s in self.subs:
+            s.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"subs": [s.state_dict() for s in self.subs],
+                "kinds": [type(s).__name__ for s in self.subs]}
+
+    def load_state_dict(self, sd: dict) -> None:
+        kinds = [type(s).__name__ for s in self.subs]
+        if sd.get("kinds") != kinds:
+            raise OptimizerLayoutError(f"optimizer state holds {sd.get('kinds')}, this run "
+                                       f"builds {kinds}")
+        for s, d in zip(self.subs, sd["subs"]):
+            s.load_state_dict(d)
+
+    def __repr__(self):
+        return "SplitOptimizer(" + ", ".join(type(s).__name__ for s in self.subs) + ")"
+
+
+# ------------------------------------------------------------------------ wrapper plumbing
+def _wrappers(optimizer) -> list:
+    if isinstance(optimizer, ChainedOptimizer):
+        return list(optimizer.chained_optimizers)
+    return [optimizer]
+
+
+def _main_to_model(wrapper) -> dict:
+    """id(main param the inner optimizer sees) -> model param."""
+    if isinstance(wrapper, Float16OptimizerWithFloat16Params):
+        out = {}
+        for g16, g32 in zip(wrapper.float16_groups, wrapper.fp32_from_float16_groups):
+            out.update({id(m): p for p, m in zip(g16, g32)})
+        for g in wrapper.fp32_from_fp32_groups:
+            out.update({id(p): p for p in g})
+        return out
+    if isinstance(wrapper, FP32Optimizer):
+        return {id(p): p for g in wrapper.optimizer.param_groups for p in g["params"]}
+    raise TypeError(f"no main-param map for {type(wrapper).__name__}")
+
+
+def _layout(wrapper) -> dict:
+    inner = wrapper.optimizer
+    return {"tp": ps.get_tensor_model_parallel_world_size(),
+            "pp": ps.get_pipeline_model_parallel_world_size(),
+            "dp": ps.get_data_parallel_world_size(),
+            "wrapper": type(wrapper).__name__,
+            "inner": repr(inner) if isinstance(inner, SplitOptimizer) else type(inner).__name__,
+            "numels": [p.numel() for g in inner.param_groups for p in g["params"]]}
+
+
+def _saves_main_params(wrapper) -> bool:
+    return not isinstance(wrapper, FP32Optimizer)
+
+
+class _ConvertedMixin:
+    """state_dict / load_state_dict / sharded_state_dict for a wrapper whose inner optimizer is
+    a QAdamW or a SplitOptimizer (see the module docstring for the checkpoint format)."""
+
+    def _fp4_payload(self) -> dict:
+        inner = self.optimizer
+        main = None
+        if _saves_main_params(self):
+            main = [p.detach().clone() for g in inner.param_groups for p in g["params"]]
+        return {"format": FORMAT, "layout": _layout(self), "inner": inner.state_dict(),
+                "main_params": main,
+                "grad_scaler": self.grad_scaler.state_dict()
+                if getattr(self, "grad_scaler", None) else None}
+
+    def state_dict(self, *args, **kwargs):
+        return {"fp4_state": self._fp4_payload()}
+
+    def load_state_dict(self, state_dict):
+        payload = state_dict["fp4_state"]
+        if payload.get("format") != FORMAT:
+            raise OptimizerLayoutError(f"optimizer state format {payload.get('format')} is not "
+                                       f"{FORMAT}")
+        now = _layout(self)
+        if payload["layout"] != now:
+            diff = {k: (payload["layout"].get(k), now[k]) for k in now
+                    if payload["layout"].get(k) != now[k]}
+            raise OptimizerLayoutError(
+                "the FP4 optimizer state was saved with another parallel layout / parameter "
+                f"sharding (saved vs now: {diff}); it cannot be resharded — resume with the "
+                "layout it was saved with")
+        self.optimizer.load_state_dict(payload["inner"])
+        if payload["main_params"] is not None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            with torch.no_grad():
+                for p, saved in zip(params, payload["main_params"]):
+                    p.copy_(saved)
+            if isinstance(self, DistributedOptimizer):
+                # model params := main shards (bf16 model params get the rounded values the
+                # interrupted run had after its last step; fp32 shards are views: no-op).
+                self._copy_main_params_to_model_params()
+        if payload["grad_scaler"] is not None and getattr(self, "grad_scaler", None):
+            self.grad_scaler.load_state_dict(payload["grad_scaler"])
+
+    def sharded_state_dict(self, model_sharded_state_dict=None, is_loading: bool = False,
+                           metadata=None, **kwargs):
+        pp_rank = ps.get_pipeline_model_parallel_rank()
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        dp_rank = ps.get_data_parallel_rank()
+        pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
+        if isinstance(self, DistributedOptimizer):
+            shape, offset, replica = (pp, tp, ps.get_data_parallel_world_size()), \
+                (pp_rank, tp_rank, dp_rank), 0
+        else:
+            shape, offset, replica = (pp, tp), (pp_rank, tp_rank), dp_rank
+        data = None if is_loading else self._fp4_payload()
+        return {"fp4_state": ShardedObject(STATE_KEY, data, shape, offset, replica_id=replica)}
+
+
+def _convert_methods(wrapper) -> None:
+    """Bind the mixin's checkpoint methods on this wrapper instance (instance attributes take
+    precedence over the class's methods; megatron's classes are left untouched)."""
+    import types
+
+    for meth in ("_fp4_payload", "state_dict", "load_state_dict", "sharded_state_dict"):
+        setattr(wrapper, meth, types.MethodType(getattr(_ConvertedMixin, meth), wrapper))
+    wrapper.fp4_converted = True
+
+
+# ------------------------------------------------------------------------ building
+def _q_adamw(groups, cfg) -> QAdamW:
+    o = cfg.optimizer
+    return QAdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                  weight_decay=o.weight_decay, min_numel=o.q_adamw.min_numel, seed=cfg.train.seed)
+
+
+def _coefficients(name: str, choice: str) -> str:
+    if choice == "auto":
+        return "fp4" if name.startswith("q_") else ("muon" if name == "muon" else "root")
+    return {"fitted": "fp4"}.get(choice, choice)
+
+
+def _orthogonal(groups, cfg):
+    name, oc = cfg.optimizer.name, cfg.optimizer.orthogonal
+    kw = dict(momentum=oc.momentum, ns_steps=oc.ns_steps,
+              ns_precision="nvfp4" if name.startswith("q_") else "bf16",
+              ns_coefficients=_coefficients(name, oc.coefficients),
+              ns_clip_percentile=oc.clip_percentile, weight_decay=cfg.optimizer.weight_decay)
+    cls = IntegratedMuon if name.endswith("muon") else IntegratedRoot
+    return cls(groups, lr=cfg.optimizer.lr * oc.lr_scale, **kw)
+
+
+def tag_fused_matrices(named: Iterable[tuple[str, torch.nn.Parameter]], main_of: dict,
+                       model_config, tp_size: int) -> None:
+    """Set `ns_split_sizes` (and `ns_row_perm` for QKV) on the main params of fused weights,
+    for the local TP shard (per-shard orthogonalisation)."""
+    for name, p in named:
+        main = main_of.get(id(p))
+        if main is None:
+            continue
+        if name.endswith("linear_qkv.weight"):
+            ng, nh = model_config.num_query_groups or model_config.num_attention_heads, \
+                model_config.num_attention_heads
+            if ng % tp_size:
+                raise NotImplementedError(
+                    f"orthogonal optimizers with num_query_groups={ng} < / not divisible by "
+                    f"TP={tp_size} (a TP shard would hold part of a query group)")
+            hd = model_config.kv_channels
+            perm, sizes = qkv_row_permutation(ng // tp_size, nh // ng, hd)
+            if sum(sizes) != p.shape[0]:
+                raise ValueError(f"{name}: {p.shape[0]} rows, expected {sum(sizes)} from the "
+                                 "attention config")
+            main.ns_row_perm, main.ns_split_sizes = perm, sizes
+        elif name.endswith("linear_fc1.weight") and model_config.gated_linear_unit:
+            main.ns_split_sizes = [p.shape[0] // 2, p.shape[0] // 2]
+
+
+def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
+    name = cfg.optimizer.name
+    old = wrapper.optimizer
+    if old is None:  # a stub optimizer (no params on this rank)
+        return
+    groups = old.param_groups
+    if old.state:
+        raise RuntimeError("convert_optimizer must run before the first step")
+    if name == "q_adamw":
+        new = _q_adamw(groups, cfg)
+    else:
+        if isinstance(wrapper, DistributedOptimizer):
+            from megatron.training.errors import ConfigError
+            raise ConfigError(f"optimizer.name={name} with parallel.use_distributed_optimizer=true "
+                              "is not supported (its inner optimizer sees 1-D flat shards, not "
+                              "matrices); set parallel.use_distributed_optimizer=false")
+        model_of = _main_to_model(wrapper)
+        named = [(n, p) for c in model_chunks for n, p in c.named_parameters()]
+        name_of = {id(p): n for n, p in named}
+        main_of = {id(model_of[id(m)]): m for g in groups for m in g["params"]}
+        mats, rest = [], []
+        for g in groups:
+            base = {k: v for k, v in g.items() if k != "params"}
+            is_m = [is_orthogonal_matrix(name_of.get(id(model_of[id(m)]), ""), m)
+                    for m in g["params"]]
+            pm = [m for m, f in zip(g["params"], is_m) if f]
+            pr = [m for m, f in zip(g["params"], is_m) if not f]
+            if pm:
+                mg = {k: v for k, v in base.items() if k not in _ADAM_KEYS}
+                mg["lr_mult"] = base.get("lr_mult", 1.0) * cfg.optimizer.orthogonal.lr_scale
+                mg["lr"] = base["lr"] * cfg.optimizer.orthogonal.lr_scale
+                mats.append({**mg, "params": pm})
+            if pr:
+                rest.append({**base, "params": pr})
+        if not mats:
+            raise RuntimeError(f"optimizer.name={name}: no transformer-layer matrices found")
+        mc = model_chunks[0].config if hasattr(model_chunks[0], "config") else None
+        tag_fused_matrices(named, main_of, mc, ps.get_tensor_model_parallel_world_size())
+        subs = [_orthogonal(mats, cfg)]
+        if rest:
+            subs.append(_q_adamw(rest, cfg) if name == "q_root"
+                        else type(old)(rest, **old.defaults))
+        new = SplitOptimizer(subs)
+    wrapper.optimizer = new
+    _convert_methods(wrapper)
+
+
+def convert_optimizer(optimizer, cfg, model_chunks) -> None:
+    """Replace the inner optimizer of megatron-core's wrapper(s) in place per
+    `cfg.optimizer.name` (no-op for `adamw`)."""
+    name = cfg.optimizer.name
+    if name == "adamw":
+        return
+    if name not in ("q_adamw",) + ORTHOGONAL:
+        raise ValueError(f"unknown optimizer.name {name!r}")
+    for w in _wrappers(optimizer):
+        _convert_wrapper(w, cfg, model_chunks)
