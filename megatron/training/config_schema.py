@@ -13,40 +13,40 @@ from typing import Optional
 @dataclass
 class ModelConfig:
     preset: Optional[str] = None  # tiny | 125m | 350m | 1b | 3b: fills the fields below left unset
-    num_layers: Optional[int] = None
-    hidden_size: Optional[int] = None
-    ffn_hidden_size: Optional[int] = None
-    num_attention_heads: Optional[int] = None
+    num_layers: Optional[int] = None  # transformer blocks
+    hidden_size: Optional[int] = None  # model width h
+    ffn_hidden_size: Optional[int] = None  # SwiGLU inner width (gate and up each)
+    num_attention_heads: Optional[int] = None  # query heads
     num_query_groups: Optional[int] = None  # GQA: number of KV heads
-    seq_length: Optional[int] = None
+    seq_length: Optional[int] = None  # tokens per sample
     vocab_size: Optional[int] = None  # None: taken from the tokenizer (data.tokenizer)
-    make_vocab_size_divisible_by: int = 128
-    rotary_base: int = 10000
-    norm_epsilon: float = 1e-5
-    init_method_std: float = 0.02
+    make_vocab_size_divisible_by: int = 128  # pad the vocabulary (times TP size) for fast GEMMs
+    rotary_base: int = 10000  # RoPE base
+    norm_epsilon: float = 1e-5  # RMSNorm epsilon
+    init_method_std: float = 0.02  # std of the normal weight init
     position_embedding: str = "rope"  # rope | learned
 
 
 @dataclass
 class ParallelConfig:
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    use_distributed_optimizer: bool = False
-    overlap_grad_reduce: bool = False
+    tensor_model_parallel_size: int = 1  # TP: heads and FFN split over this many GPUs
+    pipeline_model_parallel_size: int = 1  # PP: layers split into this many stages
+    use_distributed_optimizer: bool = False  # shard optimizer state over data-parallel ranks
+    overlap_grad_reduce: bool = False  # overlap DP grad all-reduce with backward (GPU only)
 
 
 @dataclass
 class TrainConfig:
-    iters: int = 1000
+    iters: int = 1000  # optimizer steps of the whole run (the schedule follows this)
     exit_interval: Optional[int] = None  # stop after this iteration with a checkpoint
-    global_batch_size: int = 32
-    micro_batch_size: int = 4
-    seed: int = 1234
+    global_batch_size: int = 32  # samples per optimizer step, over all data-parallel ranks
+    micro_batch_size: int = 4  # samples per forward/backward on one rank
+    seed: int = 1234  # weights init and data order
     precision: str = "bf16"  # bf16 | fp32
-    grad_clip: float = 1.0
-    eval_interval: int = 100
-    eval_iters: int = 10
-    log_interval: int = 10
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0: off)
+    eval_interval: int = 100  # validate every N steps (and at the end)
+    eval_iters: int = 10  # global batches per validation (the same batches every time)
+    log_interval: int = 10  # log every N steps
 
 
 @dataclass
@@ -56,24 +56,24 @@ class QAdamWConfig:
 
 @dataclass
 class OrthogonalConfig:
-    momentum: float = 0.95
-    ns_steps: int = 5
+    momentum: float = 0.95  # Muon / Root momentum
+    ns_steps: int = 5  # Newton-Schulz iterations
     coefficients: str = "auto"  # auto (muon->muon, root->root table) | muon | root | fitted
     clip_percentile: Optional[float] = None  # None: the recipe's default
-    lr_scale: float = 1.0
+    lr_scale: float = 1.0  # multiplies optimizer.lr for the orthogonalised matrices
 
 
 @dataclass
 class OptimizerConfig:
     name: str = "adamw"  # adamw | q_adamw | root | q_root | muon | q_muon
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    lr: float = 3e-4  # peak learning rate
+    min_lr: float = 3e-5  # final learning rate of the decay
+    weight_decay: float = 0.1  # decoupled; not applied to norms and biases
+    beta1: float = 0.9  # Adam beta1
+    beta2: float = 0.95  # Adam beta2
+    eps: float = 1e-8  # Adam epsilon
     schedule: str = "cosine"  # cosine | wsd | constant
-    warmup_iters: int = 100
+    warmup_iters: int = 100  # linear warmup steps
     decay_iters: Optional[int] = None  # None: train.iters
     wsd_decay_fraction: float = 0.2  # wsd: last fraction of decay_iters spent decaying
     q_adamw: QAdamWConfig = field(default_factory=QAdamWConfig)
@@ -82,11 +82,11 @@ class OptimizerConfig:
 
 @dataclass
 class LoRASVDConfig:
-    rank: int = 64
-    beta: float = 1.0
-    realign_interval: int = 2048
-    oversample: int = 8
-    power_iters: int = 2
+    rank: int = 64  # r of the BF16 branch L2 L1
+    beta: float = 1.0  # scale of the BF16 branch: W = W_res + beta L2 L1
+    realign_interval: int = 2048  # re-split W by randomized SVD every N steps
+    oversample: int = 8  # randomized SVD oversampling
+    power_iters: int = 2  # randomized SVD power iterations
 
 
 @dataclass
@@ -103,32 +103,32 @@ class FP4Config:
 class DataConfig:
     path: list[str] = field(default_factory=list)  # indexed-dataset prefixes (no .bin/.idx)
     weights: Optional[list[float]] = None  # blend weights, one per path
-    split: str = "98,2,0"
+    split: str = "98,2,0"  # train,valid,test proportions of the documents in path
     valid_path: Optional[list[str]] = None  # if set: validation reads these instead of a split
     tokenizer: Optional[str] = None  # SentencePiece .model
-    cache_dir: Optional[str] = None
-    num_workers: int = 0
+    cache_dir: Optional[str] = None  # megatron-core dataset index cache (default: next to the data)
+    num_workers: int = 0  # reserved for loader worker processes
     mock: bool = False  # synthetic random tokens (benchmarks, dry runs): no files needed
-    reset_position_ids: bool = False
-    reset_attention_mask: bool = False
-    eod_mask_loss: bool = False
+    reset_position_ids: bool = False  # restart positions after each end-of-document token
+    reset_attention_mask: bool = False  # (megatron-core GPTDataset option)
+    eod_mask_loss: bool = False  # no loss on end-of-document tokens
 
 
 @dataclass
 class CheckpointConfig:
-    save_dir: Optional[str] = None
-    save_interval: Optional[int] = None
+    save_dir: Optional[str] = None  # where iter_NNNNNNN/ checkpoints and `latest` go
+    save_interval: Optional[int] = None  # checkpoint every N steps
     load: str = "auto"  # auto | none | <path to a checkpoint dir or a save_dir>
-    keep_last: int = 3
+    keep_last: int = 3  # older checkpoints are deleted
     save_on_exit: bool = True  # final checkpoint at train.iters / exit_interval / SIGTERM
 
 
 @dataclass
 class LoggingConfig:
     dir: Optional[str] = None  # metrics.jsonl, TensorBoard, resolved config
-    tensorboard: bool = True
-    wandb: bool = False
-    wandb_project: str = "fullstack-fp4"
+    tensorboard: bool = True  # write <dir>/tensorboard
+    wandb: bool = False  # log to wandb (pip install -e .[wandb])
+    wandb_project: str = "fullstack-fp4"  # wandb project name
     wandb_mode: str = "offline"  # offline | online | disabled
     quant_stats_interval: int = 0  # 0: off
 

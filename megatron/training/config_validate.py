@@ -132,3 +132,9 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     _positive("checkpoint.keep_last", c.keep_last)
     _choice("logging.wandb_mode", lg.wandb_mode, ("offline", "online", "disabled"))
     _positive("logging.quant_stats_interval", lg.quant_stats_interval, allow_zero=True)
+    # Schema keys whose implementation has not landed: a clear error instead of a silent no-op.
+    if f.fallback != "off":
+        raise ConfigError(f"fp4.fallback: '{f.fallback}' is not implemented in this release yet; use off")
+    if lg.quant_stats_interval:
+        raise ConfigError("logging.quant_stats_interval: quantization telemetry is not implemented in "
+                          "this release yet; use 0")
