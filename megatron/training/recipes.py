@@ -65,3 +65,12 @@ def convert_optimizer(optimizer, cfg, model_chunks) -> None:
 
     convert(optimizer, cfg, model_chunks)
     return None
+
+
+def after_optimizer_step(model_chunks, optimizer, cfg, iteration: int) -> None:
+    """Hook run after every optimizer step (`iteration` = steps done), e.g. LoRA-SVD realignment.
+
+    Must be a pure function of (model, optimizer, cfg, iteration) so that a resumed run
+    repeats exactly what an uninterrupted one did.
+    """
+    return None

@@ -23,7 +23,7 @@ from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
-from megatron.training import checkpointing
+from megatron.training import checkpointing, recipes
 from megatron.training.batches import MockTokens, micro_batches
 from megatron.training.config import dump_yaml
 from megatron.training.errors import DataError
@@ -214,6 +214,7 @@ class Trainer:
             step_s = time.perf_counter() - start
             self.iteration += 1
             self.consumed_samples += t.global_batch_size
+            recipes.after_optimizer_step([self.model], self.optimizer, cfg, self.iteration)
             if self.iteration % t.log_interval == 0 or self.iteration == 1:
                 tps = tokens_per_step / step_s
                 tflops = tps * self.flops_per_token / dist.get_world_size() / 1e12
