@@ -282,10 +282,27 @@ def _convert_methods(wrapper) -> None:
 
 
 # ------------------------------------------------------------------------ building
+def _over_groups(cls, groups: list[dict], **kw):
+    """`cls(groups, **kw)` keeping megatron's group dicts (and their param order, which the
+    distributed optimizer's group-index map relies on). Built over leaf placeholders, then the
+    groups are attached as megatron-core's DistributedOptimizer does for its own AdamW: its
+    FP32 main shards are views, which torch's `add_param_group` would reject."""
+    placeholders = [{**{k: v for k, v in g.items() if k != "params"},
+                     "params": [torch.zeros(1)]} for g in groups]
+    opt = cls(placeholders, **kw)
+    for g, filled in zip(groups, opt.param_groups):
+        for k, v in filled.items():
+            if k != "params":
+                g.setdefault(k, v)
+    opt.param_groups = list(groups)
+    return opt
+
+
 def _q_adamw(groups, cfg) -> QAdamW:
     o = cfg.optimizer
-    return QAdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                  weight_decay=o.weight_decay, min_numel=o.q_adamw.min_numel, seed=cfg.train.seed)
+    return _over_groups(QAdamW, groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                        weight_decay=o.weight_decay, min_numel=o.q_adamw.min_numel,
+                        seed=cfg.train.seed)
 
 
 def _coefficients(name: str, choice: str) -> str:
