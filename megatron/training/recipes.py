@@ -14,6 +14,7 @@ OPTIMIZERS = ("adamw", "q_adamw", "root", "q_root", "muon", "q_muon")
 IMPLEMENTED = {
     ("fp4.linear", "bf16"),
     ("fp4.linear", "nvfp4"),
+    ("fp4.linear", "lora_svd"),
     ("fp4.attention", "bf16"),
     ("fp4.attention", "q_attn"),
     ("optimizer.name", "adamw"),
@@ -45,6 +46,11 @@ def convert_layer_spec(spec, cfg, *, layer_index: int):
 
         attn.linear_qkv, mlp.linear_fc1 = NVFP4ColumnParallelLinear, NVFP4ColumnParallelLinear
         attn.linear_proj, mlp.linear_fc2 = NVFP4RowParallelLinear, NVFP4RowParallelLinear
+    if cfg.fp4.linear == "lora_svd":
+        from fullstack_fp4.integration.lora_svd_layers import lora_svd_layer_specs
+
+        col, row = lora_svd_layer_specs(cfg.fp4.lora_svd)
+        attn.linear_qkv, mlp.linear_fc1, attn.linear_proj, mlp.linear_fc2 = col, col, row, row
     if cfg.fp4.attention == "q_attn":
         from fullstack_fp4.integration.q_attn_core_attention import QAttnCoreAttention
 
@@ -54,6 +60,10 @@ def convert_layer_spec(spec, cfg, *, layer_index: int):
 
 def after_model_build(model, cfg) -> None:
     """Hook for recipes that need the built module tree (e.g. initial SVD splits)."""
+    if cfg.fp4.linear == "lora_svd":  # the initial split runs in the layers' __init__
+        from fullstack_fp4.integration.lora_svd_layers import check_supported
+
+        check_supported(cfg)
     return None
 
 
@@ -73,4 +83,8 @@ def after_optimizer_step(model_chunks, optimizer, cfg, iteration: int) -> None:
     Must be a pure function of (model, optimizer, cfg, iteration) so that a resumed run
     repeats exactly what an uninterrupted one did.
     """
+    if cfg.fp4.linear == "lora_svd" and iteration % cfg.fp4.lora_svd.realign_interval == 0:
+        from fullstack_fp4.integration.lora_svd_layers import realign_model
+
+        realign_model(model_chunks, optimizer, seed=cfg.train.seed, iteration=iteration)
     return None

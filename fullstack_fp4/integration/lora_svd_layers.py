@@ -1,0 +1,297 @@
+"""megatron-core column- and row-parallel LoRA-SVD linears, realignment and merged export.
+
+`LoRASVDColumnParallelLinear` / `LoRASVDRowParallelLinear` subclass megatron-core's
+`ColumnParallelLinear` / `RowParallelLinear`, so weight sharding and initialisation, the TP
+communication around the local GEMM and `sharded_state_dict` are megatron-core's. `weight`
+holds **W_res** (trained through the NVFP4 path); two extra parameters hold the BF16 branch:
+
+    lora_l2  [out_local, r]   requires_grad=False (frozen between realignments, see
+                              fullstack_fp4/linear/lora_svd.py for the routing argument)
+    lora_l1  [r, in_local]    trainable (gets the in-subspace part of the gradient)
+
+Initial split: in `__init__`, right after megatron-core initialised `weight` with the dense
+init, the local shard is split by randomized SVD with a generator seeded from the shard's
+shape and TP rank only (deterministic, and it does not consume the global RNG, so every other
+weight of the model is initialised exactly as in a BF16 / NVFP4 run with the same seed).
+With `perform_initialization=False` (meta-device dry runs, loading) the factors stay zero.
+
+Tensor parallelism: each rank splits and realigns **its own shard** (no gather of the full
+matrix). The effective principal subspace is therefore block-diagonal across shards: for a
+column-parallel layer ``W = [W_0; W_1; ...]`` (rows split) each block ``W_i`` has its own
+``L2_i L1_i``, i.e. the global branch is ``blockdiag(L2_i) · [L1_0; L1_1; ...]`` of rank
+``tp·r``; for a row-parallel layer (columns split) it is ``[L2_0, L2_1, ...] · blockdiag(L1_i)``.
+Every factor is distinct per rank, so both carry TP attributes (`tensor_model_parallel=True`,
+counted once per rank in the grad norm) and are saved as TP-sharded tensors: column-parallel
+``lora_l2 [out, r]`` / ``lora_l1 [tp·r, in]`` (both along axis 0), row-parallel
+``lora_l2 [out, tp·r]`` / ``lora_l1 [r, in]`` (both along axis 1). A checkpoint resumes at the
+same TP size; at another TP size the tensors load but describe a different block structure.
+The NVFP4 amax of W_res and of the activations is all-reduced over TP as in the NVFP4 layers.
+
+Realignment (`realign_model`, called by `recipes.after_optimizer_step` when
+``iteration % realign_interval == 0``): per module, from the FP32 master copies,
+``W = W_res + β L2 L1`` is rebuilt, re-split by randomized SVD (generator seeded from
+``(train.seed, iteration, module name, TP rank)``: a resumed run repeats it exactly), and
+written back to the master copies *and* the model parameters. Optimizer state across it:
+
+* ``W_res``: **moments kept.** W_res lives in the same (standard) basis before and after; it
+  changes only by the rank-≤2r difference of the old and new branch, and its moments are
+  statistics of the out-of-subspace gradient, which barely changes when the subspace is
+  re-detected. Resetting them would throw away the bulk of the optimizer state of the model.
+* ``L1``: **first moment zeroed, second moment replaced by its mean, step count kept.** The
+  new factors are expressed in a new basis of the subspace (the SVD may rotate, permute and
+  flip the singular vectors), so the elementwise moments of the old factors point in
+  meaningless directions. What survives an orthogonal change of basis is the gradient energy
+  ``Σ v`` (Frobenius norms are rotation-invariant), so every element of ``v`` gets the old
+  mean: the first updates after a realignment have the old step size, not a bias-corrected
+  ``sign(g)`` jump; ``m`` rebuilds from zero at rate ``1 − β1`` (keeping ``step`` keeps the
+  bias correction consistent with a warmed-up ``v``). An optimizer whose state has other
+  fields (e.g. quantized moments) gets L1's state cleared, i.e. re-initialised lazily.
+* ``L2``: frozen, no optimizer state.
+
+Supported optimizer wrappers: megatron-core's `FP32Optimizer` (fp32 runs: the params are
+their own masters) and `Float16OptimizerWithFloat16Params` (bf16 runs: masters via
+``param.main_param``), also inside a `ChainedOptimizer`. The distributed optimizer shards the
+masters over DP ranks, and realignment needs whole local matrices: refused at build time.
+"""
+from __future__ import annotations
+
+import contextlib
+import zlib
+
+import torch
+from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear,
+                                                  set_tensor_model_parallel_attributes)
+from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+from fullstack_fp4.integration.nvfp4_linear_layers import _amax_reducer
+from fullstack_fp4.linear.lora_svd import lora_svd_linear, lora_svd_split, merge
+
+__all__ = ["LoRASVDColumnParallelLinear", "LoRASVDRowParallelLinear", "lora_svd_modules",
+           "realign_model", "exact_matmuls", "merged_state_dict", "reset_factor_moments"]
+
+_INIT_SEED = 0x5EED_1075
+
+
+def _tp_rank(tp_group) -> int:
+    if tp_group is None:
+        return 0
+    import torch.distributed as dist
+
+    return dist.get_rank(tp_group) if dist.is_initialized() else 0
+
+
+class _LoRASVDMixin:
+    _lora_axis: int  # TP sharding axis of weight and both factors
+
+    def _lora_init(self, rank, beta, oversample, power_iters):
+        if self.sequence_parallel:
+            raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
+        out_f, in_f = self.weight.shape
+        if not 0 < rank < min(out_f, in_f):
+            raise ValueError(f"LoRA-SVD rank {rank} must lie in (0, {min(out_f, in_f)}) for a "
+                             f"{out_f}x{in_f} shard")
+        self.lora_rank, self.lora_beta = int(rank), float(beta)
+        self.lora_oversample, self.lora_power_iters = int(oversample), int(power_iters)
+        self.lora_exact = False
+        w = self.weight
+        self.lora_l2 = torch.nn.Parameter(torch.zeros(out_f, rank, dtype=w.dtype, device=w.device),
+                                          requires_grad=False)
+        self.lora_l1 = torch.nn.Parameter(torch.zeros(rank, in_f, dtype=w.dtype, device=w.device))
+        for p in (self.lora_l1, self.lora_l2):
+            set_tensor_model_parallel_attributes(p, True, self._lora_axis, 1)
+        if self.config.perform_initialization and w.device.type != "meta":
+            gen = torch.Generator(device=w.device)
+            gen.manual_seed(_INIT_SEED + 1000003 * _tp_rank(self.tp_group) + out_f * 7919 + in_f)
+            self._lora_resplit(gen, w.detach().float())
+
+    @torch.no_grad()
+    def _lora_resplit(self, generator, w_fp32, masters=None):
+        """Split dense ``w_fp32`` into (W_res, L2, L1); write params (and FP32 masters)."""
+        w_res, l2, l1 = lora_svd_split(w_fp32, self.lora_rank, self.lora_beta,
+                                       oversample=self.lora_oversample,
+                                       power_iters=self.lora_power_iters, generator=generator,
+                                       factor_dtype=self.lora_l2.dtype)
+        self.lora_l2.copy_(l2)
+        for p, v in ((self.weight, w_res), (self.lora_l1, l1)):
+            p.copy_(v)
+            m = masters.get(p) if masters else None
+            if m is not None and m is not p:
+                m.copy_(v)
+
+    def merge(self, dtype=None) -> torch.Tensor:
+        """The dense local weight ``W_res + β L2 L1`` (BF16 in a BF16 model)."""
+        return merge(self.weight, self.lora_l1, self.lora_l2, self.lora_beta, dtype)
+
+    def _lora_forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False,
+                           sequence_parallel=False, **unused):
+        if sequence_parallel:
+            raise ValueError("LoRA-SVD linears do not support sequence parallelism")
+        if allreduce_dgrad:
+            input = copy_to_tensor_model_parallel_region(input, group=self.tp_group)
+        return lora_svd_linear(input, weight, self.lora_l1, self.lora_l2, self.lora_beta, bias,
+                               exact=self.lora_exact, amax_reduce=_amax_reducer(self.tp_group))
+
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        state_dict = self.state_dict(prefix="", keep_vars=True)
+        axes = {"weight": self._lora_axis, "lora_l1": self._lora_axis, "lora_l2": self._lora_axis}
+        if self._lora_axis == 0:
+            axes["bias"] = 0
+        return make_sharded_tensors_for_checkpoint(state_dict, prefix, axes, sharded_offsets,
+                                                   tp_group=self.tp_group,
+                                                   dp_cp_group=metadata["dp_cp_group"])
+
+
+class LoRASVDColumnParallelLinear(_LoRASVDMixin, ColumnParallelLinear):
+    _lora_axis = 0
+
+    def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters)
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        return self._lora_forward_impl(input, weight, **kwargs)
+
+
+class LoRASVDRowParallelLinear(_LoRASVDMixin, RowParallelLinear):
+    _lora_axis = 1
+
+    def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters)
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        kwargs["allreduce_dgrad"] = False  # the input is already split along K
+        return self._lora_forward_impl(input, weight, **kwargs)
+
+
+# ------------------------------------------------------------------ model-level helpers
+def lora_svd_modules(model_chunks):
+    """``(name, module)`` of every LoRA-SVD linear, in a deterministic order."""
+    if isinstance(model_chunks, torch.nn.Module):
+        model_chunks = [model_chunks]
+    out = []
+    for i, chunk in enumerate(model_chunks):
+        for name, mod in chunk.named_modules():
+            if isinstance(mod, _LoRASVDMixin):
+                out.append((f"{i}.{name}", mod))
+    return out
+
+
+@contextlib.contextmanager
+def exact_matmuls(model_chunks, exact: bool = True):
+    """Run the W_res GEMMs unquantized inside the block (evaluation of the merged model)."""
+    mods = [m for _, m in lora_svd_modules(model_chunks)]
+    before = [m.lora_exact for m in mods]
+    for m in mods:
+        m.lora_exact = exact
+    try:
+        yield
+    finally:
+        for m, b in zip(mods, before):
+            m.lora_exact = b
+
+
+def _inner_optimizers(optimizer):
+    subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return [s.optimizer for s in subs if getattr(s, "optimizer", None) is not None]
+
+
+def _master(p):
+    m = getattr(p, "main_param", None)
+    if m is not None and getattr(p, "main_param_sharded", False):
+        raise NotImplementedError("LoRA-SVD realignment does not support the distributed optimizer")
+    return m if m is not None else p
+
+
+def _state_of(optimizer, master):
+    for inner in _inner_optimizers(optimizer):
+        if master in inner.state:
+            return inner, inner.state[master]
+    return None, None
+
+
+def reset_factor_moments(state: dict) -> dict:
+    """The realignment policy for L1's optimizer state (see module docstring)."""
+    known = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"}
+    if not set(state) <= known:
+        return {}
+    new = dict(state)
+    if "exp_avg" in new:
+        new["exp_avg"] = torch.zeros_like(new["exp_avg"])
+    if "momentum_buffer" in new:
+        new["momentum_buffer"] = torch.zeros_like(new["momentum_buffer"])
+    if "exp_avg_sq" in new:
+        v = new["exp_avg_sq"]
+        new["exp_avg_sq"] = torch.full_like(v, float(v.float().mean()))
+    return new
+
+
+def _realign_generator(device, seed: int, iteration: int, name: str, tp_rank: int):
+    gen = torch.Generator(device=device)
+    key = zlib.crc32(f"{seed}/{iteration}/{name}/{tp_rank}".encode())
+    gen.manual_seed(key)
+    return gen
+
+
+@torch.no_grad()
+def realign_module(mod, optimizer, generator) -> None:
+    masters = {p: _master(p) for p in (mod.weight, mod.lora_l1)} if optimizer is not None else {}
+    w_res = masters.get(mod.weight, mod.weight)
+    l1 = masters.get(mod.lora_l1, mod.lora_l1)
+    w = merge(w_res, l1, mod.lora_l2, mod.lora_beta, torch.float32)
+    mod._lora_resplit(generator, w, masters)
+    if optimizer is not None:
+        inner, state = _state_of(optimizer, masters[mod.lora_l1])
+        if state is not None:
+            inner.state[masters[mod.lora_l1]] = reset_factor_moments(state)
+
+
+def realign_model(model_chunks, optimizer, *, seed: int, iteration: int) -> int:
+    """Re-split every LoRA-SVD linear; returns how many were realigned."""
+    mods = lora_svd_modules(model_chunks)
+    for name, mod in mods:
+        gen = _realign_generator(mod.weight.device, seed, iteration, name, _tp_rank(mod.tp_group))
+        realign_module(mod, optimizer, gen)
+    return len(mods)
+
+
+@torch.no_grad()
+def merged_state_dict(model, dtype=None) -> dict:
+    """``model.state_dict()`` with every LoRA-SVD linear's ``weight`` replaced by its merged
+    dense weight and the factors dropped: the state dict of the same model with plain linears."""
+    merged = {name: mod.merge(dtype) for name, mod in lora_svd_modules([model])}
+    out = {}
+    for k, v in model.state_dict().items():
+        owner, _, leaf = k.rpartition(".")
+        key = f"0.{owner}"
+        if key in merged:
+            if leaf in ("lora_l1", "lora_l2"):
+                continue
+            if leaf == "weight":
+                v = merged[key]
+        out[k] = v
+    return out
+
+
+def lora_svd_layer_specs(lcfg):
+    """(column, row) `ModuleSpec`s carrying the `fp4.lora_svd` settings into the layers."""
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    params = dict(lora_rank=lcfg.rank, lora_beta=lcfg.beta, lora_oversample=lcfg.oversample,
+                  lora_power_iters=lcfg.power_iters)
+    return (ModuleSpec(module=LoRASVDColumnParallelLinear, params=dict(params)),
+            ModuleSpec(module=LoRASVDRowParallelLinear, params=dict(params)))
+
+
+def check_supported(cfg) -> None:
+    """Refuse configurations the realignment cannot handle (a config error, before training)."""
+    from megatron.training.errors import ConfigError
+
+    if cfg.parallel.use_distributed_optimizer:
+        raise ConfigError("fp4.linear=lora_svd does not support parallel.use_distributed_optimizer "
+                          "(realignment needs the whole FP32 master of each local matrix)")
+    if cfg.fp4.lora_svd.beta <= 0:
+        raise ConfigError("fp4.lora_svd.beta must be > 0")
