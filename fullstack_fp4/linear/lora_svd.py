@@ -69,11 +69,14 @@ Why this routing:
   "scaled gradient descent" of low-rank factorisation), whose induced update of W is the
   undistorted projection. The Cholesky factor needed for Q is the same one that solves it.
 
-The Cholesky-QR is CholeskyQR2 (two passes; the second removes the loss of orthogonality of
-one pass). If a Cholesky fails (L2 rank-deficient or extremely ill-conditioned), the Gram
-matrix is shifted by ``s = 11 (m r + r (r+1)) u ‖A‖²`` (Fukaya et al., shifted CholeskyQR3)
-and the pass repeated; ``L2 = Q R`` still holds exactly by construction (``Q = L2 R⁻¹``), so
-the routed gradients still sum to G. A zero L2 gives ``Q = 0``: everything goes to W_res.
+The Cholesky-QR is CholeskyQR2 in FP64 (two passes; the second removes the loss of
+orthogonality of one pass). If the Cholesky fails or is numerically rank-deficient (pivot
+ratio below 1e-4, i.e. cond(L2) ≳ 1e4; after a realignment cond(L2) = √(σ1/σr) of W), one
+pass on the shifted Gram ``L2ᵀL2 + sI``, ``s = 1e-6 ‖L2‖₂²``, is used instead (a ridge
+projection). ``Q = L2 R⁻¹`` is used in *both* routes, so the operator applied to G by the
+residual route and the one induced by the branch route are the same
+(``L2 (RᵀR)⁻¹ L2ᵀ``) and the routed gradients still sum to G; ``R⁻¹`` stays bounded. A zero
+L2 gives ``Q = 0``: everything goes to W_res.
 
 ``exact=True`` replaces the NVFP4 GEMMs of the W_res path by exact matmuls (the
 "unquantized limit" the tests and the merged-export check use).
@@ -93,36 +96,51 @@ __all__ = ["cholesky_qr", "randomized_svd", "lora_svd_split", "lora_svd_linear",
            "LoRASVDLinearFunction", "merge", "route_gradient"]
 
 
-def _chol_pass(a: torch.Tensor):
-    """One (shifted if needed) Cholesky-QR pass in FP64: returns Q = a R⁻¹, R upper."""
-    m, r = a.shape
+_PIVOT_RATIO = 1e-4   # min/max diagonal of the Cholesky factor below this: treated as failed
+_RIDGE = 1e-6         # shift = _RIDGE · ‖A‖₂² when it failed
+
+
+def _chol_pass(a: torch.Tensor, allow_shift: bool = True):
+    """One Cholesky-QR pass in FP64: ``R = chol(aᵀa [+ s I])``, ``Q = a R⁻¹``; returns
+    ``(Q, R, shifted)``."""
+    r = a.shape[1]
     gram = a.T @ a
     chol, info = torch.linalg.cholesky_ex(gram)
-    if int(info) != 0 or not torch.isfinite(chol).all():
-        u = torch.finfo(torch.float64).eps
-        norm2 = torch.linalg.matrix_norm(a, ord=2) ** 2
-        shift = 11.0 * (m * r + r * (r + 1)) * u * float(norm2)
-        shift = max(shift, torch.finfo(torch.float64).tiny)
+    d = torch.diagonal(chol)
+    ok = int(info) == 0 and bool(torch.isfinite(chol).all()) and bool(d.min() > _PIVOT_RATIO * d.max())
+    shifted = False
+    if not ok and allow_shift:
+        shift = max(_RIDGE * float(torch.linalg.matrix_norm(a, ord=2)) ** 2,
+                    torch.finfo(torch.float64).tiny)
         eye = torch.eye(r, dtype=a.dtype, device=a.device)
-        for _ in range(8):
-            chol, info = torch.linalg.cholesky_ex(gram + shift * eye)
-            if int(info) == 0:
-                break
+        chol, info = torch.linalg.cholesky_ex(gram + shift * eye)
+        while int(info) != 0:  # only when the Gram matrix itself is not finite-positive
             shift *= 100.0
+            chol, info = torch.linalg.cholesky_ex(gram + shift * eye)
+        shifted = True
     rr = chol.T  # upper
     q = torch.linalg.solve_triangular(rr, a, upper=True, left=False)  # a R⁻¹
-    return q, rr
+    return q, rr, shifted
 
 
 def cholesky_qr(a: torch.Tensor):
     """CholeskyQR2 of ``a [m, r]`` (m ≥ r): ``a = Q R``, ``QᵀQ ≈ I``, R upper triangular.
 
-    Computed in FP64 (the Gram matrix is r×r; the cost is O(m r²)). Returns FP32 ``Q, R``.
+    Computed in FP64 (the Gram matrix is r×r; the cost is O(m r²)); returns FP32 ``Q, R``.
+    Fallback when ``a`` is (numerically) rank-deficient — the Cholesky fails or its pivots
+    fall below ``1e-4`` of the largest: one pass on the shifted Gram matrix
+    ``aᵀa + s I`` with ``s = 1e-6 ‖a‖₂²``. Then ``a = Q R`` still holds exactly
+    (``Q = a R⁻¹``), ``QQᵀ = a (aᵀa + sI)⁻¹ aᵀ`` is a ridge-regularised projection (a
+    contraction, equal to the projection on the well-conditioned directions) and ``R⁻¹`` is
+    bounded by ``1e3 / ‖a‖₂``, so the routed gradients stay finite and still sum to G.
     """
     a64 = a.detach().to(torch.float64)
-    q, r1 = _chol_pass(a64)
-    q, r2 = _chol_pass(q)
-    return q.to(torch.float32), (r2 @ r1).to(torch.float32)
+    q, r1, shifted = _chol_pass(a64)
+    if not shifted:
+        q2, r2, shifted2 = _chol_pass(q, allow_shift=False)
+        if not shifted2 and torch.isfinite(q2).all():
+            q, r1 = q2, r2 @ r1
+    return q.to(torch.float32), r1.to(torch.float32)
 
 
 def randomized_svd(w: torch.Tensor, rank: int, *, oversample: int = 8, power_iters: int = 2,

@@ -1,0 +1,197 @@
+"""LoRA-SVD linear: forward formula, split/merge, Cholesky-QR, routed backward.
+
+Oracles are independent of the code under test: FP64 matmuls, `torch.linalg.svd` / `qr` /
+`lstsq`, autograd of the dense formula, and the (separately tested) NVFP4 linear.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fullstack_fp4.linear import nvfp4_linear
+from fullstack_fp4.linear.lora_svd import (cholesky_qr, lora_svd_linear, lora_svd_split, merge,
+                                           randomized_svd)
+
+OUT, IN, R, T, BETA = 64, 96, 8, 48, 0.5
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _spectrum_matrix(m, n, s, seed=0):
+    g = _gen(seed)
+    u, _ = torch.linalg.qr(torch.randn(m, len(s), generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n, len(s), generator=g, dtype=torch.float64))
+    return (u * torch.as_tensor(s, dtype=torch.float64)) @ v.T
+
+
+def _factors(dtype=torch.float32, seed=0):
+    g = _gen(seed)
+    w = torch.randn(OUT, IN, generator=g) * 0.05
+    w_res, l2, l1 = lora_svd_split(w, R, BETA, generator=_gen(seed + 1))
+    return w, w_res.to(dtype), l2.to(dtype), l1.to(dtype)
+
+
+# ------------------------------------------------------------------ randomized SVD / split
+def test_randomized_svd_matches_exact_svd():
+    s = [10.0 * 0.7 ** i for i in range(40)]
+    w = _spectrum_matrix(OUT, IN, s).float()
+    u, sv, vh = randomized_svd(w, R, oversample=8, power_iters=2, generator=_gen(3))
+    s_exact = torch.linalg.svdvals(w.double())[:R]
+    torch.testing.assert_close(sv.double(), s_exact, rtol=1e-4, atol=1e-5)
+    # the rank-R reconstruction is the best one (Eckart-Young): error = sigma_{R+1}
+    err = torch.linalg.matrix_norm((w - (u * sv) @ vh).double(), ord=2)
+    assert err == pytest.approx(s[R], rel=1e-3)
+    u2, s2, vh2 = randomized_svd(w, R, generator=_gen(3))
+    assert torch.equal(u, u2) and torch.equal(s2, sv) and torch.equal(vh, vh2)
+
+
+def test_split_is_exact_balanced_and_takes_the_top_subspace():
+    s = [5.0 * 0.8 ** i for i in range(60)]
+    w = _spectrum_matrix(OUT, IN, s, seed=1).float()
+    w_res, l2, l1 = lora_svd_split(w, R, BETA, generator=_gen(0))
+    torch.testing.assert_close(w_res + BETA * l2 @ l1, w, rtol=0, atol=2e-6)
+    # symmetric split: L2ᵀL2 = L1L1ᵀ = diag(S)/β
+    torch.testing.assert_close(l2.T @ l2, l1 @ l1.T, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.diagonal(l2.T @ l2).double(),
+                               torch.tensor(s[:R], dtype=torch.float64) / BETA, rtol=1e-3, atol=1e-5)
+    # the residual keeps the tail of the spectrum
+    assert torch.linalg.matrix_norm(w_res.double(), ord=2) == pytest.approx(s[R], rel=1e-3)
+
+
+def test_split_with_bf16_factor_rounding_still_sums_to_w():
+    w = torch.randn(OUT, IN, generator=_gen(4)) * 0.02
+    w_res, l2, l1 = lora_svd_split(w, R, BETA, generator=_gen(5), factor_dtype=torch.bfloat16)
+    assert torch.equal(l2, l2.to(torch.bfloat16).float())
+    torch.testing.assert_close(w_res + BETA * l2 @ l1, w, rtol=0, atol=1e-7)
+
+
+def test_merge_round_trip():
+    w, w_res, l2, l1 = _factors()
+    torch.testing.assert_close(merge(w_res, l1, l2, BETA), w, rtol=0, atol=1e-7)
+    w2, w_res2, l2b, l1b = _factors(torch.bfloat16)
+    m = merge(w_res2, l1b, l2b, BETA)
+    assert m.dtype == torch.bfloat16
+    # BF16: each of W_res, L1, L2 rounded once (relative 2^-9), the merge rounded once more
+    assert (m.float() - w2).abs().max() <= 4 * 2 ** -9 * w2.abs().max()
+    # split the merged weight again: same dense weight
+    w_res3, l2c, l1c = lora_svd_split(merge(w_res, l1, l2, BETA), R, BETA, generator=_gen(9))
+    torch.testing.assert_close(merge(w_res3, l1c, l2c, BETA), w, rtol=0, atol=1e-6)
+
+
+# ------------------------------------------------------------------ Cholesky-QR
+def test_cholesky_qr_matches_householder_qr():
+    a = torch.randn(OUT, R, generator=_gen(6)) * torch.logspace(0, -3, R)  # cond ~ 1e3
+    q, r = cholesky_qr(a)
+    torch.testing.assert_close(q.T @ q, torch.eye(R), rtol=0, atol=1e-5)
+    torch.testing.assert_close(q @ r, a, rtol=0, atol=1e-6)
+    assert torch.equal(r, torch.triu(r)) and (torch.diagonal(r) > 0).all()
+    qh, rh = torch.linalg.qr(a.double())
+    sign = torch.sign(torch.diagonal(rh))
+    torch.testing.assert_close(q.double(), qh * sign, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["zero_column", "duplicate_columns", "zero"])
+def test_cholesky_qr_rank_deficient_falls_back_and_stays_exact(kind):
+    a = torch.randn(OUT, R, generator=_gen(7))
+    if kind == "zero_column":
+        a[:, 3] = 0
+    elif kind == "duplicate_columns":
+        a[:, 5] = a[:, 2]
+    else:
+        a.zero_()
+    q, r = cholesky_qr(a)
+    assert torch.isfinite(q).all() and torch.isfinite(r).all()
+    torch.testing.assert_close(q @ r, a, rtol=0, atol=1e-5)
+    # Q spans (a subset of) col(a) and QQᵀ is a contraction (no blow-up of the routed grads)
+    assert torch.linalg.matrix_norm(q.double(), ord=2) <= 1 + 1e-3
+
+
+# ------------------------------------------------------------------ forward
+def test_forward_equals_formula_exact_and_nvfp4():
+    _, w_res, l2, l1 = _factors()
+    x = torch.randn(3, 16, IN, generator=_gen(8))
+    y_exact = lora_svd_linear(x, w_res, l1, l2, BETA, exact=True)
+    ref = x.double() @ w_res.double().T + BETA * (x.double() @ l1.double().T) @ l2.double().T
+    torch.testing.assert_close(y_exact.double(), ref, rtol=1e-5, atol=1e-5)
+    y = lora_svd_linear(x, w_res, l1, l2, BETA)
+    ref_q = nvfp4_linear(x, w_res) + BETA * (x @ l1.T) @ l2.T
+    torch.testing.assert_close(y, ref_q, rtol=1e-6, atol=1e-6)
+    bias = torch.randn(OUT, generator=_gen(9))
+    torch.testing.assert_close(lora_svd_linear(x, w_res, l1, l2, BETA, bias, exact=True),
+                               y_exact + bias)
+
+
+# ------------------------------------------------------------------ routed backward
+def _grads(x, dy, w_res, l1, l2, exact):
+    x = x.clone().requires_grad_(True)
+    w_res = w_res.clone().requires_grad_(True)
+    l1 = l1.clone().requires_grad_(True)
+    lora_svd_linear(x, w_res, l1, l2, BETA, exact=exact).backward(dy)
+    return x.grad, w_res.grad, l1.grad
+
+
+@pytest.mark.parametrize("degenerate", [False, True])
+def test_routed_gradients_sum_to_dense_gradient_unquantized(degenerate):
+    _, w_res, l2, l1 = _factors(seed=2)
+    if degenerate:  # a rank-deficient L2 exercises the shifted Cholesky path
+        l2 = l2.clone()
+        l2[:, 1] = l2[:, 0]
+    x = torch.randn(T, IN, generator=_gen(10))
+    dy = torch.randn(T, OUT, generator=_gen(11))
+    dx, g_res, g_l1 = _grads(x, dy, w_res, l1, l2, exact=True)
+    # oracle: the dense gradient of W = W_res + β L2 L1 via autograd in FP64
+    w = (w_res.double() + BETA * l2.double() @ l1.double()).requires_grad_(True)
+    xd = x.double().requires_grad_(True)
+    (xd @ w.T).backward(dy.double())
+    g = w.grad
+    total = g_res.double() + BETA * l2.double() @ g_l1.double()
+    torch.testing.assert_close(total, g, rtol=0, atol=1e-4 * g.abs().max())
+    torch.testing.assert_close(dx.double(), xd.grad, rtol=0, atol=1e-4 * xd.grad.abs().max())
+    # the split is the orthogonal one: residual ⟂ col(L2), branch = projection (Householder QR)
+    qh, _ = torch.linalg.qr(l2.double())
+    if not degenerate:
+        proj = qh @ (qh.T @ g)
+        torch.testing.assert_close(g_res.double(), g - proj, rtol=0, atol=1e-4 * g.abs().max())
+        # g_L1 = least-squares solution of β L2 g_L1 = QQᵀG
+        ls = torch.linalg.lstsq(BETA * l2.double(), proj).solution
+        torch.testing.assert_close(g_l1.double(), ls, rtol=0, atol=1e-4 * ls.abs().max())
+        inner = (g_res.double() * proj).sum() / (g.norm() ** 2)
+        assert abs(float(inner)) < 1e-5
+    else:  # residual ⟂ the (rank R-1) column space of L2
+        u, sv, _ = torch.linalg.svd(l2.double(), full_matrices=False)
+        basis = u[:, sv > 1e-6 * sv[0]]
+        assert basis.shape[1] == R - 1
+        assert (basis.T @ g_res.double()).abs().max() < 1e-4 * g.abs().max()
+
+
+def test_routed_gradients_with_nvfp4_residual():
+    _, w_res, l2, l1 = _factors(seed=3)
+    x = torch.randn(T, IN, generator=_gen(12))
+    dy = torch.randn(T, OUT, generator=_gen(13))
+    dx_q, g_res_q, g_l1_q = _grads(x, dy, w_res, l1, l2, exact=False)
+    dx_e, g_res_e, g_l1_e = _grads(x, dy, w_res, l1, l2, exact=True)
+    # the branch gradient comes from unquantized dY and X: identical to the exact one
+    torch.testing.assert_close(g_l1_q, g_l1_e, rtol=1e-5, atol=1e-6)
+    # the residual gradient is orthogonal to the principal subspace
+    qh, _ = torch.linalg.qr(l2.double())
+    assert (qh.T @ g_res_q.double()).abs().max() < 1e-4 * g_res_q.abs().max()
+    # and it is the NVFP4 wgrad, projected: within quantization noise of the exact one
+    rel = (g_res_q - g_res_e).norm() / g_res_e.norm()
+    assert 0 < rel < 0.4
+    rel_dx = (dx_q - dx_e).norm() / dx_e.norm()
+    assert 0 < rel_dx < 0.4
+    assert l2.grad is None
+
+
+def test_no_grad_for_l2_and_dtype_of_grads_bf16():
+    _, w_res, l2, l1 = _factors(torch.bfloat16, seed=4)
+    x = torch.randn(T, IN, generator=_gen(14)).to(torch.bfloat16).requires_grad_(True)
+    w_res.requires_grad_(True)
+    l1.requires_grad_(True)
+    y = lora_svd_linear(x, w_res, l1, l2, BETA)
+    assert y.dtype == torch.bfloat16
+    y.float().square().mean().backward()
+    assert x.grad.dtype == w_res.grad.dtype == l1.grad.dtype == torch.bfloat16
+    assert l2.grad is None
