@@ -1,11 +1,10 @@
 """Config loading and validation: bad keys, bad types, impossible combinations, composition.
 
-In-process and fast; only the CLI tests at the bottom start `pretrain_gpt.py`.
+In-process and fast; the command line (exit codes, --dry-run) is tests/test_pretrain_cli.py.
 """
 from __future__ import annotations
 
 import itertools
-import re
 
 import pytest
 
@@ -13,7 +12,6 @@ from megatron.training import recipes
 from megatron.training.config import load_config
 from megatron.training.config_validate import validate_config
 from megatron.training.errors import ConfigError
-from tests.megatron.training import helpers
 
 OK = ["model.preset=tiny", "data.mock=true", "model.vocab_size=256"]
 
@@ -234,42 +232,3 @@ def test_missing_base_and_bad_yaml(tmp_path):
 def test_malformed_override():
     config_error(overrides=OK + ["train.iters"])
     config_error(overrides=OK + ["train.iters.deeper=3"])
-
-
-# ------------------------------------------------------------------------- the command line
-def test_cli_bad_config_exits_2_with_one_error_line(tmp_path):
-    bad = write(tmp_path / "bad.yaml", "model:\n  preset: tiny\n  vocab_size: 256\ndata: {mock: true}\n"
-                                       "train:\n  iter: 5\n")
-    p = helpers.subprocess.run([helpers.sys.executable, helpers.PRETRAIN, "--config", bad],
-                               cwd=helpers.REPO, env=helpers.env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr, p.stderr
-    errs = helpers.error_lines(p.stderr)
-    assert len(errs) == 1 and "'train.iter'" in errs[0] and "'train.iters'" in errs[0], p.stderr
-
-
-def closed_form_parameters(L, h, f, heads, groups, vocab, divisible_by=128):
-    """Llama-style GPT, untied embeddings, no biases, RMSNorm weights only."""
-    d = h // heads
-    v = -(-vocab // divisible_by) * divisible_by
-    qkv = h * (heads + 2 * groups) * d
-    out_proj = heads * d * h
-    mlp = h * 2 * f + f * h
-    norms = 2 * h
-    return L * (qkv + out_proj + mlp + norms) + h + 2 * v * h
-
-
-def test_cli_dry_run_3b_parameter_count():
-    p = subprocess_run([helpers.PRETRAIN, "--config", "configs/presets/3b.yaml", "--dry-run", "data.mock=true"])
-    assert p.returncode == 0, p.stderr[-3000:]
-    m = re.search(r"^parameters: ([\d,]+)", p.stdout, re.M)
-    assert m, p.stdout
-    expected = closed_form_parameters(28, 3072, 8192, 24, 8, 32000)
-    assert int(m.group(1).replace(",", "")) == expected
-    assert "DIFFERS" not in p.stdout
-    assert "hidden_size: 3072" in p.stdout  # the resolved config is printed
-
-
-def subprocess_run(args):
-    return helpers.subprocess.run([helpers.sys.executable, *args], cwd=helpers.REPO, env=helpers.env(),
-                                  capture_output=True, text=True, timeout=180)
