@@ -298,6 +298,14 @@ def _over_groups(cls, groups: list[dict], **kw):
     return opt
 
 
+def _same_kind(old: torch.optim.Optimizer, groups: list[dict]) -> torch.optim.Optimizer:
+    """A fresh optimizer of megatron's kind (torch AdamW) with its defaults, over `groups`."""
+    import inspect
+
+    accepted = inspect.signature(type(old).__init__).parameters
+    return type(old)(groups, **{k: v for k, v in old.defaults.items() if k in accepted})
+
+
 def _q_adamw(groups, cfg) -> QAdamW:
     o = cfg.optimizer
     return _over_groups(QAdamW, groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
@@ -386,8 +394,7 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
         tag_fused_matrices(named, main_of, mc, ps.get_tensor_model_parallel_world_size())
         subs = [_orthogonal(mats, cfg)]
         if rest:
-            subs.append(_q_adamw(rest, cfg) if name == "q_root"
-                        else type(old)(rest, **old.defaults))
+            subs.append(_q_adamw(rest, cfg) if name == "q_root" else _same_kind(old, rest))
         new = SplitOptimizer(subs)
     wrapper.optimizer = new
     _convert_methods(wrapper)
