@@ -41,9 +41,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
-        from megatron.training.initialize import shutdown
-
-        shutdown()
+        if "megatron.training.initialize" in sys.modules:  # config errors exit before any import of megatron.core
+            sys.modules["megatron.training.initialize"].shutdown()
     if result.get("val_loss") is not None:
         print(f"[train] done at iteration {result['iteration']}, validation loss {result['val_loss']:.4f}")
     return 0

@@ -218,6 +218,32 @@ def _prune(save_dir: str, keep_last: int) -> None:
         shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
 
 
+def _prepare_distributed_optimizers(optimizer) -> list:
+    """megatron-core's DistributedOptimizer can only describe (and load) a state that exists:
+    give a fresh one dummy states first. Returns the distributed optimizers found."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    found = [o for o in getattr(optimizer, "chained_optimizers", [optimizer]) if isinstance(o, DistributedOptimizer)]
+    for opt in found:
+        if not opt.optimizer.state:
+            opt._init_optimizer_states_with_dummy_values()
+    return found
+
+
+def _restore_adam_steps(dist_opts, state: dict) -> None:
+    """The dp_reshardable layout keeps AdamW's step only in param_groups; the dummy init left
+    step = 1 in every per-parameter state, so put the saved step back."""
+    groups = state.get("optimizer", {}).get("param_groups") or []
+    step = next((g["step"] for g in groups if "step" in g), None)
+    if step is None:
+        return
+    for opt in dist_opts:
+        for st in opt.optimizer.state.values():
+            if "step" in st:
+                st["step"] = torch.tensor(float(step), dtype=st["step"].dtype, device=st["step"].device)
+
+
+@torch.no_grad()
 def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
     """Load model, optimizer and RNG from `path`; returns meta (iteration, consumed samples...)."""
     meta = check_complete(path)
@@ -225,10 +251,12 @@ def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
     rank = _rank()
     rng_file = os.path.join(path, "rng", f"rank_{rank:05d}.pt")
     try:
+        dist_opts = _prepare_distributed_optimizers(optimizer)
         sharded = _sharded_state_dict(model, optimizer, is_loading=True)
         state = dist_checkpointing.load(sharded, os.path.join(path, "dist"))
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        _restore_adam_steps(dist_opts, state["optimizer"])
     except CheckpointError:
         raise
     except Exception as e:  # a shard that cannot be read: report, never continue

@@ -128,8 +128,13 @@ def coerce(tp, value, key: str):
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e6 as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, float) and value.is_integer():
-            return int(value)  # 1e6 in YAML is a float
+            return int(value)
         raise ConfigError(f"{key} must be an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -151,6 +156,7 @@ def apply_preset(cfg: RunConfig) -> None:
     m = cfg.model
     if m.preset is None:
         return
+    m.preset = m.preset.lower()  # "3B" means "3b"
     if m.preset not in PRESETS:
         close = difflib.get_close_matches(m.preset, list(PRESETS), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""

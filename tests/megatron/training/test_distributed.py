@@ -66,15 +66,10 @@ def test_distributed_optimizer_matches_one_process(distopt_run, reference):
     assert meta["iteration"] == STEPS and meta["world_size"] == 2
 
 
-# megatron-core 0.16.1's DistributedOptimizer cannot be loaded as checkpointing.load_checkpoint
-# does it with torch AdamW on CPU (see the report of this test's author / the module notes):
-#  1. optimizer.sharded_state_dict(is_loading=True) on a fresh optimizer -> AssertionError at
-#     distrib_optimizer.py:642 (`assert len(steps) == 1`: no state yet);
-#  2. with the state initialised, optimizer.load_state_dict -> "a view of a leaf Variable that
-#     requires grad is being used in an in-place operation" (distrib_optimizer.py:940, not under no_grad);
-#  3. with both fixed, AdamW's per-parameter `step` comes back from the dummy init (1), not the
-#     checkpoint (4): losses diverge from step 6 on.
-@pytest.mark.xfail(strict=True, reason="distributed-optimizer resume is broken in checkpointing.load_checkpoint")
+# Resuming megatron-core 0.16.1's DistributedOptimizer needs three things checkpointing.py does:
+#  1. a fresh optimizer has no state to describe (distrib_optimizer.py:642 asserts): dummy init;
+#  2. load_state_dict must run under no_grad (in-place copy into leaf views, :940);
+#  3. AdamW's per-parameter `step` is restored from the saved param_groups (the dummy init left 1).
 def test_distributed_optimizer_resume_matches_one_process(distopt_run, reference):
     d, _ = distopt_run
     p = helpers.start(helpers.base_config(str(d)), helpers.STRAIGHT + [
