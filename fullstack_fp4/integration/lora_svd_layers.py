@@ -44,8 +44,9 @@ written back to the master copies *and* the model parameters. Optimizer state ac
   ``Σ v`` (Frobenius norms are rotation-invariant), so every element of ``v`` gets the old
   mean: the first updates after a realignment have the old step size, not a bias-corrected
   ``sign(g)`` jump; ``m`` rebuilds from zero at rate ``1 − β1`` (keeping ``step`` keeps the
-  bias correction consistent with a warmed-up ``v``). An optimizer whose state has other
-  fields (e.g. quantized moments) gets L1's state cleared, i.e. re-initialised lazily.
+  bias correction consistent with a warmed-up ``v``; megatron-core also requires one step
+  count shared by all parameters). An optimizer whose state has other fields (e.g. quantized
+  moments) keeps L1's state unchanged: not reset, a known limitation.
 * ``L2``: frozen, no optimizer state.
 
 Supported optimizer wrappers: megatron-core's `FP32Optimizer` (fp32 runs: the params are
@@ -217,7 +218,7 @@ def reset_factor_moments(state: dict) -> dict:
     """The realignment policy for L1's optimizer state (see module docstring)."""
     known = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"}
     if not set(state) <= known:
-        return {}
+        return state  # unknown layout (e.g. quantized moments): left unchanged, see docstring
     new = dict(state)
     if "exp_avg" in new:
         new["exp_avg"] = torch.zeros_like(new["exp_avg"])
