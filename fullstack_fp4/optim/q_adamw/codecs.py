@@ -69,7 +69,8 @@ Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0625 + 0.0039 → **1.195 B/p
 Bit-exactness with the fused kernel (``triton_step.py``): every reduction whose result is
 rounded (tile sum → mean) is a fixed pairwise tree written out here and mirrored in the kernel;
 the Hadamard is fullstack_fp4.nvfp4's butterfly (stages 1, 2, 4, 8); amax/min are exact in any
-order; the 4/6 error sums in FP64 (order-independent in practice, as the nvfp4 reference argues).
+order; the 4/6 error sums are FP32 halving trees too (``_block_error32``; nvfp4's reference sums
+them in FP64, which cost the kernel FP64 converts and adds for no accuracy that matters).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from fullstack_fp4.nvfp4.e2m1 import (E2M1_MAX, e2m1_decode, e2m1_round_nearest,
                                       e2m1_round_stochastic, pack_codes, unpack_codes)
 from fullstack_fp4.nvfp4.hadamard import hadamard16, inverse_hadamard16
 # The reference's per-block helpers take broadcastable enc/dec, so per-chunk scales reuse them.
-from fullstack_fp4.nvfp4.reference import _block_error, _candidate, tensor_scales
+from fullstack_fp4.nvfp4.reference import _candidate, tensor_scales
 
 __all__ = [
     "BLOCK", "CHUNK", "TILE", "REL_FLOOR", "FP32_MAX", "MomentState",
@@ -133,6 +134,26 @@ def state_bytes_per_param(n: int, tile: int = TILE) -> float:
 
 
 # ----------------------------------------------------------------------------- NVFP4, chunked
+def _halving_sum(x: torch.Tensor) -> torch.Tensor:
+    """FP32 sum over the last dim (a power of 2) by halving: ``x[..., :h] + x[..., h:]``.
+
+    A fixed tree the kernel repeats term for term, so the rounded sums agree bit for bit."""
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = x[..., :h] + x[..., h:]
+    return x[..., 0]
+
+
+def _block_error32(y3, codes, s, dec) -> torch.Tensor:
+    """Σ|y − q·s·dec| per 16-block, FP32, halving tree (the 4/6 decision's error).
+
+    fullstack_fp4.nvfp4.reference sums these terms in FP64; the fused kernel sums in FP32 with
+    this fixed tree (FP64 adds and conversions were ~10% of its instructions), so the oracle
+    does the same. Only near-ties between the two candidates can decide differently."""
+    xhat = (e2m1_decode(codes) * s.to(torch.float32)) * dec
+    return _halving_sum((y3 - xhat).abs())[..., None]
+
+
 def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Tensor]):
     """NVFP4 of flat FP32 ``y`` (length a multiple of 16) with one FP32 scale per CHUNK.
 
@@ -154,7 +175,7 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
         s4, f4 = _candidate(y3, bamax, enc3, dec3, 4.0)
         c6 = e2m1_round_nearest(torch.clamp(y3 * f, -E2M1_MAX, E2M1_MAX))
         c4 = e2m1_round_nearest(torch.clamp(y3 * f4, -E2M1_MAX, E2M1_MAX))
-        use4 = _block_error(y3, c4, s4, dec3, 1) < _block_error(y3, c6, s, dec3, 1)
+        use4 = _block_error32(y3, c4, s4, dec3) < _block_error32(y3, c6, s, dec3)
         s = torch.where(use4, s4.to(torch.float32), s.to(torch.float32)).to(torch.float8_e4m3fn)
         f = torch.where(use4, f4, f)
     yq = torch.clamp(y3 * f, -E2M1_MAX, E2M1_MAX)
@@ -216,11 +237,14 @@ def decode_exp_avg(state: MomentState) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- second moment
 def _pairwise_tile_sum(x2: torch.Tensor) -> torch.Tensor:
-    """Sum of each row by halving (a fixed tree the kernel repeats, so the FP32 sum agrees)."""
-    while x2.shape[1] > 1:
-        h = x2.shape[1] // 2
-        x2 = x2[:, :h] + x2[:, h:]
-    return x2[:, 0]
+    """Sum of each row (a tile): each 16-block by halving, then the block sums by halving.
+
+    A fixed tree the kernel repeats (a kernel thread owns one 16-block: the in-block tree is
+    register adds, only the block sums cross threads), so the FP32 sums agree bit for bit."""
+    r, t = x2.shape
+    if t < BLOCK:
+        return _halving_sum(x2)
+    return _halving_sum(_halving_sum(x2.reshape(r, t // BLOCK, BLOCK)))
 
 
 def bf16_toward_zero(x: torch.Tensor) -> torch.Tensor:
