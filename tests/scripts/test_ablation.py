@@ -1,0 +1,103 @@
+"""scripts/ablation.py end to end on a toy corpus with a tiny model (CPU):
+
+1. an arm interrupted after 2 of 4 steps (train.exit_interval) is reported as interrupted;
+2. the next invocation resumes it from its checkpoint, runs the second arm from scratch, and
+   evaluates both; the table's numbers are recomputed here from each arm's metrics.jsonl and
+   eval.json (mean of the last k losses, validation loss at the last step, gap to bf16), and
+   both arms saw the same first batch with the same initial weights (equal step-1 loss: the
+   optimizers differ only from step 1 on);
+3. a third invocation trains and evaluates nothing (complete arms are skipped, evals cached).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.scripts.test_evaluate import REPO, env, make_toy_data
+
+ABLATION = os.path.join(REPO, "scripts", "ablation.py")
+TINY = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_attention_heads=4",
+        "model.num_query_groups=2", "model.seq_length=64", "train.global_batch_size=4", "train.micro_batch_size=4",
+        "train.precision=fp32", "train.eval_iters=1", "train.eval_interval=2", "train.log_interval=1",
+        "logging.tensorboard=false", "optimizer.warmup_iters=1", "checkpoint.save_interval=2"]
+
+
+def ablation(args, timeout=600):
+    p = subprocess.run([sys.executable, ABLATION, *args], cwd=REPO, env=env(), capture_output=True, text=True,
+                       timeout=timeout)
+    return p
+
+
+def metrics(rd):
+    train, val = {}, {}
+    for line in open(os.path.join(rd, "metrics.jsonl")):
+        r = json.loads(line)
+        (val if "val_loss" in r else train)[r["iter"]] = r.get("val_loss", r.get("loss"))
+    return train, val
+
+
+def test_ablation_resumes_skips_and_tabulates(tmp_path):
+    data = make_toy_data(str(tmp_path / "data"))
+    out = str(tmp_path / "abl")
+    common = ["--iters", "4", "--out", out, "--data", data, "--cloze-items", "8", "--last-k", "2"]
+
+    p = ablation(common + ["--arms", "bf16", "--no-eval", "--set", *TINY, "train.exit_interval=2"])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "bf16: interrupted at step 2" in p.stdout
+
+    p = ablation(common + ["--arms", "bf16,q_adamw", "--set", *TINY])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "bf16: resuming at step 2" in p.stdout and "q_adamw: starting" in p.stdout
+    assert "resumed from" in open(os.path.join(out, "bf16", "train.log")).read()
+    table = json.load(open(os.path.join(out, "ablation.json")))
+    rows = {r["arm"]: r for r in table["rows"]}
+    assert set(rows) == {"bf16", "q_adamw"}
+    vals = {}
+    for arm, r in rows.items():
+        rd = os.path.join(out, arm)
+        assert r["status"] == "complete"
+        train, val = metrics(rd)
+        assert sorted(train) == [1, 2, 3, 4] and 4 in val
+        assert r["final_train_loss"] == pytest.approx((train[3] + train[4]) / 2)
+        assert r["val_loss"] == pytest.approx(val[4])
+        vals[arm] = val[4]
+        ev = json.load(open(os.path.join(rd, "eval.json")))
+        assert ev["iteration"] == 4
+        assert r["heldout_perplexity"] == ev["heldout"]["perplexity"]
+        assert r["cloze_greedy_accuracy"] == ev["cloze"]["greedy_accuracy"] and r["cloze_items"] == 8
+        assert r["tokens"] == 4 * 4 * 64
+        assert r["wall_s"] > 0
+    assert rows["bf16"]["val_gap_pct"] == 0.0
+    assert rows["q_adamw"]["val_gap_pct"] == pytest.approx(100 * (vals["q_adamw"] - vals["bf16"]) / vals["bf16"])
+    assert metrics(os.path.join(out, "bf16"))[0][1] == metrics(os.path.join(out, "q_adamw"))[0][1]
+    md = open(os.path.join(out, "ablation.md")).read()
+    assert "| bf16 |" in md and "| q_adamw |" in md and "0 (baseline)" in md
+    try:
+        import matplotlib  # noqa: F401
+
+        assert os.path.getsize(os.path.join(out, "ablation.png")) > 0
+    except ImportError:
+        assert "matplotlib is not installed" in p.stdout
+
+    sessions = {a: len(json.load(open(os.path.join(out, a, "ablation_run.json")))["sessions"]) for a in rows}
+    p = ablation(common + ["--arms", "bf16,q_adamw", "--set", *TINY])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "bf16: complete" in p.stdout and "q_adamw: complete" in p.stdout
+    assert "evaluating" not in p.stdout
+    assert sessions == {a: len(json.load(open(os.path.join(out, a, "ablation_run.json")))["sessions"]) for a in rows}
+    assert json.load(open(os.path.join(out, "ablation.json")))["rows"][0]["val_loss"] == rows["bf16"]["val_loss"]
+
+
+def test_ablation_dry_and_bad_arm(tmp_path):
+    p = ablation(["--dry", "--arms", "bf16,full_stack", "--iters", "7", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.strip().splitlines()
+    assert "train.iters=7" in lines[0] and f"checkpoint.save_dir={tmp_path}/bf16/checkpoints" in lines[0]
+    assert "evaluate.py" in lines[-1]
+    assert not os.listdir(tmp_path)
+    p = ablation(["--dry", "--arms", "bf16,nope"])
+    assert p.returncode == 2 and "unknown arm" in p.stderr
