@@ -38,7 +38,8 @@ _ITER_RE = re.compile(r"^iter_(\d{7,})$")
 SHAPE_KEYS = {
     "model": ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
               "position_embedding", "make_vocab_size_divisible_by"),
-    "fp4": ("linear",),
+    "fp4": ("linear", "bf16_first_layers", "bf16_last_layers"),
+    "fp4.lora_svd": ("rank", "beta"),
     "optimizer": ("name",),
 }
 
@@ -130,13 +131,19 @@ def resolve_load_path(load: str, save_dir: str | None) -> str | None:
     raise CheckpointError(f"checkpoint.load={load}: no such checkpoint directory")
 
 
+def _lookup(tree: dict, dotted: str) -> dict:
+    for part in dotted.split("."):
+        tree = tree.get(part, {}) if isinstance(tree, dict) else {}
+    return tree
+
+
 def check_compatible(meta: dict, cfg, path: str) -> None:
     saved = meta.get("config", {})
     now = to_dict(cfg)
     diffs = []
     for section, keys in SHAPE_KEYS.items():
         for k in keys:
-            a, b = saved.get(section, {}).get(k), now[section][k]
+            a, b = _lookup(saved, section).get(k), _lookup(now, section)[k]
             if a != b:
                 diffs.append(f"{section}.{k}: checkpoint {a!r}, config {b!r}")
     if diffs:

@@ -122,6 +122,13 @@ def count_parameters(cfg: RunConfig, vocab_size: int) -> dict:
     per_layer = attn + mlp + 2 * h
     emb = v * h + (m.seq_length * h if m.position_embedding == "learned" else 0)
     total = L * per_layer + h + emb + v * h
+    if cfg.fp4.linear == "lora_svd":  # factors L2 [out, r] and L1 [r, in] beside each W_res
+        r, qkv_out = cfg.fp4.lora_svd.rank, h + 2 * m.num_query_groups * d
+        per_layer_lora = r * ((h + qkv_out) + (h + h) + (h + 2 * f) + (f + h))
+        lora_layers = L - cfg.fp4.bf16_first_layers - cfg.fp4.bf16_last_layers
+        total += lora_layers * per_layer_lora
+        return {"total": total, "embedding": emb, "output_layer": v * h,
+                "transformer": L * per_layer + h + lora_layers * per_layer_lora}
     return {"total": total, "embedding": emb, "output_layer": v * h, "transformer": L * per_layer + h}
 
 
