@@ -10,7 +10,10 @@
    random gradients; per optimizer: 3 warm-up steps, then ``--steps`` steps each timed with
    CUDA events; median ms/step; optimizer-state bytes per parameter.
 Rows: QAdamW (fused kernel), torch AdamW(fused=True), torchao AdamW4bit / AdamW8bit (skipped
-if torchao is missing). Prints a markdown table; writes JSON to $OUT/bench_q_adamw.json if $OUT.
+if torchao is missing). Before them, kernel-only rows (launch() over the same ~1e9 params, no
+optimizer bookkeeping): the superseded first kernel (triton_step_v0, ~29.5 ms) and the current
+kernel at 1, 2, 4 chunks per program (``--cpp``), so a table shows what each change bought
+(fullstack_fp4/optim/q_adamw/PERF.md has the predictions). Prints a markdown table; writes JSON to $OUT/bench_q_adamw.json if $OUT.
 Bytes per parameter that must move (FP32 grad): QAdamW p 8 + g 4 + states ~2.4 = ~14.4 B;
 fused AdamW 28 B: the floor is ~0.5× of fused AdamW's time.
 """
@@ -32,6 +35,7 @@ from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
 from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _init_state,  # noqa: E402
                                                    _kernel_views, q_adamw_step_reference)
 from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
+from fullstack_fp4.optim.q_adamw import triton_step_v0  # noqa: E402
 
 SHAPES = ((3072, 3072), (3072, 8192), (8192, 3072))
 
@@ -74,6 +78,49 @@ def make_params(total: float, grad_dtype):
     return params, n
 
 
+def time_kernel(fn, params, states, steps):
+    """Median ms of one pass of ``fn(p, g, st, step)`` over all params (the kernel alone)."""
+    def one(t):
+        for p, st in zip(params, states):
+            n = p.numel()
+            fn(p.data.view(-1), p.grad.view(-1), st, n, padded_numel(n), seed=t,
+               **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
+    for t in range(1, 4):
+        one(t)
+    torch.cuda.synchronize()
+    ts = []
+    for t in range(4, 4 + steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        one(t)
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts), ts
+
+
+def kernel_rows(args, gd, res):
+    params, n = make_params(args.params, gd)
+    states = [_kernel_views(_init_state(p.numel(), "cuda")) for p in params]
+    variants = [("kernel v0 (superseded, per-chunk shuffles, FP64)", triton_step_v0.launch)]
+    for cpp in args.cpp:
+        variants.append((f"kernel (thread per block, cpp={cpp}, {2 * cpp} warps)",
+                         lambda *a, _c=cpp, **k: launch(*a, cpp=_c, **k)))
+    for name, fn in variants:
+        try:
+            med, ts = time_kernel(fn, params, states, args.steps)
+        except Exception as e:  # noqa: BLE001 - report and go on to the next variant
+            print(f"{name}: FAILED {type(e).__name__}: {e}")
+            continue
+        gbs = n * 14.4 / (med * 1e-3) / 1e9
+        row = {"optimizer": name, "params": n, "ms_per_step": med, "all_ms": ts,
+               "eff_GBps_at_14.4B": gbs, "state_bytes_per_param": float("nan")}
+        res["rows"].append(row)
+        print(row)
+    del params, states
+    torch.cuda.empty_cache()
+
+
 def time_opt(opt, steps):
     for _ in range(3):
         opt.step()
@@ -94,10 +141,15 @@ def main():
     ap.add_argument("--params", type=float, default=1.0e9)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--grad-dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--cpp", type=int, nargs="*", default=[1, 2, 4],
+                    help="chunks per program for the kernel-only rows")
+    ap.add_argument("--no-kernel-rows", action="store_true")
     args = ap.parse_args()
     gd = torch.float32 if args.grad_dtype == "fp32" else torch.bfloat16
     res = {"device": torch.cuda.get_device_name(), "correctness": correctness(), "rows": []}
     print("correctness (kernel vs reference, same uniforms):", res["correctness"])
+    if not args.no_kernel_rows:
+        kernel_rows(args, gd, res)
 
     makers = [("QAdamW (fused Triton)", lambda ps: QAdamW(ps, lr=1e-3)),
               ("torch AdamW(fused=True)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True))]
@@ -126,11 +178,13 @@ def main():
 
     base = next(r for r in res["rows"] if r["optimizer"].startswith("torch AdamW"))
     print(f"\n{res['device']}, {base['params'] / 1e9:.3f}B params, grads {args.grad_dtype}\n")
-    print("| optimizer | ms/step (median) | × torch fused | state B/param |")
-    print("|---|---|---|---|")
+    print("| optimizer | ms/step (median) | × torch fused | state B/param | GB/s at 14.4 B/param |")
+    print("|---|---|---|---|---|")
     for r in res["rows"]:
+        gbs = r["params"] * 14.4 / (r["ms_per_step"] * 1e-3) / 1e9
         print(f"| {r['optimizer']} | {r['ms_per_step']:.2f} | "
-              f"{r['ms_per_step'] / base['ms_per_step']:.2f} | {r['state_bytes_per_param']:.3f} |")
+              f"{r['ms_per_step'] / base['ms_per_step']:.2f} | {r['state_bytes_per_param']:.3f} "
+              f"| {gbs:.0f} |")
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "bench_q_adamw.json"), "w") as f:

@@ -51,7 +51,7 @@ assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
 def _ld4(ptr, rows, Q: tl.constexpr, lim, other):
     """Entries 4Q..4Q+3 of each row (one 16-byte load per thread), as 4 row vectors."""
     idx = rows[:, None] * 16 + (Q * 4 + tl.arange(0, 4))[None, :]
-    x = tl.load(ptr + idx, mask=idx < lim, other=other)
+    x = tl.load(ptr + idx, mask=idx < lim, other=other).to(tl.float32)   # bf16 grads too
     a, b = tl.split(tl.reshape(x, (rows.shape[0], 2, 2)))
     x0, x2 = tl.split(a)
     x1, x3 = tl.split(b)
