@@ -231,6 +231,7 @@ def summarize(arms: list[str], status: dict, evals: dict, args, cfg) -> list[dic
             "final_train_loss": sum(last) / len(last) if last and status[arm] == "complete" else None,
             "train_loss_points": len(last),
             "val_loss": val.get(args.iters) if status[arm] == "complete" else None,
+            "best_val_loss": min((v for i, v in val.items() if i <= args.iters), default=None),
             "heldout_perplexity": ev.get("heldout", {}).get("perplexity"),
             "heldout_tokens": ev.get("heldout", {}).get("tokens"),
             "cloze_greedy_accuracy": ev.get("cloze", {}).get("greedy_accuracy"),
