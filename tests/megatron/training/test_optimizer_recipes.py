@@ -49,7 +49,7 @@ def runs():
         rc, text = helpers.finish(p)
         assert rc == 0, f"{k}: " + text[-3000:]
         out[k] = text
-    second = {o: _start(d, f"resumed_{o}", [f"optimizer.name={o}",
+    second = {f"resumed_{o}": _start(d, f"resumed_{o}", [f"optimizer.name={o}",
                                             f"checkpoint.load={d}/ckpt_straight_{o}/iter_000000{N}"])
               for o in ("q_adamw", "q_root")}
     second["dp2_resumed"] = _start(d, "dp2_resumed", [
