@@ -28,6 +28,7 @@ import shutil
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron.training.config import to_dict
 from megatron.training.errors import CheckpointError
@@ -250,6 +251,12 @@ def _restore_adam_steps(dist_opts, state: dict) -> None:
                 st["step"] = torch.tensor(float(step), dtype=st["step"].dtype, device=st["step"].device)
 
 
+def _last_line(e: BaseException) -> str:
+    """The innermost message of a (possibly multi-line, multi-rank) exception text."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[-1] if lines else repr(e))[:300]
+
+
 @torch.no_grad()
 def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
     """Load model, optimizer and RNG from `path`; returns meta (iteration, consumed samples...)."""
@@ -266,8 +273,10 @@ def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
         _restore_adam_steps(dist_opts, state["optimizer"])
     except CheckpointError:
         raise
-    except Exception as e:  # a shard that cannot be read: report, never continue
-        raise CheckpointError(f"checkpoint {path} could not be read: {type(e).__name__}: {e}") from None
+    except (Exception, CheckpointException) as e:  # unreadable or missing shard: report, never continue
+        # (torch.distributed.checkpoint's CheckpointException derives from BaseException)
+        raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}): {_last_line(e)}; "
+                              "was it saved with another parallel layout or optimizer?") from None
     same_world = meta.get("world_size") == (dist.get_world_size() if dist.is_initialized() else 1)
     if same_world and os.path.isfile(rng_file):
         _set_rng_state(torch.load(rng_file, weights_only=False))
