@@ -100,7 +100,7 @@ def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float):
     hk, sk = k.shape[1], k.shape[2]
     if d not in (16, 32, 64, 128):
         raise ValueError(f"Triton Q-Attn supports head_dim 16/32/64/128, got {d}")
-    v = v.contiguous()
+    v = v.to(torch.bfloat16).contiguous()   # BF16 PV operand (as the backward); an FP32 v fails to compile
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse2 = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     bm, bn, warps, stages = _config(d, False)

@@ -19,7 +19,7 @@ Choices that keep it exact on GPU and in the interpreter alike:
 import triton
 import triton.language as tl
 
-FP32_MAX = 3.4028234663852886e38
+FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a plain global is invisible to compiled kernels
 
 
 @triton.jit

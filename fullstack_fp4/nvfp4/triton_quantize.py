@@ -83,8 +83,8 @@ from .tensor import NVFP4Tensor
 
 __all__ = ["quantize_triton", "philox_uniforms", "e4m3_rne_triton", "e2m1_round_triton"]
 
-FP32_MAX = 3.4028234663852886e38
-INV6 = 0.1666666716337204  # fp32(1/6): torch.reciprocal(6.0) in FP32, exactly representable
+FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a plain global is invisible to compiled kernels
+INV6 = tl.constexpr(0.1666666716337204)  # fp32(1/6) = torch.reciprocal(6.0), exact; constexpr: used in kernels
 _SCALE_RULES = {"6": 448.0, "4over6": 256.0}
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -428,7 +428,7 @@ def quantize_triton(
     scale = torch.empty((*lead, nblk), dtype=torch.uint8, device=dev)
     dec = torch.empty((1,), dtype=torch.float32, device=dev)
     if rows == 0 or k == 0:
-        dec.fill_(1.0 / FP32_MAX)      # reference: amax 0 -> enc FP32_MAX
+        dec.fill_(1.0 / FP32_MAX.value)  # reference: amax 0 -> enc FP32_MAX
         return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), dec.reshape(()), x.shape,
                            x.dtype, tile)
 
