@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--params", type=float, default=1.0e9)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--grad-dtype", choices=("fp32", "bf16"), default="fp32")
-    ap.add_argument("--cpp", type=int, nargs="*", default=[1, 2, 4],
+    ap.add_argument("--cpp", type=int, nargs="*", default=[1, 2],
                     help="chunks per program for the kernel-only rows")
     ap.add_argument("--no-kernel-rows", action="store_true")
     args = ap.parse_args()

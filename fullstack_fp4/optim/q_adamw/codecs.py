@@ -58,8 +58,9 @@ Why these sizes (bytes per parameter, B/param):
   over memory with no global-amax reduction (a per-tensor scale would need a second pass, or
   last step's amax). Per-chunk scales also adapt to local dynamic range: E4M3 block scales span
   only ~2^17 (with subnormals), and a heavy-tailed v over a 1e9-entry shard would flush whole
-  blocks to zero under one tensor scale. 1024 keeps 8 values per thread per live tensor at 4
-  warps (everything stays in registers) and costs 4 B / 1024 = 0.004 B/param per moment.
+  blocks to zero under one tensor scale. In the kernel a 1024-chunk is 64 threads owning one
+  16-block each (2 warps), so its amax is one cross-warp reduction; the scale costs
+  4 B / 1024 = 0.004 B/param per moment.
 * v uses the 6-rule with nearest rounding: v is an average that changes slowly (β2 = 0.999), a
   bias-free SR buys little, and 4/6 on v cut the √v error by ~10% at twice the kernel work.
 
