@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # CPU: the interpreter (set before triton loads)
+if not torch.cuda.is_available():  # CPU: the interpreter (set before triton loads); never on a GPU,
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # where it would turn every later kernel into Python
 triton = pytest.importorskip("triton")
 
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
