@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	else \
 	    $(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,plots]'
 	@touch $@
 
 # Prepares the small real corpus + tokenizer if missing, then trains configs/quickstart.yaml.

@@ -39,7 +39,7 @@ _ITER_RE = re.compile(r"^iter_(\d{7,})$")
 SHAPE_KEYS = {
     "model": ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
               "position_embedding", "make_vocab_size_divisible_by"),
-    "fp4": ("linear", "bf16_first_layers", "bf16_last_layers"),
+    "fp4": ("linear", "attention", "bf16_first_layers", "bf16_last_layers"),
     "fp4.lora_svd": ("rank", "beta"),
     "optimizer": ("name",),
 }
