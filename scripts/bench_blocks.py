@@ -38,8 +38,9 @@ ARMS = {
     "q_adamw": ["optimizer.name=q_adamw"],
     "root": ["optimizer.name=root"],
     "q_root": ["optimizer.name=q_root"],
-    "muon": ["optimizer.name=muon"],
-    "q_muon": ["optimizer.name=q_muon"],
+    # Muon's update has unit RMS-per-row scale: its usual lr is ~0.02, i.e. 20x an AdamW lr of 1e-3.
+    "muon": ["optimizer.name=muon", "optimizer.orthogonal.lr_scale=20"],
+    "q_muon": ["optimizer.name=q_muon", "optimizer.orthogonal.lr_scale=20"],
     "q_attn": ["fp4.attention=q_attn"],
     "full_stack": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn"],
     "full_stack_root": ["fp4.linear=lora_svd", "optimizer.name=q_root", "fp4.attention=q_attn"],
