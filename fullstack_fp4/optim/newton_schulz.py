@@ -52,19 +52,76 @@ import torch
 
 from .ns_coefficients import Triple, resolve_schedule
 
-__all__ = ["newton_schulz", "ns_step"]
+__all__ = ["newton_schulz", "ns_step", "abs_quantile", "abs_sample"]
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
            "nvfp4": torch.float32}
 
 
+QUANTILE_SAMPLE = 1 << 16
+_SAMPLE_IDX: dict = {}
+
+
+def abs_sample(x: torch.Tensor, n_max: int = QUANTILE_SAMPLE) -> torch.Tensor:
+    """|x| as a flat FP32 vector: every entry when ``x.numel() <= n_max``, else a FIXED
+    sample of ``n_max`` distinct entries (no copy of ``x``, any strides, no host sync).
+
+    Why a sample: torch's CUDA kthvalue/quantile run ONE thread block per slice, so a single
+    25M-entry slice (a 3072×8192 gradient) takes ~50–100 ms and torch.quantile refuses > 16M
+    entries; that was Root's 5.8 s step (2 kthvalue per logical block, 28 blocks). The sample
+    is the Weyl sequence ``idx_i = i·P mod n`` with P coprime to n and P/n ≈ 0.618 (golden
+    ratio): distinct indices spread evenly over rows AND columns (a plain stride n/N shares
+    factors with the row length and would see only a few columns, e.g. 64 of 8192).
+
+    Accuracy (a level for a soft threshold / clamp, not a statistic anyone reports): the rank
+    of the sample's q-quantile in the full matrix has std sqrt(q(1−q)/N) = 0.0012 at q = 0.9,
+    0.0004 at q = 0.99 (N = 65536); for Gaussian-like |entries| that is a relative error of
+    the level of ≈ 0.35 % (q = 0.9) and ≈ 0.5 % (q = 0.99), far below anything the
+    threshold's effect can resolve. Small matrices (≤ 65536 entries, every CPU test) are exact.
+    """
+    n = x.numel()
+    if n <= n_max:
+        return x.detach().abs().flatten().float()
+    key = (n, n_max, x.device)
+    idx = _SAMPLE_IDX.get(key)
+    if idx is None:
+        import math  # noqa: PLC0415
+        p = int(n * 0.6180339887498949)
+        while math.gcd(p, n) != 1:
+            p += 1
+        idx = (torch.arange(n_max, dtype=torch.int64) * p) % n
+        idx = idx.to(x.device)
+        _SAMPLE_IDX[key] = idx
+    if x.ndim == 2:
+        cols = x.shape[1]
+        v = x.detach()[idx // cols, idx % cols]        # gather through the strides, no copy
+    else:
+        v = x.detach().reshape(-1)[idx]
+    return v.abs().float()
+
+
+def abs_quantile(x: torch.Tensor, q: float, n_max: int = QUANTILE_SAMPLE) -> torch.Tensor:
+    """q-quantile of |x| with torch.quantile's linear interpolation, on ``abs_sample(x)``
+    (exact for ≤ ``n_max`` entries). One sort of ≤ 64K values; 0-dim FP32 device tensor."""
+    s = abs_sample(x, n_max).sort().values
+    n = s.numel()
+    pos = q * (n - 1)
+    lo = int(pos)
+    frac = pos - lo
+    if frac == 0 or lo + 1 >= n:
+        return s[lo]
+    return s[lo] + frac * (s[lo + 1] - s[lo])
+
+
 def _clip(x: torch.Tensor, percentile: Optional[float]) -> torch.Tensor:
-    """Clamp entries to the ``percentile``-th percentile of |x| (kthvalue: no size limit)."""
+    """Clamp entries to the ``percentile``-th percentile of |x|: the k-th smallest of
+    ``abs_sample(x)``, k = round(p/100 · N) (exact for ≤ 65536 entries; a fixed 64K sample
+    above, see abs_sample)."""
     if percentile is None:
         return x
-    flat = x.detach().abs().flatten()
+    flat = abs_sample(x)
     k = max(1, min(flat.numel(), int(round(percentile / 100.0 * flat.numel()))))
-    t = flat.float().kthvalue(k).values
+    t = flat.kthvalue(k).values
     return x.clamp(-t, t)
 
 

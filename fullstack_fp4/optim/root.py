@@ -7,7 +7,7 @@
     W ← W·(1 − lr·wd) − lr·U
 
 ε: the ``eps_quantile`` (0.9) quantile of |G| of the current gradient, as in ROOT's example
-(DESIGN.md). Note what that implies: M ≈ G/(1 − μ) in steady state, so with μ = 0.95 most
+(DESIGN.md); exact up to 65536 entries, on a fixed 64K-entry sample above (``_quantile_abs``). Note what that implies: M ≈ G/(1 − μ) in steady state, so with μ = 0.95 most
 entries of M exceed ε and B is close to ε·sign(M); ``eps_source="momentum"`` takes the quantile
 of |M| instead (clamping only M's top 10 %), for experiments. Computed per logical block when
 the param carries ``ns_split_sizes`` (each block's outliers are judged against its own scale).
@@ -24,23 +24,18 @@ import math
 import torch
 
 from .muon import OrthogonalOptimizer
+from .newton_schulz import abs_quantile
 
 __all__ = ["Root"]
 
 
 def _quantile_abs(x: torch.Tensor, q: float) -> torch.Tensor:
-    """q-quantile of |x| with linear interpolation (torch.quantile's rule) via kthvalue,
-    which has no 16M-element limit."""
-    flat = x.abs().flatten().float()
-    n = flat.numel()
-    pos = q * (n - 1)
-    lo = int(math.floor(pos))
-    frac = pos - lo
-    v_lo = flat.kthvalue(lo + 1).values
-    if frac == 0 or lo + 1 >= n:
-        return v_lo
-    v_hi = flat.kthvalue(lo + 2).values
-    return v_lo + frac * (v_hi - v_lo)
+    """q-quantile of |x| (torch.quantile's interpolation): exact up to 65536 entries, above
+    that on a fixed, evenly spread 64K-entry sample (``newton_schulz.abs_quantile``; the
+    full-matrix CUDA kthvalue this replaces runs one thread block per matrix and made the
+    4-block 3b Root step 5.8 s). ε is a soft-threshold level: the sample's rank error
+    (std 0.0012 at q = 0.9) moves it by ~0.3 %."""
+    return abs_quantile(x, q)
 
 
 class Root(OrthogonalOptimizer):
