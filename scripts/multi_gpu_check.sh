@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Multi-GPU check (issue 9) in ONE call on a 2-GPU machine; docs/multi-gpu.md explains it.
+#   bash scripts/multi_gpu_check.sh               # 2 GPUs (nvidia-h200-x2), ~8 min, budget MG_BUDGET=500 s
+#   bash scripts/multi_gpu_check.sh --cpu-smoke   # same flow on CPU: gloo, tiny model, mock data, bf16/root arms
+# Writes $OUT/multi_gpu_check.log, $OUT/summary.md, $OUT/summary.json (OUT defaults to runs/multi_gpu_check).
+# Every run has a `timeout`; a failed run is recorded and the script goes on; runs that would not fit the
+# remaining budget are recorded as skipped. Parts, in priority order:
+#  1. full_stack: 1 GPU | TP=2 | DP=2 (plain DDP: lora_svd refuses the distributed optimizer), 50 steps;
+#  2. checkpoint TP=2 @25 -> resume DP=2 and 1 GPU: bf16/adamw (resharded), full_stack (refusal expected);
+#  3. 4-block 3b benchmark: 1 GPU vs TP=2 (scripts/bench_blocks_tp.py), tokens/s per GPU;
+#  4. full_stack_root TP=2 / DP=2 (its 1-GPU reference runs in part 1, beside the others);
+#  5. extras: bf16 DP=2 with the distributed optimizer (50 steps; and resumed from the TP=2 checkpoint).
+set -u
+SMOKE=0
+[ "${1:-}" = "--cpu-smoke" ] && SMOKE=1
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT=${OUT:-$REPO/runs/multi_gpu_check}
+mkdir -p "$OUT"
+W=${MG_WORK:-/tmp/multi_gpu_check.$$}
+rm -rf "$W"; mkdir -p "$W"
+LOG=$OUT/multi_gpu_check.log
+MAN=$W/manifest.jsonl
+: > "$LOG"; : > "$MAN"
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore NCCL_NVLS_ENABLE=0 TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+say() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$LOG"; }
+
+if [ $SMOKE = 1 ]; then
+  PY=${PY:-$REPO/.venv/bin/python}; [ -x "$PY" ] || PY=python3
+  export PYTHONPATH=$REPO OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 CUDA_VISIBLE_DEVICES=""
+  BUDGET=${MG_BUDGET:-900}
+  ITERS=4; HALF=2
+  printf 'model:\n  preset: tiny\n' > "$W/tiny.yaml"
+  CFG=$W/tiny.yaml
+  COMMON=(model.preset=tiny model.seq_length=32 model.vocab_size=256 data.mock=true train.global_batch_size=4
+          train.micro_batch_size=2 train.precision=fp32 optimizer.lr=3e-3 optimizer.min_lr=3e-4 optimizer.warmup_iters=1)
+  ARM1=q_adamw; ARM2=root      # NVFP4 linears on CPU are slow: bf16-linear arms stand in for full_stack(_root)
+  BENCH_SET=(--set model.preset=tiny model.num_layers=2 model.seq_length=32 model.vocab_size=256
+             train.global_batch_size=4 train.micro_batch_size=2 train.precision=fp32)
+  T_REF=200; T_RUN=200; T_RES=200; T_BENCH=200
+else
+  PY=python3
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD || { say "wheel install failed"; }
+  BUDGET=${MG_BUDGET:-500}
+  ITERS=${MG_ITERS:-50}; HALF=$((ITERS / 2))
+  CFG=configs/ablation/base.yaml
+  D=data/quickstart
+  # base.yaml's model at seq 512, global batch 16 (8,192 tokens/step; base: 64), micro 8: 2 micro-batches on
+  # 1 GPU and TP=2, 1 per rank at DP=2. warmup 10 of 50 steps so the loss moves.
+  COMMON=(model.seq_length=512 train.global_batch_size=16 train.micro_batch_size=8 optimizer.warmup_iters=10
+          "data.path=[$D/train_text_document]" "data.valid_path=[$D/valid_text_document]" 'data.split="100,0,0"'
+          "data.tokenizer=$D/tokenizer.model")
+  ARM1=full_stack; ARM2=full_stack_root
+  BENCH_SET=()
+  T_REF=170; T_RUN=130; T_RES=100; T_BENCH=130
+fi
+CPU_INIT=${MG_CPU_INIT:-1}   # 1: every run draws its initial weights on CPU (same weights at TP=1 and TP=2)
+RESERVE=25                   # seconds kept for the summary
+PORT=$((29500 + $$ % 1000))
+arm_set() { "$PY" -c "import sys; sys.path.insert(0,'scripts'); from bench_blocks import ARMS; print(' '.join(ARMS['$1']))"; }
+A1=$(arm_set $ARM1); A2=$(arm_set $ARM2)
+say "mode smoke=$SMOKE budget=${BUDGET}s iters=$ITERS arms=$ARM1($A1),$ARM2($A2) cpu_init=$CPU_INIT work=$W"
+if [ $SMOKE = 0 ]; then
+  timeout 30 nvidia-smi --query-gpu=index,name,memory.total --format=csv 2>&1 | tee -a "$LOG"
+fi
+timeout 60 "$PY" -c "import torch, megatron.core; print('torch', torch.__version__, 'mcore', megatron.core.__version__, 'gpus', torch.cuda.device_count())" 2>&1 | tail -1 | tee -a "$LOG"
+
+# ---------------------------------------------------------------------------- one run
+# record NAME FIELDS...: one manifest line (JSON built by python, no quoting trouble)
+record() { "$PY" -c 'import json,sys; d=dict(a.split("=",1) for a in sys.argv[2:]);
+d={k:(int(v) if k in ("rc","wall_s") and v.lstrip("-").isdigit() else (None if v=="" else v)) for k,v in d.items()}
+open(sys.argv[1],"a").write(json.dumps(d)+"\n")' "$MAN" "$@"; }
+
+# train NAME NPROC GPUS LIMIT PART ARM LAYOUT KIND REF REF2 -- overrides...   (run in the foreground)
+train() {
+  local name=$1 nproc=$2 gpus=$3 limit=$4 part=$5 arm=$6 layout=$7 kind=$8 ref=$9 ref2=${10}; shift 11
+  local left=$((BUDGET - SECONDS - RESERVE))
+  local rd=$W/$name
+  if [ $left -lt 20 ]; then
+    say "SKIP $name (budget: ${left}s left)"
+    record name=$name part=$part arm=$arm layout="$layout" kind=$kind ref=$ref ref2=$ref2 note="skipped: time budget"
+    return 0
+  fi
+  [ $limit -gt $left ] && limit=$left
+  mkdir -p "$rd"
+  local init=(); [ "$CPU_INIT" = 1 ] && init=(--cpu-init)
+  local launcher=("$PY")
+  if [ $nproc -gt 1 ]; then
+    PORT=$((PORT + 1))
+    launcher=("$PY" -m torch.distributed.run --nproc-per-node $nproc --master-addr 127.0.0.1 --master-port $PORT)
+  fi
+  local cmd=(timeout -k 10 $limit env CUDA_VISIBLE_DEVICES=$gpus "${launcher[@]}" scripts/multi_gpu_compare.py pretrain
+             "${init[@]}" -- --config "$CFG" "${COMMON[@]}" train.iters=$ITERS train.log_interval=1
+             train.eval_interval=$HALF train.eval_iters=2 logging.tensorboard=false logging.dir=$rd/log
+             "$@")
+  [ $SMOKE = 0 ] && cmd+=(data.cache_dir=${CACHE:-$rd/cache})
+  say "RUN $name [$layout, limit ${limit}s]: ${cmd[*]:3}"
+  local t0=$SECONDS
+  "${cmd[@]}" > "$rd/out.txt" 2>&1
+  local rc=$? wall=$((SECONDS - t0))
+  grep -v -i "warn" "$rd/out.txt" | grep -E "error|Error|iteration +($HALF|$ITERS)/|checkpoint|stopping|Traceback" \
+    | tail -6 | sed "s/^/    $name| /" | tee -a "$LOG"
+  say "DONE $name rc=$rc wall=${wall}s"
+  record name=$name part=$part arm=$arm layout="$layout" kind=$kind ref=$ref ref2=$ref2 rc=$rc wall_s=$wall \
+    logdir=$rd/log log=$rd/out.txt
+  # keep the run's full output in the one log file only when it failed (tail)
+  [ $rc = 0 ] || { echo "    --- tail of $name/out.txt" >> "$LOG"; grep -v -i warn "$rd/out.txt" | tail -25 >> "$LOG"; }
+  return 0
+}
+# bg: run `train` in the background (1-GPU runs side by side on different GPUs)
+bg() { train "$@" & }
+
+G0=0; G1=1; G01=0,1
+[ $SMOKE = 1 ] && { G0=""; G1=""; G01=""; }
+CK_ARM1=$W/${ARM1}_tp2/ckpt; CK_BF=$W/bf16_tp2/ckpt
+SAVE="checkpoint.save_interval=$HALF checkpoint.keep_last=2"
+NOSAVE="checkpoint.save_dir=null checkpoint.save_on_exit=false checkpoint.load=none"
+
+# ---------------------------------------------------------------------------- part 1 (+ the 1-GPU references)
+say "== part 1: 1-GPU references ($ARM1, $ARM2, bf16 side by side), then $ARM1 TP=2 / DP=2"
+bg ${ARM1}_1gpu 1 "$G0" $T_REF 1 $ARM1 "1 GPU" train "" "" -- $A1 $NOSAVE
+bg ${ARM2}_1gpu 1 "$G1" $T_REF 1 $ARM2 "1 GPU" train "" "" -- $A2 $NOSAVE
+bg bf16_1gpu 1 "$G0" $T_REF 1 bf16 "1 GPU" train "" "" -- $NOSAVE
+wait
+if [ $SMOKE = 0 ] && [ -d "$W/bf16_1gpu/cache" ]; then CACHE=$W/cache; cp -r "$W/bf16_1gpu/cache" "$CACHE"; fi
+if [ "$CPU_INIT" = 1 ] && ! grep -q '"name": "bf16_1gpu".*"rc": 0' "$MAN"; then
+  say "bf16_1gpu failed with --cpu-init: the rest runs with the trainer's own initialisation (MG_CPU_INIT=0)"
+  CPU_INIT=0
+fi
+train ${ARM1}_tp2 2 "$G01" $T_RUN 1 $ARM1 "TP=2" train ${ARM1}_1gpu "" -- $A1 parallel.tensor_model_parallel_size=2 \
+  checkpoint.save_dir=$CK_ARM1 checkpoint.load=none $SAVE
+train ${ARM1}_dp2 2 "$G01" $T_RUN 1 $ARM1 "DP=2 (DDP)" train ${ARM1}_1gpu "" -- $A1 $NOSAVE
+
+# ---------------------------------------------------------------------------- part 2
+say "== part 2: save at TP=2 (iter $HALF), resume at DP=2 and on 1 GPU"
+train bf16_tp2 2 "$G01" $T_RUN 2 bf16 "TP=2" train bf16_1gpu "" -- parallel.tensor_model_parallel_size=2 \
+  checkpoint.save_dir=$CK_BF checkpoint.load=none $SAVE
+CKB=$CK_BF/$(printf 'iter_%07d' $HALF); CKA=$CK_ARM1/$(printf 'iter_%07d' $HALF)
+train bf16_resume_dp2 2 "$G01" $T_RES 2 bf16 "TP=2 -> DP=2 (DDP)" resume bf16_tp2 bf16_1gpu -- \
+  checkpoint.load=$CKB checkpoint.save_dir=null checkpoint.save_on_exit=false
+bg bf16_resume_1gpu 1 "$G0" $T_RES 2 bf16 "TP=2 -> 1 GPU" resume bf16_tp2 bf16_1gpu -- \
+  checkpoint.load=$CKB checkpoint.save_dir=null checkpoint.save_on_exit=false
+bg ${ARM1}_resume_1gpu 1 "$G1" $T_RES 2 $ARM1 "TP=2 -> 1 GPU" resume ${ARM1}_tp2 ${ARM1}_1gpu -- $A1 \
+  checkpoint.load=$CKA checkpoint.save_dir=null checkpoint.save_on_exit=false
+wait
+train ${ARM1}_resume_dp2 2 "$G01" $T_RES 2 $ARM1 "TP=2 -> DP=2 (DDP)" resume ${ARM1}_tp2 ${ARM1}_1gpu -- $A1 \
+  checkpoint.load=$CKA checkpoint.save_dir=null checkpoint.save_on_exit=false
+
+# ---------------------------------------------------------------------------- part 3
+say "== part 3: 4-block 3b benchmark, 1 GPU vs TP=2"
+bench() {  # bench NAME NPROC GPUS LIMIT
+  local name=$1 nproc=$2 gpus=$3 limit=$4 left=$((BUDGET - SECONDS - RESERVE))
+  if [ $left -lt 30 ]; then say "SKIP $name (budget)"; record name=$name part=3 kind=bench note="skipped: time budget"; return 0; fi
+  [ $limit -gt $left ] && limit=$left
+  local launcher=("$PY")
+  [ $nproc -gt 1 ] && { PORT=$((PORT + 1)); launcher=("$PY" -m torch.distributed.run --nproc-per-node $nproc --master-addr 127.0.0.1 --master-port $PORT); }
+  mkdir -p "$W/$name"
+  say "RUN $name (limit ${limit}s)"
+  local t0=$SECONDS
+  timeout -k 10 $limit env CUDA_VISIBLE_DEVICES=$gpus "${launcher[@]}" scripts/bench_blocks_tp.py --arms bf16,$ARM1 \
+    --steps 5 --warmup 2 --out "$W/$name" "${BENCH_SET[@]}" > "$W/$name/out.txt" 2>&1
+  local rc=$?
+  grep '^{' "$W/$name/out.txt" | sed "s/^/    $name| /" | tee -a "$LOG"
+  [ $rc = 0 ] || { grep -v -i warn "$W/$name/out.txt" | tail -15 >> "$LOG"; }
+  say "DONE $name rc=$rc wall=$((SECONDS - t0))s"
+  record name=$name part=3 arm=bf16,$ARM1 layout="TP=$nproc" kind=bench rc=$rc wall_s=$((SECONDS - t0)) \
+    json=$W/$name/bench_tp$nproc.json log=$W/$name/out.txt
+}
+bench bench_1gpu 1 "$G0" $T_BENCH
+bench bench_tp2 2 "$G01" $T_BENCH
+
+# ---------------------------------------------------------------------------- part 4 (time permitting)
+say "== part 4: $ARM2 TP=2 / DP=2"
+train ${ARM2}_tp2 2 "$G01" $T_RUN 4 $ARM2 "TP=2" train ${ARM2}_1gpu "" -- $A2 parallel.tensor_model_parallel_size=2 $NOSAVE
+train ${ARM2}_dp2 2 "$G01" $T_RUN 4 $ARM2 "DP=2 (DDP)" train ${ARM2}_1gpu "" -- $A2 $NOSAVE
+
+# ---------------------------------------------------------------------------- part 5 (extras)
+say "== part 5: bf16 DP=2 with the distributed optimizer"
+train bf16_dp2_distopt 2 "$G01" $T_RUN 5 bf16 "DP=2 (dist-opt)" train bf16_1gpu "" -- parallel.use_distributed_optimizer=true $NOSAVE
+train bf16_resume_dp2_distopt 2 "$G01" $T_RES 5 bf16 "TP=2 -> DP=2 (dist-opt)" resume bf16_tp2 bf16_1gpu -- \
+  parallel.use_distributed_optimizer=true checkpoint.load=$CKB checkpoint.save_dir=null checkpoint.save_on_exit=false
+
+# ---------------------------------------------------------------------------- summary
+say "== summary (manifest $MAN)"
+timeout 60 "$PY" scripts/multi_gpu_compare.py summary --manifest "$MAN" --md "$OUT/summary.md" --json "$OUT/summary.json" \
+  2>&1 | tee -a "$LOG"
+say "finished in ${SECONDS}s; files: $(ls "$OUT" | tr '\n' ' ')"
