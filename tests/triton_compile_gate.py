@@ -136,6 +136,16 @@ def run_scenarios():
                                    scale_rule=rule, rht_signs=DEFAULT_SIGNS)
                 tq.quantize_triton(torch.randn(16, k, dtype=torch.bfloat16), tile=tile,
                                    scale_rule=rule, rounding="stochastic", seed=1)
+    # no-sync mode with a host-number amax (passed by value: AMAX_IMM), RHT amax pass alone
+    for rht in (False, True):
+        _scenario(f"quantize host amax, check_finite=False, rht={rht}")
+        tq.quantize_triton(torch.randn(32, 256, dtype=torch.bfloat16), global_amax=3.0,
+                           check_finite=False, rht_signs=DEFAULT_SIGNS if rht else None)
+        tq.quantize_triton(torch.randn(32, 256, dtype=torch.bfloat16), global_amax=3.0,
+                           rounding="stochastic", seed=3, check_finite=False,
+                           rht_signs=DEFAULT_SIGNS if rht else None)
+        _scenario(f"amax_triton rht={rht}")
+        tq.amax_triton(torch.randn(32, 256, dtype=torch.bfloat16), DEFAULT_SIGNS if rht else None)
     _scenario("quantize empty")
     tq.quantize_triton(torch.empty(0, 64, dtype=torch.bfloat16))
     _scenario("philox_uniforms")
@@ -149,6 +159,9 @@ def run_scenarios():
         for out in dtypes:
             _scenario(f"dequantize {tile} -> {out}")
             dequantize_triton(t, out)
+        _scenario(f"decode_bf16_triton {tile} (emulated GEMM operand)")
+        from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton
+        decode_bf16_triton(t)
 
     # --- Q-Attn: prologue, forward, backward -----------------------------------------------
     from fullstack_fp4.attention.prologue import make_views

@@ -43,30 +43,62 @@ codes (for dgrad) and ``RHT(xᵀ)``'s NVFP4 codes (for wgrad): ≈ 4.5 bits per 
 tensor-parallel group) is applied to each operand's amax so that every rank uses one tensor
 scale; ``None`` means local amax.
 
-Non-finite gradients raise ``ValueError`` (from ``quantize``): BF16 training has no loss
-scaler that would expect and skip Inf gradients.
+Non-finite inputs: on the CPU (reference quantizer) they raise ``ValueError``. On CUDA the
+quantizations do **not** sync the host (``check_finite=False``): a NaN/Inf operand makes that
+operand's tensor scale NaN, so the GEMM output (forward), dX or dW is entirely NaN, and the
+per-step checks the training loop already does (megatron's NaN check on the loss / grad norm,
+``check_for_nan_in_loss_and_grad``) catch it once per step instead of one ``.item()`` per
+quantize (5 per linear per step, ~200 µs each with the pipeline drained).
+``FULLSTACK_FP4_NAN_CHECK=raise`` restores the per-quantize host check (debugging).
+
+GPU path (see fullstack_fp4/nvfp4/PERF.md): the RHT is fused into the quantize kernel
+(``rht_signs``), the amax for ``amax_reduce`` comes from the kernel's amax pass (of the
+transformed tensor for wgrad), decodes for the emulated GEMM are one Triton pass, and dgrad
+reads W's decoded operand transposed (``nvfp4_matmul_nt``) instead of repacking its nibbles.
+The codes are those of the reference composition, bit for bit.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from fullstack_fp4.nvfp4 import NVFP4Tensor, hadamard16, quantize
-from fullstack_fp4.nvfp4.gemm import nvfp4_matmul
+from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, quantize
+from fullstack_fp4.nvfp4.gemm import nvfp4_matmul, nvfp4_matmul_nt
 
 __all__ = ["NVFP4LinearFunction", "nvfp4_linear", "quantize_wgrad_operand"]
 
 AmaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
 
-def _quantize(t: torch.Tensor, amax_reduce: AmaxReduce, **kw) -> NVFP4Tensor:
+def _check_finite(t: torch.Tensor) -> bool:
+    """Host NaN check per quantize only off the GPU path (see module docstring)."""
+    return not t.is_cuda or os.environ.get("FULLSTACK_FP4_NAN_CHECK", "") == "raise"
+
+
+def _amax(t: torch.Tensor, rht_signs) -> torch.Tensor:
+    if t.is_cuda:
+        try:
+            from fullstack_fp4.nvfp4.triton_quantize import amax_triton  # noqa: PLC0415
+        except ImportError:
+            amax_triton = None
+        if amax_triton is not None:
+            return amax_triton(t.detach(), rht_signs)
+    if rht_signs is not None:
+        from fullstack_fp4.nvfp4 import hadamard16  # noqa: PLC0415
+        t = hadamard16(t.detach(), rht_signs)
+    return t.detach().abs().amax().to(torch.float32)
+
+
+def _quantize(t: torch.Tensor, amax_reduce: AmaxReduce, rht_signs=None, **kw) -> NVFP4Tensor:
     gamax = None
     if amax_reduce is not None:
-        gamax = amax_reduce(t.detach().abs().amax().to(torch.float32))
-    return quantize(t, global_amax=gamax, **kw)
+        gamax = amax_reduce(_amax(t, rht_signs))
+    return quantize(t, global_amax=gamax, rht_signs=rht_signs,
+                    check_finite=_check_finite(t), **kw)
 
 
 def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
@@ -76,7 +108,10 @@ def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
     pad = (-t) % 16
     if pad:
         m = F.pad(m, (0, 0, 0, pad))   # zero tokens: see module docstring
-    return _quantize(hadamard16(m.t()), amax_reduce, tile=(1, 16), rounding=rounding,
+    mt = m.t()
+    if m.is_cuda:
+        mt = mt.contiguous()           # the kernel reads rows with a contiguous last dim
+    return _quantize(mt, amax_reduce, rht_signs=DEFAULT_SIGNS, tile=(1, 16), rounding=rounding,
                      generator=generator)
 
 
@@ -130,7 +165,7 @@ class NVFP4LinearFunction(torch.autograd.Function):
             qw = _unpack(saved[:3], ctx.meta["w"])
             saved = saved[3:]
             qdy = _quantize(dy2, red, tile=(1, 16), rounding="stochastic", generator=gen)
-            dx = nvfp4_matmul(qdy, qw.t(), out_dtype=ctx.x_dtype).reshape(ctx.x_shape)
+            dx = nvfp4_matmul_nt(qdy, qw, out_dtype=ctx.x_dtype).reshape(ctx.x_shape)
         if "xt" in ctx.meta:
             qxt = _unpack(saved[:3], ctx.meta["xt"])
             qdyt = quantize_wgrad_operand(dy2, rounding="stochastic", generator=gen,

@@ -40,6 +40,8 @@ def quantize(
     generator: Optional[torch.Generator] = None,
     rand: Optional[torch.Tensor] = None,
     backend: str = "auto",
+    rht_signs=None,
+    check_finite: bool = True,
 ) -> NVFP4Tensor:
     """Quantize ``x`` to NVFP4 along its last dimension (a multiple of 16).
 
@@ -48,12 +50,19 @@ def quantize(
     scale_rule: "6" (block max -> 6) or "4over6" (per block the lower-error of max -> 4 / 6).
     global_amax: overrides the tensor amax used for the tensor scale (e.g. TP-reduced).
     generator / rand: the uniforms for stochastic rounding (``rand`` wins if given).
+    rht_signs: 16 values ±1: quantize ``hadamard16(x, rht_signs)`` (RHT-16 along the last dim);
+        the Triton kernel fuses the transform (bit-identical to the reference composition).
+        ``global_amax`` must then be the amax of the transformed tensor.
+    check_finite: True raises ValueError on NaN/Inf input (one host sync on the kernel path).
+        False (kernel path only): no sync; a non-finite input makes the tensor scale NaN, so
+        every product with the result is NaN (see ``quantize_triton``). The reference always
+        raises.
     Raises ValueError on NaN/Inf input, bad shapes or bad options.
     """
     kw = dict(tile=tile, rounding=rounding, scale_rule=scale_rule, global_amax=global_amax,
               generator=generator, rand=rand)
     if backend == "reference":
-        return quantize_reference(x, **kw)
+        return _reference(x, rht_signs, kw)
     if backend not in ("auto", "triton"):
         raise ValueError(f"backend must be 'auto', 'reference' or 'triton', got {backend!r}")
     kernel = _triton_quantize() if (x.is_cuda or backend == "triton") else None
@@ -61,5 +70,14 @@ def quantize(
         if backend == "triton":
             raise ValueError("backend='triton' requested but fullstack_fp4.nvfp4.triton_quantize "
                              "is not importable")
+        return _reference(x, rht_signs, kw)
+    return kernel(x, rht_signs=rht_signs, check_finite=check_finite, **kw)
+
+
+def _reference(x, rht_signs, kw):
+    if rht_signs is None:
         return quantize_reference(x, **kw)
-    return kernel(x, **kw)
+    from .hadamard import hadamard16  # noqa: PLC0415
+    q = quantize_reference(hadamard16(x, rht_signs), **kw)
+    q.dtype = x.dtype          # as the kernel: the source dtype, not the transform's FP32
+    return q

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .tensor import NVFP4Tensor
 
-__all__ = ["dequantize_triton"]
+__all__ = ["dequantize_triton", "decode_bf16_triton"]
 
 _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -46,7 +46,8 @@ def _e4m3_value(b):
 
 @triton.jit
 def _dequantize_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, M, NBLK,
-                       OUT_BF16: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
+                       OUT_BF16: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr,
+                       APPLY_DEC: tl.constexpr = True):
     nbk = tl.cdiv(NBLK, NB)
     pid = tl.program_id(0)
     rows = (pid // nbk) * BM + tl.arange(0, BM)
@@ -63,8 +64,11 @@ def _dequantize_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, M, NBLK,
     j = tl.arange(0, 8)
     for h in tl.static_range(2):
         byte = tl.load(data_ptr + boff + 4 * h, mask=m3, other=0).to(tl.int32)
-        v_even = (_e2m1_value(byte & 15) * s[:, :, None]) * dec
-        v_odd = (_e2m1_value(byte >> 4) * s[:, :, None]) * dec
+        v_even = _e2m1_value(byte & 15) * s[:, :, None]
+        v_odd = _e2m1_value(byte >> 4) * s[:, :, None]
+        if APPLY_DEC:
+            v_even = v_even * dec
+            v_odd = v_odd * dec
         v = tl.reshape(tl.join(v_even, v_odd), (BM, NB, 8))   # element 2i low nibble, 2i+1 high
         if OUT_BF16:
             # FP32 -> BF16 RNE in integer arithmetic (finite values only): the Triton
@@ -76,7 +80,14 @@ def _dequantize_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, M, NBLK,
         tl.store(out_ptr + ooff + 8 * h + j[None, None, :], v, mask=m3)
 
 
-def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def decode_bf16_triton(t: NVFP4Tensor) -> torch.Tensor:
+    """``e2m1(code) · fp32(block_scale)`` as BF16, ``[rows, K]``, without the tensor scale: the
+    emulated GEMM's operand (exact, see gemm.py), bit-identical to ``gemm.decode_to_bf16``."""
+    return dequantize_triton(t, torch.bfloat16, _apply_dec=False).reshape(-1, t.shape[-1])
+
+
+def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
+                      _apply_dec: bool = True) -> torch.Tensor:
     """Dequantize an :class:`NVFP4Tensor` (1×16 or 16×16) to ``dtype`` (FP32/BF16/FP16)."""
     if dtype not in _OUT_DTYPES:
         raise ValueError(f"dtype must be fp32, bf16 or fp16, got {dtype}")
@@ -95,6 +106,6 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> tor
     grid = (triton.cdiv(rows, bm) * triton.cdiv(nblk, nb),)
     out_k = out.view(torch.int16) if dtype == torch.bfloat16 else out
     _dequantize_kernel[grid](data, scale, dec, out_k, rows, nblk, OUT_BF16=dtype == torch.bfloat16,
-                             BM=bm, NB=nb, num_warps=4,
+                             BM=bm, NB=nb, APPLY_DEC=_apply_dec, num_warps=4,
                              enable_fp_fusion=False)
     return out.reshape(shape)

@@ -81,9 +81,11 @@ import triton.language as tl
 from .hadamard import DEFAULT_SIGNS
 from .tensor import NVFP4Tensor
 
-__all__ = ["quantize_triton", "philox_uniforms", "e4m3_rne_triton", "e2m1_round_triton"]
+__all__ = ["quantize_triton", "amax_triton", "philox_uniforms", "e4m3_rne_triton",
+           "e2m1_round_triton"]
 
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a plain global is invisible to compiled kernels
+NAN = tl.constexpr(float("nan"))
 INV6 = tl.constexpr(0.1666666716337204)  # fp32(1/6) = torch.reciprocal(6.0), exact; constexpr: used in kernels
 _SCALE_RULES = {"6": 448.0, "4over6": 256.0}
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -261,13 +263,13 @@ def _amax_kernel(x_ptr, signs_ptr, amax_ptr, M, NBLK, stride_xm,
     tl.atomic_max(amax_ptr, m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "amax_imm"])
 def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
-                     data_ptr, scale_ptr, dec_ptr, seed,
+                     data_ptr, scale_ptr, dec_ptr, seed, amax_imm,
                      M, NBLK, stride_xm, stride_rm,
                      M_BOUND: tl.constexpr, TILE2D: tl.constexpr, STOCHASTIC: tl.constexpr,
                      PHILOX: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, RHT: tl.constexpr,
-                     TRACK_AMAX: tl.constexpr, REVERSE: tl.constexpr,
+                     TRACK_AMAX: tl.constexpr, REVERSE: tl.constexpr, AMAX_IMM: tl.constexpr,
                      BM: tl.constexpr, NB: tl.constexpr):
     pid = tl.program_id(0)
     if REVERSE:
@@ -280,13 +282,20 @@ def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
         tl.atomic_max(obs_ptr, tl.maximum(_abs_bits_max(lo), _abs_bits_max(hi)))
 
     # Tensor scales (reference.tensor_scales, TE's order).
-    gamax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
+    if AMAX_IMM:
+        gbits = amax_imm                       # host number: its FP32 bits, no device read
+    else:
+        gbits = tl.load(amax_ptr)
+    gamax = gbits.to(tl.float32, bitcast=True)
     enc = tl.math.div_rn(M_BOUND * 6.0, gamax)
     enc = tl.minimum(enc, FP32_MAX)
     enc = tl.where(enc == 0.0, 1.0, enc)
     dec = tl.math.div_rn(1.0, enc)
     if pid == 0:
-        tl.store(dec_ptr, dec)
+        # A non-finite (or negative) amax poisons the tensor scale: every product with this
+        # tensor is NaN, so a caller that skips the host check still cannot train on garbage.
+        bad = ((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gamax < 0.0)
+        tl.store(dec_ptr, tl.where(bad, NAN, dec))
 
     bamax = tl.maximum(tl.max(tl.abs(lo), 2), tl.max(tl.abs(hi), 2))    # [BM, NB]
     if TILE2D:
@@ -412,9 +421,14 @@ def quantize_triton(
         ``global_amax``, when given with RHT, must be the amax of the transformed tensor.
     config: (BLOCK_M, BLOCK_B, num_warps) override (benchmarks); BLOCK_M a multiple of 16 for
         16×16 tiles.
-    check_finite: False skips the one host sync of the NaN/Inf check (benchmarks that time the
-        kernels alone; garbage in, garbage out). Keep True everywhere else.
-    Raises ValueError on NaN/Inf input (one host sync, after the kernels are queued).
+    check_finite: True (default): raise ValueError on NaN/Inf input or a bad ``global_amax``
+        (one host sync, after the kernels are queued). False: no sync; a NaN/Inf input (or a
+        non-finite / negative amax) instead makes the tensor scale NaN, so anything computed
+        from the result (GEMM, dequantize) is NaN and a per-step check downstream (the
+        training loop's grad-norm / loss check) catches it. The codes of such a tensor are
+        meaningless. Finite inputs give bit-identical results either way.
+    Host numbers as ``global_amax`` are passed by value (no H2D copy, no sync); a CUDA tensor
+    is read on the device.
     """
     tile, rows, k = _check_input(x, tile, rounding, scale_rule)
     dev = x.device
@@ -433,12 +447,7 @@ def quantize_triton(
                            x.dtype, tile)
 
     x2 = _as_2d(x, rows, k)
-    if rht_signs is None:
-        signs = torch.ones(16, dtype=torch.float32, device=dev)  # never read (RHT=False)
-    else:
-        signs = torch.as_tensor(rht_signs, dtype=torch.float32, device=dev).reshape(-1)
-        if signs.shape != (16,) or not bool(((signs == 1) | (signs == -1)).all()):
-            raise ValueError("rht_signs must be 16 values of +-1")
+    signs = _device_signs(rht_signs, dev)
     rht = rht_signs is not None
 
     philox = False
@@ -464,32 +473,87 @@ def quantize_triton(
 
     obs = torch.zeros((1,), dtype=torch.int32, device=dev)
     given = global_amax is not None
-    if given:
-        g = torch.as_tensor(global_amax, dtype=torch.float32, device=dev).reshape(1)
+    imm = 0
+    g = None
+    if given and not isinstance(global_amax, torch.Tensor):
+        # A host number: checked on the host and passed by value (its FP32 bits, rounded as
+        # torch.as_tensor(..., float32) rounds it). torch.as_tensor(float, device=cuda) would be
+        # a pageable H2D copy, i.e. a stream sync per call.
+        gh = torch.tensor(float(global_amax), dtype=torch.float32)
+        if not (bool(torch.isfinite(gh)) and float(gh) >= 0):
+            raise ValueError(f"global_amax must be finite and >= 0, got {float(global_amax)}")
+        imm = int(gh.view(torch.int32))
+        amax_bits = obs                  # never read (AMAX_IMM)
+    elif given:
+        g = global_amax.to(device=dev, dtype=torch.float32).reshape(1)
         amax_bits = g.view(torch.int32)
     else:
         amax_bits = obs
         _amax_kernel[grid](x2, signs, amax_bits, rows, nblk, x2.stride(0),
                            RHT=rht, BM=bm, NB=nb, num_warps=nw, enable_fp_fusion=False)
     _quantize_kernel[grid](
-        x2, rand2, signs, amax_bits, obs, data, scale, dec, seed_v,
+        x2, rand2, signs, amax_bits, obs, data, scale, dec, seed_v, imm,
         rows, nblk, x2.stride(0), stride_r,
         M_BOUND=_SCALE_RULES[scale_rule], TILE2D=tile2d, STOCHASTIC=stochastic, PHILOX=philox,
         FOUR_OVER_SIX=four6, RHT=rht, TRACK_AMAX=given, REVERSE=not given,
-        BM=bm, NB=nb, num_warps=nw, enable_fp_fusion=False)
+        AMAX_IMM=given and g is None, BM=bm, NB=nb, num_warps=nw, enable_fp_fusion=False)
 
-    # One host sync: NaN/Inf in the input <=> the observed amax bits are >= +Inf's.
-    if not check_finite:
-        pass
-    elif given:
-        bad = (obs >= 0x7F800000) | ~torch.isfinite(g) | (g < 0)
-    else:
+    if given:
+        # The kernel poisoned dec for a bad *given* amax; a NaN/Inf seen in the input only
+        # shows in obs (the observed amax bits): poison dec for it too (no sync).
+        dec = torch.where(obs >= 0x7F800000, torch.full_like(dec, float("nan")), dec)
+    if check_finite:
+        # One host sync: NaN/Inf in the input <=> the observed amax bits are >= +Inf's.
         bad = obs >= 0x7F800000
-    if check_finite and bool(bad.item()):
-        if given and not (bool(torch.isfinite(g).all()) and bool((g >= 0).all())):
-            raise ValueError(f"global_amax must be finite and >= 0, got {float(g)}")
-        raise ValueError("quantize: input holds NaN or Inf")
+        if g is not None:
+            bad = bad | ~torch.isfinite(g) | (g < 0)
+        if bool(bad.item()):
+            if g is not None and not (bool(torch.isfinite(g).all()) and bool((g >= 0).all())):
+                raise ValueError(f"global_amax must be finite and >= 0, got {float(g)}")
+            raise ValueError("quantize: input holds NaN or Inf")
     return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), dec.reshape(()), x.shape, x.dtype, tile)
+
+
+_SIGNS_CACHE: dict = {}
+
+
+def _device_signs(rht_signs, dev) -> torch.Tensor:
+    """The 16 signs as an FP32 device tensor, validated on the host and cached per device: a
+    device-side check (or a fresh ``torch.tensor(..., device=cuda)``) would sync every call."""
+    if rht_signs is None:
+        key = (None, str(dev))
+        vals = (1.0,) * 16            # never read (RHT=False)
+    else:
+        if isinstance(rht_signs, torch.Tensor):
+            rht_signs = rht_signs.detach().to("cpu", torch.float64).reshape(-1).tolist()
+        vals = tuple(float(v) for v in rht_signs)
+        if len(vals) != 16 or any(v not in (1.0, -1.0) for v in vals):
+            raise ValueError("rht_signs must be 16 values of +-1")
+        key = (vals, str(dev))
+    t = _SIGNS_CACHE.get(key)
+    if t is None:
+        t = torch.tensor(vals, dtype=torch.float32).to(dev)
+        _SIGNS_CACHE[key] = t
+    return t
+
+
+def amax_triton(x: torch.Tensor, rht_signs=None) -> torch.Tensor:
+    """``|x|.amax()`` (of ``hadamard16(x, rht_signs)`` if signs are given) as an FP32 0-dim
+    device tensor, by the quantize's own amax kernel (NaN propagates: its bits order above
+    +Inf). For callers that reduce the amax across ranks before quantizing with RHT."""
+    if x.shape[-1] % 16:
+        raise ValueError(f"last dimension must be a multiple of 16, got shape {tuple(x.shape)}")
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    obs = torch.zeros((1,), dtype=torch.int32, device=x.device)
+    if rows and k:
+        x2 = _as_2d(x, rows, k)
+        bm, nb, nw = _default_config(rows, k // 16, False, False, False)
+        grid = (triton.cdiv(rows, bm) * triton.cdiv(k // 16, nb),)
+        _amax_kernel[grid](x2, _device_signs(rht_signs, x.device), obs, rows, k // 16,
+                           x2.stride(0), RHT=rht_signs is not None, BM=bm, NB=nb, num_warps=nw,
+                           enable_fp_fusion=False)
+    return obs.view(torch.float32).reshape(())
 
 
 def philox_uniforms(shape, seed: int, device="cpu") -> torch.Tensor:
