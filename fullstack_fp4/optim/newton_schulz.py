@@ -137,15 +137,29 @@ class _NVFP4Products:
             raise ValueError(f"backend must be auto | reference | triton, got {backend!r}")
         self.backend, self.clip, self.rounding, self.generator = backend, clip, rounding, generator
 
-    def op(self, x: torch.Tensor):
-        x = _clip(x, self.clip)
+    def op(self, x: torch.Tensor, amax=None, scale=None):
+        """Quantized ``x · scale`` (``scale``: optional 1-element device tensor; ``amax``:
+        optional max |x · scale|, triton only — the reference computes its own, identically)."""
+        if self.clip is not None:
+            if scale is not None:
+                x, scale = x * scale, None
+            x, amax = _clip(x, self.clip), None
         if self.backend == "triton":
             from .triton_ns import quantize_decode  # noqa: PLC0415 (optional, CUDA only)
             if self.rounding != "nearest":
                 raise ValueError("the triton NS backend implements nearest rounding only")
-            return quantize_decode(x)  # reads strided views (X.t()) in place, no copy
+            return quantize_decode(x, amax=amax, scale=scale)  # strided views read in place
         from fullstack_fp4.nvfp4 import quantize  # noqa: PLC0415 (keep import cheap)
+        if scale is not None:
+            x = x * scale
         return quantize(x.contiguous(), rounding=self.rounding, generator=self.generator)
+
+    def amax(self, x: torch.Tensor):
+        """max |x| (1-element FP32) for the triton backend, else None (reference recomputes)."""
+        if self.backend == "triton" and self.clip is None:
+            from .triton_ns import abs_max  # noqa: PLC0415
+            return abs_max(x)
+        return None
 
     def mm(self, p, q) -> torch.Tensor:
         if self.backend == "triton":
@@ -153,6 +167,41 @@ class _NVFP4Products:
             return decoded_matmul(p, q)
         from fullstack_fp4.nvfp4.gemm import nvfp4_matmul  # noqa: PLC0415
         return nvfp4_matmul(p, q, out_dtype=torch.float32)
+
+    def mm_unscaled(self, p, q):
+        """``(acc, s)`` with ``p @ q.T = acc · s`` (s: 0-dim tensor, or 1.0 for the reference),
+        so the caller folds ``s`` into its next elementwise op instead of a separate pass."""
+        if self.backend == "triton":
+            from .triton_ns import decoded_matmul_unscaled  # noqa: PLC0415
+            return decoded_matmul_unscaled(p, q)
+        return self.mm(p, q), None
+
+
+class _PlainProducts:
+    """Adapter giving an ``op(x)`` / ``mm(p, q)`` object the fused-step interface."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def op(self, x, amax=None, scale=None):
+        return self.inner.op(x if scale is None else x * scale)
+
+    def amax(self, x):
+        return None
+
+    def mm_unscaled(self, p, q):
+        return self.inner.mm(p, q), None
+
+
+def _axpy(x: torch.Tensor, alpha, acc: torch.Tensor, s) -> torch.Tensor:
+    """``alpha·x + s·acc`` in two kernels (alpha: 0-dim tensor; s: 0-dim tensor, a Python
+    float, or None = 1)."""
+    y = x * alpha
+    if s is None:
+        return y.add_(acc)
+    if isinstance(s, torch.Tensor):
+        return y.addcmul_(acc, s)
+    return y.add_(acc, alpha=s)
 
 
 def _triton_available() -> bool:
@@ -180,39 +229,60 @@ def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: s
                 guard: bool = True):
     """One NVFP4 step on the padded ``X`` (``m`` = true row count; padding rows are zero)."""
     a, b, c = abc
-    Xr = P.op(X)                       # rows of X, K = n: both operands of X·Xᵀ
-    A = P.mm(Xr, Xr)
     if form == "naive":
+        Xr = P.op(X)                   # rows of X, K = n: both operands of X·Xᵀ
+        A = P.mm(Xr, Xr)
         Xc = P.op(X.t())               # X quantized along dim 0 (K = m) for (·)·X
         Aq = P.op(A)                   # A symmetric: q(A) serves as A and as Aᵀ
         B = b * A + c * P.mm(Aq, Aq)
         return a * X + P.mm(P.op(B), Xc)
+    # Launch- and traffic-lean (the NS is launch-bound at 3b shapes: ~120 launches and ~19
+    # m×n FP32 passes per step before). No host sync anywhere; the guard's scale enters the
+    # quantize kernel and the scalar coefficients instead of rescaling X and A in memory;
+    # one amax of X serves both of X's quantized views; D = A − τI is formed in place; the
+    # GEMMs' tensor-scale products are folded into the following axpy.
+    if not hasattr(P, "mm_unscaled"):     # a duck-typed products object (op / mm only)
+        P = _PlainProducts(P)
+    amax_x = P.amax(X)
+    Xr = P.op(X, amax=amax_x)          # rows of X, K = n: both operands of X·Xᵀ
+    A, sA = P.mm_unscaled(Xr, Xr)
+    if sA is not None:
+        A.mul_(sA)
+    rs = None                          # sqrt of the guard's scale (X's implicit factor)
     if guard:
         # Basin guard: Muon-like quintics have a repelling fixed point σ* just above 1
         # (Muon's: 1.264) and NVFP4 noise can kick σ_max past it, after which it explodes.
-        # Estimate λ_max(A) = σ_max² by power iteration (10 m×m mat-vecs, negligible beside
-        # the GEMMs) and scale X (and A by the square, exactly) so σ_max ≤ 0.99·σ*. Inactive in
-        # exact arithmetic for Muon's and our fitted triples (max f on [0, 1] < 0.99·σ*,
-        # checked); ROOT's (2048, 2048) and (2048, 3072) triples overshoot their own σ* even in
-        # exact arithmetic (max f 1.2246 > σ* 1.2236), so there it also acts. No branch, no sync.
+        # Estimate λ_max(A) = σ_max² by power iteration (10 m×m mat-vecs, normalised every
+        # second one: same estimate, half the launches) and scale X (and A by the square) so
+        # σ_max ≤ 0.99·σ*. Inactive in exact arithmetic for Muon's and our fitted triples
+        # (max f on [0, 1] < 0.99·σ*, checked); ROOT's (2048, 2048) and (2048, 3072) triples
+        # overshoot their own σ* even in exact arithmetic (max f 1.2246 > σ* 1.2236), so there
+        # it also acts. No branch, no sync.
         edge2 = _repelling_point_sq(abc)
         if edge2 is not None:
             v = torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)
-            for _ in range(10):
-                v = A @ v
-                v = v / (v.norm() + 1e-30)
+            for _ in range(5):
+                v = A @ (A @ v)
+                v = v / (torch.linalg.vector_norm(v) + 1e-30)
             lam = (v.mT @ (A @ v)).reshape(())
             s = torch.clamp((0.99 ** 2) * edge2 / (lam + 1e-30), max=1.0)
-            X = X * s.sqrt()
-            A = A * s
+            rs = s.sqrt().reshape(1)
+            A.mul_(s)
     tau = torch.diagonal(A)[:m].sum() / m
-    D = A.clone()
+    D = A                              # A is ours (fresh GEMM output): shift it in place
     torch.diagonal(D)[:m] -= tau       # padded block stays exactly 0 (no −τ on it)
     Dq = P.op(D)                       # D symmetric: one view for D and Dᵀ
-    Xc = P.op(X.t())                   # X (after the guard) quantized along dim 0 (K = m)
-    Bp = (b + 2 * c * tau) * D + c * P.mm(Dq, Dq)
-    beta = b * tau + c * tau * tau
-    return (a + beta) * X + P.mm(P.op(Bp), Xc)
+    # X (after the guard: X·rs) quantized along dim 0 (K = m), read in place as X.t().
+    Xc = P.op(X.t(), amax=None if amax_x is None or rs is None else amax_x * rs,
+              scale=rs) if rs is not None else P.op(X.t(), amax=amax_x)
+    DD, sD = P.mm_unscaled(Dq, Dq)
+    k1 = tau * (2 * c) + b
+    Bp = _axpy(D, k1, DD, c if sD is None else sD * c)     # (b + 2cτ)·D + c·D²
+    ab = tau * (b + c * tau) + a       # a + β, β = bτ + cτ²
+    if rs is not None:
+        ab = ab * rs.reshape(())
+    out, sO = P.mm_unscaled(P.op(Bp), Xc)
+    return _axpy(X, ab, out, sO)
 
 
 def ns_step(X: torch.Tensor, abc: Triple) -> torch.Tensor:

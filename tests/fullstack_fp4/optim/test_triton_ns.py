@@ -46,3 +46,14 @@ def test_triton_ns_matches_reference_ns():
     a = newton_schulz(G, steps=2, precision="nvfp4", backend="triton")
     b = newton_schulz(G, steps=2, precision="nvfp4", backend="reference")
     assert ((a - b).norm() / b.norm()).item() < 1e-5
+
+
+def test_fused_scale_and_shared_amax_are_bit_exact():
+    """quantize_decode(x, scale=s, amax=abs_max(x)·s) == quantize_decode(x·s), views too."""
+    from fullstack_fp4.optim.triton_ns import abs_max
+    X = torch.randn(32, 48, generator=torch.Generator().manual_seed(3)).to(DEV)
+    s = torch.tensor([0.8123], device=DEV)
+    for v in (X, X.t()):
+        a, ta = quantize_decode(v, scale=s, amax=abs_max(v) * s)
+        b, tb = quantize_decode(v * s)
+        assert torch.equal(a, b) and torch.equal(ta, tb)
