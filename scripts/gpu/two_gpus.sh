@@ -15,7 +15,7 @@ g0() {
   export CUDA_VISIBLE_DEVICES=0
   timeout 330 python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 --out "$OUT/g0"
   for s in bench_nvfp4_linear bench_q_attn bench_newton_schulz bench_nvfp4_quantize; do
-    echo "===== $s"; timeout 75 python3 scripts/$s.py
+    echo "===== $s"; OUT= timeout 75 python3 scripts/$s.py
   done
 }
 g1() {
