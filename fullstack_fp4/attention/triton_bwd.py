@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, qdq_values
+from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, block_scales, qdq_apply
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
@@ -37,12 +37,21 @@ BLOCK = 64   # = quant.DS_TILE: the dS tile is the kernel tile
 
 @triton.jit
 def _quantize_tile(x, u, ROWS: tl.constexpr, COLS: tl.constexpr, STOCH: tl.constexpr):
-    """``(values, dec)``: ``x [ROWS, COLS]`` in 1×16 blocks along axis 1, tile tensor scale."""
-    ax = tl.abs(x)
-    enc6, dec = encode_scales(tl.max(tl.max(ax, 1), 0))
-    bam = tl.max(tl.reshape(ax, [ROWS, COLS // 16, 16]), axis=2)
-    bam = tl.reshape(tl.broadcast_to(bam[:, :, None], [ROWS, COLS // 16, 16]), [ROWS, COLS])
-    return qdq_values(x, bam, enc6, dec, u, STOCH), dec
+    """``(values, dec)``: ``x [ROWS, COLS]`` in 1×16 blocks along axis 1, tile tensor scale.
+
+    Block scale and encode factor are computed once per 16-block (``block_scales``) on the
+    reduced ``[ROWS, COLS/16]`` amax and broadcast in 3D; only the E2M1 rounding is per element.
+    """
+    x3 = tl.reshape(x, [ROWS, COLS // 16, 16])
+    bam = tl.max(tl.abs(x3), axis=2)
+    enc6, dec = encode_scales(tl.max(tl.max(bam, 1), 0))
+    s, f = block_scales(bam, enc6, dec)
+    if STOCH:
+        u3 = tl.reshape(u, [ROWS, COLS // 16, 16])
+    else:
+        u3 = x3
+    v3 = qdq_apply(x3, s[:, :, None], f[:, :, None], u3, STOCH)
+    return tl.reshape(v3, [ROWS, COLS]), dec
 
 
 @triton.jit
@@ -153,6 +162,18 @@ def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
     tl.store(dq_ptr + q_offs, dq, mask=m_ok[:, None])
 
 
+def bwd_config(d: int):
+    """``((warps, stages) of _dkdv_kernel, (warps, stages) of _dq_kernel)``; the tile is fixed
+    at 64×64 (the dS quantization tile). ``FP4_QATTN_BWD="w_kv,st_kv,w_q,st_q"`` overrides
+    (``scripts/bench_q_attn.py --sweep``)."""
+    from .triton_fwd import _env_ints
+    cfg = _env_ints("FP4_QATTN_BWD", 4)
+    if cfg is not None:
+        return (cfg[0], cfg[1]), (cfg[2], cfg[3])
+    w = 4 if d <= 64 else 8
+    return (w, 2), (w, 2)
+
+
 def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_fp4: bool = True,
                        ds_stochastic: bool = False, seed: int = 0):
     """``(dQ, dK, dV)`` FP32. ``lse`` is the forward's natural-log LSE [B, H, Sq]; ``ds_fp4``
@@ -169,15 +190,15 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
     dk = torch.empty(kh.shape, dtype=torch.float32, device=qh.device)
     dv = torch.empty_like(dk)
     scale2 = scale * LOG2E
-    warps = 4 if d <= 64 else 8
+    (w_kv, st_kv), (w_q, st_q) = bwd_config(d)
     common = dict(D=d, BM=BLOCK, BN=BLOCK, CAUSAL=causal, DS_FP4=ds_fp4, STOCH=ds_stochastic,
-                  INTERP=INTERPRET, num_warps=warps, num_stages=2)
+                  INTERP=INTERPRET)
     _dkdv_kernel[(triton.cdiv(sk, BLOCK), b * hk)](
         qh, kh, views.q_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_q_sq,
-        dk, dv, sq, sk, h, groups, scale2, seed, **common)
+        dk, dv, sq, sk, h, groups, scale2, seed, **common, num_warps=w_kv, num_stages=st_kv)
     _dq_kernel[(triton.cdiv(sq, BLOCK), b * h)](
         qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_k_sq,
-        dq, sq, sk, h, groups, scale2, seed + 1, **common)
+        dq, sq, sk, h, groups, scale2, seed + 1, **common, num_warps=w_q, num_stages=st_q)
     dq *= scale
     dk *= scale
     if views.k_mean is not None:

@@ -86,8 +86,26 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, 
     tl.store(lse_ptr + bh * Sq + offs_m, m_i + tl.math.log2(l_i), mask=row_mask)
 
 
+def _env_ints(name: str, n: int):
+    """``FP4_QATTN_*`` override: ``n`` comma-separated ints (benchmark sweeps), else None."""
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    vals = tuple(int(x) for x in v.split(","))
+    if len(vals) != n:
+        raise ValueError(f"{name}={v!r}: expected {n} comma-separated ints")
+    return vals
+
+
 def _config(d: int, is_interp: bool):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_N must divide BLOCK_M (causal split)."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_N must divide BLOCK_M (causal split).
+
+    ``FP4_QATTN_FWD="bm,bn,warps,stages"`` overrides (``scripts/bench_q_attn.py --sweep``)."""
+    cfg = _env_ints("FP4_QATTN_FWD", 4)
+    if cfg is not None:
+        if cfg[0] % cfg[1]:
+            raise ValueError("FP4_QATTN_FWD: BLOCK_N must divide BLOCK_M")
+        return cfg
     if d <= 64:
         return 128, 64, 4, 3
     return 128, 64, 8, 3

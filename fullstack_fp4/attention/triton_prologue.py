@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_nvfp4 import encode_scales, qdq_values  # values are exact in BF16: plain cast
+from .triton_nvfp4 import encode_scales, block_scales, qdq_apply  # values are exact in BF16: plain cast
 
 BLOCK_S = 64
 
@@ -30,15 +30,15 @@ def _prologue_kernel(x_ptr, amax_ptr, hd_ptr, sq_ptr, S, D: tl.constexpr, BLOCK:
     amax = tl.load(amax_ptr + bh)
     enc6, dec = encode_scales(amax)
     ax = tl.abs(x)
-    # along head_dim: [BLOCK, D/16, 16]
-    bam_h = tl.max(tl.reshape(ax, [BLOCK, D // 16, 16]), axis=2)
-    bam_h = tl.reshape(tl.broadcast_to(bam_h[:, :, None], [BLOCK, D // 16, 16]), [BLOCK, D])
-    vh = qdq_values(x, bam_h, enc6, dec, x, False)
+    # along head_dim: [BLOCK, D/16, 16]; scales once per block (block_scales), then broadcast
+    x3 = tl.reshape(x, [BLOCK, D // 16, 16])
+    s_h, f_h = block_scales(tl.max(tl.reshape(ax, [BLOCK, D // 16, 16]), axis=2), enc6, dec)
+    vh = tl.reshape(qdq_apply(x3, s_h[:, :, None], f_h[:, :, None], x3, False), [BLOCK, D])
     tl.store(hd_ptr + offs, vh.to(tl.bfloat16), mask=mask)
     # along seq: [BLOCK/16, 16, D]
-    bam_s = tl.max(tl.reshape(ax, [BLOCK // 16, 16, D]), axis=1)
-    bam_s = tl.reshape(tl.broadcast_to(bam_s[:, None, :], [BLOCK // 16, 16, D]), [BLOCK, D])
-    vs = qdq_values(x, bam_s, enc6, dec, x, False)
+    x3s = tl.reshape(x, [BLOCK // 16, 16, D])
+    s_s, f_s = block_scales(tl.max(tl.reshape(ax, [BLOCK // 16, 16, D]), axis=1), enc6, dec)
+    vs = tl.reshape(qdq_apply(x3s, s_s[:, None, :], f_s[:, None, :], x3s, False), [BLOCK, D])
     tl.store(sq_ptr + offs, vs.to(tl.bfloat16), mask=mask)
 
 

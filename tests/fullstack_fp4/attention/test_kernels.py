@@ -7,7 +7,11 @@ Tolerances, and why:
     in P (≤ 2⁻⁹ relative each) average out to ~5e-3 on O.
   * backward, given the same (O, LSE): dQ, dK ≤ 1e-3 (the recomputed S and dP differ only by
     FP32 accumulation order, so dS quantizes to the same codes except on rare exact ties);
-    dV ≤ 1e-2 (same BF16-rounding-of-P effect as O).
+    dV ≤ 1e-2 (same BF16-rounding-of-P effect as O). On a GPU dQ, dK ≤ 2e-2 (MMA accumulation
+    order can flip a few dS codes; as ``scripts/bench_q_attn.py``).
+
+Device: CUDA when present (real kernels), else CPU under ``TRITON_INTERPRET=1`` (conftest.py).
+Every tensor is built on CPU (seeded) and moved to ``DEV``, so kernels never see a CPU pointer.
 """
 
 import pytest
@@ -16,6 +20,9 @@ import torch
 from fullstack_fp4.attention import reference
 from fullstack_fp4.attention.paths import resolve_paths
 from fullstack_fp4.attention.prologue import make_views
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+GRAD_TOL = 2e-2 if DEV.type == "cuda" else 1e-3
 
 
 def _rel(a, b):
@@ -30,7 +37,7 @@ def _inputs(b, h, hk, s, d, seed=0):
     k[:, :, 5] *= 10.0
     v = torch.randn(b, hk, s, d, generator=g)
     do = torch.randn(b, h, s, d, generator=g)
-    return [x.to(torch.bfloat16) for x in (q, k, v, do)]
+    return [x.to(device=DEV, dtype=torch.bfloat16) for x in (q, k, v, do)]
 
 
 def test_prologue_views_bit_exact():
@@ -41,6 +48,7 @@ def test_prologue_views_bit_exact():
     hd, sq, dec = quantize_both_views(x, x.float().abs().amax(dim=(2, 3)))
     rh, rdec = per_head_view(x, "head_dim")
     rs, _ = per_head_view(x, "seq")
+    assert hd.device.type == DEV.type
     assert torch.equal(hd.float(), rh)
     assert torch.equal(sq.float(), rs)
     assert torch.equal(dec, rdec)
@@ -68,7 +76,7 @@ def test_kernel_matches_reference(b, h, hk, s, d, causal, paths):
     assert (lse - lse_ref).abs().max().item() < 1e-4
     grads = attention_backward(do, o, lse, v, vt, causal=causal, scale=scale, ds_fp4=ds4)
     grads_ref = reference.backward(do, o, v, vr, causal=causal, scale=scale, paths=pr)
-    for name, g, gr, tol in zip("QKV", grads, grads_ref, (1e-3, 1e-3, 1e-2)):
+    for name, g, gr, tol in zip("QKV", grads, grads_ref, (GRAD_TOL, GRAD_TOL, 1e-2)):
         assert _rel(g, gr) < tol, (name, _rel(g, gr))
 
 
