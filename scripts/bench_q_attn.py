@@ -11,6 +11,10 @@
    the tensors autograd holds for the backward (``saved_tensors_hooks``, deduplicated by
    storage) for each.
 
+3. Stage breakdown at 1×24×4096×128: prologue, forward kernel, backward kernels. With
+   ``--sweep`` every ``FP4_QATTN_FWD`` / ``FP4_QATTN_BWD`` config in FWD_SWEEP / BWD_SWEEP
+   (block sizes, warps, stages; see ``triton_fwd._config``, ``triton_bwd.bwd_config``).
+
 Prints a markdown table; writes ``q_attn_bench.json`` into ``$OUT`` if set.
 """
 
@@ -118,8 +122,40 @@ def bench(b, h, s, d):
     return out
 
 
+FWD_SWEEP = ("", "128,128,8,3", "128,64,8,2", "128,64,4,3", "64,64,4,3", "64,32,4,3")
+BWD_SWEEP = ("", "8,1,8,1", "8,3,8,3", "4,2,4,2", "4,1,4,1", "8,2,4,2")
+
+
+def breakdown(b, h, s, d, sweep):
+    """Per-stage times at one shape (ms): prologue (make_views), forward kernel, backward
+    kernels (incl. the delta pre-pass); with ``sweep`` each FP4_QATTN_FWD / FP4_QATTN_BWD
+    variant ('' = the built-in default) is timed, so the next default can be read off."""
+    torch.manual_seed(0)
+    q, k, v, do = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    scale = d ** -0.5
+    rows = {"prologue_ms": time_ms(lambda: make_views(q, k, qk_fp4=True, ds_fp4=True,
+                                                      smooth=True, backend="triton"))}
+    views = make_views(q, k, qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
+    o, lse = attention_forward(views, v, causal=True, scale=scale)
+    for name, env, cfgs, fn in (
+            ("fwd", "FP4_QATTN_FWD", FWD_SWEEP,
+             lambda: attention_forward(views, v, causal=True, scale=scale)),
+            ("bwd", "FP4_QATTN_BWD", BWD_SWEEP,
+             lambda: attention_backward(do, o, lse, v, views, causal=True, scale=scale))):
+        for cfg in (cfgs if sweep else ("",)):
+            os.environ[env] = cfg
+            try:
+                rows[f"{name}[{cfg or 'default'}]_ms"] = time_ms(fn)
+            except Exception as e:  # noqa: BLE001 -- a config that fails to compile/launch
+                rows[f"{name}[{cfg or 'default'}]_ms"] = f"failed: {type(e).__name__}"
+            finally:
+                os.environ.pop(env, None)
+    return rows
+
+
 def main():
     assert torch.cuda.is_available(), "needs a CUDA GPU"
+    sweep = "--sweep" in sys.argv
     c = correctness()
     print("correctness vs reference:", json.dumps(c))
     if not c["ok"]:
@@ -137,6 +173,12 @@ def main():
               f"{r['ratio_fwd']:.2f} | {s['fwd_bwd_ms']:.3f} | {qa['fwd_bwd_ms']:.3f} | "
               f"{r['ratio_fwd_bwd']:.2f} | {s['saved_bytes'] / 2**20:.1f} / "
               f"{qa['saved_bytes'] / 2**20:.1f} |")
+    for shape in ((1, 24, 4096, 128),):
+        r = breakdown(*shape, sweep)
+        results["breakdown_" + "x".join(map(str, shape))] = r
+        print(f"\nstage times at {'x'.join(map(str, shape))} causal (ms; sweep={sweep}):")
+        for key, val in r.items():
+            print(f"  {key:32s} {val if isinstance(val, str) else f'{val:.3f}'}")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "q_attn_bench.json"), "w") as f:
             json.dump(results, f, indent=2)
