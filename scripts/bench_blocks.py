@@ -168,6 +168,10 @@ def main() -> int:
             rows.append({"arm": a, "error": f"OOM: {str(e)[:80]}"})
             gc.collect()
             torch.cuda.empty_cache()
+        except Exception as e:  # one broken arm must not lose the others' figures
+            rows.append({"arm": a, "error": f"{type(e).__name__}: {str(e)[:100]}"})
+            gc.collect()
+            torch.cuda.empty_cache()
         print(json.dumps(rows[-1]), flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "argv": sys.argv}

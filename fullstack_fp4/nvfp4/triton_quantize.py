@@ -85,7 +85,9 @@ __all__ = ["quantize_triton", "amax_triton", "philox_uniforms", "e4m3_rne_triton
            "e2m1_round_triton"]
 
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a plain global is invisible to compiled kernels
-NAN = tl.constexpr(float("nan"))
+# NaN as its bit pattern: a NaN constexpr never compares equal to itself, so Triton would
+# think the global changed and refuse every launch after the first.
+NAN_BITS = tl.constexpr(0x7FC00000)
 INV6 = tl.constexpr(0.1666666716337204)  # fp32(1/6) = torch.reciprocal(6.0), exact; constexpr: used in kernels
 _SCALE_RULES = {"6": 448.0, "4over6": 256.0}
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -295,7 +297,8 @@ def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
         # A non-finite (or negative) amax poisons the tensor scale: every product with this
         # tensor is NaN, so a caller that skips the host check still cannot train on garbage.
         bad = ((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gamax < 0.0)
-        tl.store(dec_ptr, tl.where(bad, NAN, dec))
+        nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+        tl.store(dec_ptr, tl.where(bad, nan, dec))
 
     bamax = tl.maximum(tl.max(tl.abs(lo), 2), tl.max(tl.abs(hi), 2))    # [BM, NB]
     if TILE2D:

@@ -11,16 +11,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/g0" "$OUT/g1"
 ARMS=bf16,nvfp4_linear,lora_svd,q_adamw,muon,q_muon,root,q_root,q_attn,full_stack,full_stack_root
+ABL_ARMS=${ABL_ARMS:-$ARMS}                  # ablation arms (GPU 1), in order of priority
+BENCHES=${BENCHES:-bench_nvfp4_linear bench_q_attn bench_newton_schulz bench_nvfp4_quantize}
+BLOCKS_TIMEOUT=${BLOCKS_TIMEOUT:-330}
 g0() {
   export CUDA_VISIBLE_DEVICES=0
-  timeout 330 python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 --out "$OUT/g0"
-  for s in bench_nvfp4_linear bench_q_attn bench_newton_schulz bench_nvfp4_quantize; do
-    echo "===== $s"; OUT= timeout 75 python3 scripts/$s.py
+  timeout "$BLOCKS_TIMEOUT" python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 --out "$OUT/g0"
+  for s in $BENCHES; do
+    echo "===== $s"; OUT= timeout 60 python3 scripts/$s.py
   done
 }
 g1() {
   export CUDA_VISIBLE_DEVICES=1
-  timeout $((BUDGET + 60)) python3 scripts/ablation.py --arms "$ARMS" --iters "$ITERS" --time-budget "$BUDGET" \
+  timeout $((BUDGET + 60)) python3 scripts/ablation.py --arms "$ABL_ARMS" --iters "$ITERS" --time-budget "$BUDGET" \
     --out /tmp/ablation --ppl-tokens 65536 --cloze-items 200
   cp /tmp/ablation/ablation.json /tmp/ablation/ablation.md /tmp/ablation/ablation.png "$OUT/g1"/ 2>/dev/null
 }
