@@ -215,7 +215,7 @@ class Trainer:
             self.iteration += 1
             self.consumed_samples += t.global_batch_size
             recipes.after_optimizer_step([self.model], self.optimizer, cfg, self.iteration)
-            if self.iteration % t.log_interval == 0 or self.iteration == 1:
+            if self.is_logger and (self.iteration % t.log_interval == 0 or self.iteration == 1):
                 tps = tokens_per_step / step_s
                 tflops = tps * self.flops_per_token / dist.get_world_size() / 1e12
                 rec = {"iter": self.iteration, "consumed_samples": self.consumed_samples, "loss": loss,
