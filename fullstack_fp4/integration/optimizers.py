@@ -35,7 +35,6 @@ not be the state of any run).
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch
@@ -45,12 +44,11 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer.optimizer import (ChainedOptimizer, FP32Optimizer,
                                                Float16OptimizerWithFloat16Params)
 
-from fullstack_fp4.optim.muon import Muon, split_blocks
+from fullstack_fp4.optim.muon import Muon
 from fullstack_fp4.optim.q_adamw import QAdamW
 from fullstack_fp4.optim.root import Root
 
-__all__ = ["convert_optimizer", "SplitOptimizer", "IntegratedMuon", "IntegratedRoot",
-           "qkv_row_permutation", "is_orthogonal_matrix", "STATE_KEY", "OptimizerLayoutError"]
+__all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix", "STATE_KEY", "OptimizerLayoutError"]
 
 MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
                    "linear_fc2.weight")
@@ -88,50 +86,6 @@ def qkv_row_permutation(num_groups_local: int, heads_per_group: int, head_dim: i
     perm = torch.cat(q + k + v)
     nq = num_groups_local * heads_per_group * head_dim
     return perm, [nq, num_groups_local * head_dim, num_groups_local * head_dim]
-
-
-class _RowPermutedStep:
-    """The Muon/Root step (their `_momentum`, `_pre_ns`, `orthogonalize`, `_scale`, decoupled
-    WD, in `OrthogonalOptimizer.step`'s order), plus `ns_row_perm`: a param carrying it has its
-    rows regrouped by the permutation before the `ns_split_sizes` blocks are cut, and the
-    update scattered back — fused QKV orthogonalised as the logical Q, K and V matrices."""
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, wd = group["lr"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                d = self._momentum(g, self.state[p], group)
-                perm = getattr(p, "ns_row_perm", None)
-                if perm is not None:
-                    perm = perm.to(d.device)
-                    d, g = d.index_select(0, perm), g.index_select(0, perm)
-                upd = torch.empty_like(d, dtype=p.dtype)
-                for d_b, g_b, u_b in zip(split_blocks(d, p), split_blocks(g, p),
-                                         split_blocks(upd, p)):
-                    o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
-                    u_b.copy_(o.to(p.dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
-                if perm is not None:
-                    upd = torch.empty_like(upd).index_copy_(0, perm, upd)
-                if wd:
-                    p.mul_(1 - lr * wd)
-                p.add_(upd, alpha=-lr)
-        return loss
-
-
-class IntegratedMuon(_RowPermutedStep, Muon):
-    """`Muon` with the `ns_row_perm` regrouping (identical to `Muon` for params without it)."""
-
-
-class IntegratedRoot(_RowPermutedStep, Root):
-    """`Root` with the `ns_row_perm` regrouping (identical to `Root` for params without it)."""
 
 
 class SplitOptimizer:
@@ -325,7 +279,7 @@ def _orthogonal(groups, cfg):
               ns_precision="nvfp4" if name.startswith("q_") else "bf16",
               ns_coefficients=_coefficients(name, oc.coefficients),
               ns_clip_percentile=oc.clip_percentile, weight_decay=cfg.optimizer.weight_decay)
-    cls = IntegratedMuon if name.endswith("muon") else IntegratedRoot
+    cls = Muon if name.endswith("muon") else Root
     return cls(groups, lr=cfg.optimizer.lr * oc.lr_scale, **kw)
 
 

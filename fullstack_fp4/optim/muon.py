@@ -14,6 +14,9 @@ dim 0 summing to ``rows``), e.g. megatron's fused QKV ``[q_rows, k_rows, v_rows]
 its own matrix: the polar factor of a concatenation mixes the blocks' spectra (a Q head's
 update would depend on the V gradient's scale), which is not the update of separate matrices.
 Momentum stays one buffer per parameter (element-wise, so splitting it changes nothing).
+Blocks that are interleaved rather than contiguous (megatron's fused QKV stores each query
+group's q, k, v rows together) also carry ``ns_row_perm``: the rows are regrouped by that
+permutation before the blocks are cut, and the update is scattered back.
 
 Only 2-D parameters are accepted; ``split_params_for_orthogonal`` separates them from the
 rest (embeddings, output layer, norms, biases), which go to AdamW / QAdamW.
@@ -103,11 +106,17 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
                     continue
                 g = p.grad
                 d = self._momentum(g, self.state[p], group)
-                update = torch.empty_like(p)
+                perm = getattr(p, "ns_row_perm", None)
+                if perm is not None:  # interleaved logical blocks: regroup rows first
+                    perm = perm.to(d.device)
+                    d, g = d.index_select(0, perm), g.index_select(0, perm)
+                update = torch.empty_like(d, dtype=p.dtype)
                 for d_b, g_b, u_b in zip(split_blocks(d, p), split_blocks(g, p),
                                          split_blocks(update, p)):
                     o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
                     u_b.copy_(o.to(p.dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
+                if perm is not None:  # scatter the update back to the stored row order
+                    update = torch.empty_like(update).index_copy_(0, perm, update)
                 if wd:
                     p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr)
