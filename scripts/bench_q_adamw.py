@@ -11,7 +11,7 @@
    CUDA events; median ms/step; optimizer-state bytes per parameter.
 Rows: QAdamW (fused kernel), torch AdamW(fused=True), torchao AdamW4bit / AdamW8bit (skipped
 if torchao is missing). Before them, kernel-only rows (launch() over the same ~1e9 params, no
-optimizer bookkeeping): the superseded first kernel (triton_step_v0, ~29.5 ms) and the current
+optimizer bookkeeping): the first kernel (removed; 29.4 ms, BENCHMARKS.md) and the current
 kernel at 1, 2, 4 chunks per program (``--cpp``), so a table shows what each change bought
 (fullstack_fp4/optim/q_adamw/PERF.md has the predictions). Prints a markdown table; writes JSON to $OUT/bench_q_adamw.json if $OUT.
 Bytes per parameter that must move (FP32 grad): QAdamW p 8 + g 4 + states ~2.4 = ~14.4 B;
@@ -35,7 +35,6 @@ from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
 from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _init_state,  # noqa: E402
                                                    _kernel_views, q_adamw_step_reference)
 from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
-from fullstack_fp4.optim.q_adamw import triton_step_v0  # noqa: E402
 
 SHAPES = ((3072, 3072), (3072, 8192), (8192, 3072))
 
@@ -102,7 +101,7 @@ def time_kernel(fn, params, states, steps):
 def kernel_rows(args, gd, res):
     params, n = make_params(args.params, gd)
     states = [_kernel_views(_init_state(p.numel(), "cuda")) for p in params]
-    variants = [("kernel v0 (superseded, per-chunk shuffles, FP64)", triton_step_v0.launch)]
+    variants = []
     for cpp in args.cpp:
         variants.append((f"kernel (thread per block, cpp={cpp}, {2 * cpp} warps)",
                          lambda *a, _c=cpp, **k: launch(*a, cpp=_c, **k)))
