@@ -11,6 +11,11 @@ column-parallel layer without sequence parallelism megatron-core skips the ident
 all-reduce-backward op on the input and expects `_forward_impl` to all-reduce dgrad
 (`allreduce_dgrad=True`); we reproduce that with `copy_to_tensor_model_parallel_region`.
 Sequence parallelism is not supported (refused at construction).
+
+BF16 fallback (`fp4.fallback=bf16`, docs/telemetry.md): `switch_module_to_bf16(m)` sets the
+per-instance flag `m.fp4_fallback_bf16`; `_forward_impl` then takes megatron-core's own path
+(`linear_with_grad_accumulation_and_async_allreduce`, in the params' dtype). The flag is part
+of `fullstack_fp4.telemetry.fallback_state(model)`, which the trainer keeps in the checkpoint.
 """
 from __future__ import annotations
 
@@ -44,6 +49,13 @@ class _NVFP4LocalGEMM:
         return nvfp4_linear(input, weight, bias, amax_reduce=_amax_reducer(self.tp_group))
 
 
+def switch_module_to_bf16(module) -> None:
+    """Make an NVFP4 column/row-parallel linear run megatron-core's high-precision GEMM from now on."""
+    if not isinstance(module, (NVFP4ColumnParallelLinear, NVFP4RowParallelLinear)):
+        raise TypeError(f"not an NVFP4 parallel linear: {type(module).__name__}")
+    module.fp4_fallback_bf16 = True
+
+
 class NVFP4ColumnParallelLinear(_NVFP4LocalGEMM, ColumnParallelLinear):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -51,6 +63,8 @@ class NVFP4ColumnParallelLinear(_NVFP4LocalGEMM, ColumnParallelLinear):
             raise ValueError("NVFP4ColumnParallelLinear does not support sequence parallelism")
 
     def _forward_impl(self, input, weight, *args, **kwargs):
+        if getattr(self, "fp4_fallback_bf16", False):
+            return super()._forward_impl(input, weight, *args, **kwargs)
         return self._nvfp4_forward_impl(input, weight, **kwargs)
 
 
@@ -61,6 +75,8 @@ class NVFP4RowParallelLinear(_NVFP4LocalGEMM, RowParallelLinear):
             raise ValueError("NVFP4RowParallelLinear does not support sequence parallelism")
 
     def _forward_impl(self, input, weight, *args, **kwargs):
+        if getattr(self, "fp4_fallback_bf16", False):
+            return super()._forward_impl(input, weight, *args, **kwargs)
         # Row-parallel: the input is already split along K; megatron-core reduces the output.
         kwargs["allreduce_dgrad"] = False
         return self._nvfp4_forward_impl(input, weight, **kwargs)

@@ -1,0 +1,154 @@
+"""Collector hooks (names, values, zero hooks when off) and the BF16 fallback on real NVFP4 layers."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fullstack_fp4.nvfp4 import dequantize, quantize
+from fullstack_fp4.telemetry import (FallbackPolicy, TelemetryCollector, fallback_state, rel_err,
+                                     restore_fallback_state)
+
+
+class FakeNVFP4(torch.nn.Linear):
+    def _nvfp4_forward_impl(self):  # marker only: the collector finds modules by duck typing
+        pass
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.plain = FakeNVFP4(32, 48), FakeNVFP4(48, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.plain(self.fc2(self.fc1(x)))
+
+
+def _hooks(net):
+    return sum(len(m._forward_hooks) for m in net.modules())
+
+
+def test_collector_names_values_and_zero_cost_when_off():
+    torch.manual_seed(0)
+    net = torch.nn.Module()
+    net.module = Net()                     # a wrapper prefix, stripped from the names
+    tel = TelemetryCollector(interval=10, blocks=10**6)
+    assert not tel.begin_step(net, 5) and _hooks(net) == 0 and tel.end_step() == {}
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    assert tel.begin_step(net, 20) and _hooks(net) == 2
+    ys = {}
+    net.module.fc1.register_forward_hook(lambda m, a, o: ys.setdefault("h1", o))
+    net.module(x).sum().backward()
+    out = tel.end_step()
+    assert _hooks(net) == 1                # only the test's own hook remains
+    assert set(out) == {f"quant/{p}/{t}/rel_err" for p in ("fc1", "fc2") for t in ("x", "w", "dy")}
+    # blocks >= N: exact full-tensor values for x and w (nearest rounding)
+    want_x = rel_err(x, dequantize(quantize(x.detach())))
+    want_w = rel_err(net.module.fc1.weight, dequantize(quantize(net.module.fc1.weight.detach(), tile=(16, 16))))
+    assert out["quant/fc1/x/rel_err"] == pytest.approx(float(want_x), rel=1e-5)
+    assert out["quant/fc1/w/rel_err"] == pytest.approx(float(want_w), rel=1e-5)
+    assert 0.02 < out["quant/fc1/dy/rel_err"] < 0.5   # stochastic rounding: a noisy, bounded error
+    # two micro-batches accumulate sums (ratio of sums) and weights are sampled once per step
+    tel.begin_step(net, 30)
+    a, b = torch.randn(2, 32), 100 * torch.randn(2, 32)
+    net.module(a)
+    net.module(b)
+    o = tel.end_step()
+    ab = torch.cat([a, b])
+    e2 = sum((t - dequantize(quantize(t))).pow(2).sum() for t in (a, b))
+    assert o["quant/fc1/x/rel_err"] == pytest.approx(float((e2 / ab.pow(2).sum()).sqrt()), rel=1e-5)
+    tel.record("qadamw/v/rel_err", 0.5)
+    assert tel.end_step() == {"qadamw/v/rel_err": 0.5}
+
+
+# ------------------------------------------------------------------------ real NVFP4 layers
+@pytest.fixture(scope="module")
+def gpt():
+    from megatron.training.config import load_config
+    from megatron.training.trainer import Trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cfg = load_config(None, ["model.preset=tiny", "model.seq_length=32", "model.vocab_size=256",
+                             "data.mock=true", "train.global_batch_size=4", "train.micro_batch_size=2",
+                             "train.eval_iters=1", "logging.tensorboard=false", "checkpoint.load=none",
+                             "fp4.linear=nvfp4", "train.precision=fp32"])
+    cfg.logging.dir = None
+    yield Trainer(cfg, verbose=False)
+    torch.set_num_threads(threads)
+    from megatron.training.initialize import shutdown
+    shutdown()
+
+
+def test_telemetry_on_tiny_gpt_and_forced_fallback(gpt):
+    from fullstack_fp4.integration.nvfp4_linear_layers import (NVFP4ColumnParallelLinear,
+                                                               NVFP4RowParallelLinear,
+                                                               switch_module_to_bf16)
+
+    tel = TelemetryCollector(interval=1, blocks=16)
+    tel.begin_step(gpt.model, 1)
+    gpt.model.zero_grad_buffer()
+    loss = gpt._run_schedule(gpt.train_ds, 0, forward_only=False)
+    stats = tel.end_step()
+    assert loss is not None
+    qkv = "decoder.layers.0.self_attention.linear_qkv"
+    for t in ("x", "w", "dy"):
+        assert 0 < stats[f"quant/{qkv}/{t}/rel_err"] < 0.5
+    n_fp4 = sum(hasattr(m, "_nvfp4_forward_impl") for m in gpt.model.modules())
+    assert n_fp4 >= 4 and len(stats) == 3 * n_fp4
+
+    # forced error spike on one module for k intervals -> that module, and only it, switches
+    policy = FallbackPolicy("bf16", threshold=0.3, k_intervals=2, switch_fn=switch_module_to_bf16)
+    spiked = dict(stats)
+    spiked[f"quant/{qkv}/x/rel_err"] = 0.9
+    assert policy.observe(gpt.model, spiked) == []
+    ev = policy.observe(gpt.model, spiked)
+    assert ev == [{"module": qkv, "rel_err": 0.9, "action": "bf16"}]
+    assert policy.observe(gpt.model, spiked) == []          # logged once
+    mods = dict(gpt.model.named_modules())
+    layer = next(m for n, m in mods.items() if n.endswith(qkv))
+    assert isinstance(layer, NVFP4ColumnParallelLinear) and layer.fp4_fallback_bf16
+    x = torch.randn(8, 2, layer.weight.shape[1])
+    y, _ = layer(x)
+    ref = F.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)  # plain high-precision GEMM
+    # a module not switched still runs NVFP4 (differs from F.linear)
+    proj = next(m for n, m in mods.items() if n.endswith("layers.0.self_attention.linear_proj"))
+    assert isinstance(proj, NVFP4RowParallelLinear)
+    xp = torch.randn(8, 2, proj.weight.shape[1])
+    assert not torch.allclose(proj(xp)[0], F.linear(xp, proj.weight))
+    # telemetry skips modules in fallback
+    tel.begin_step(gpt.model, 2)
+    gpt._run_schedule(gpt.train_ds, 0, forward_only=True)
+    assert not any(qkv in k for k in tel.end_step())
+
+    # checkpoint round trip: state -> (torch.save in checkpoint extra) -> fresh flags restored
+    state = {"fallback": fallback_state(gpt.model), "policy": policy.state_dict()}
+    assert state["fallback"] == {"bf16_modules": [qkv]}
+    import io
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    layer.fp4_fallback_bf16 = False                         # a "fresh" model on resume
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert restore_fallback_state(gpt.model, loaded["fallback"], switch_module_to_bf16) == [qkv]
+    assert layer.fp4_fallback_bf16 and not getattr(proj, "fp4_fallback_bf16", False)
+    p2 = FallbackPolicy("bf16", threshold=0.3, k_intervals=2, switch_fn=switch_module_to_bf16)
+    p2.load_state_dict(loaded["policy"])
+    assert p2.observe(gpt.model, spiked) == []              # already triggered: not again
+    with pytest.raises(KeyError):
+        restore_fallback_state(gpt.model, {"bf16_modules": ["no.such.module"]}, switch_module_to_bf16)
+    with pytest.raises(TypeError):
+        switch_module_to_bf16(torch.nn.Linear(2, 2))
+    layer.fp4_fallback_bf16 = False
+
+
+def test_policy_warn_mode_and_reset():
+    p = FallbackPolicy("warn", threshold=0.1, k_intervals=2)
+    assert p.observe(None, {"quant/a/x/rel_err": 0.2}) == []
+    assert p.observe(None, {"quant/a/x/rel_err": 0.05}) == []   # not consecutive: reset
+    assert p.observe(None, {"quant/a/x/rel_err": 0.2}) == []
+    assert p.observe(None, {"quant/a/w/rel_err": float("nan")}) == [
+        {"module": "a", "rel_err": float("inf"), "action": "warn"}]
+    assert FallbackPolicy("off", 0.1).observe(None, {"quant/a/x/rel_err": 9.0}) == []
+    with pytest.raises(ValueError):
+        FallbackPolicy("bf16", 0.1)
