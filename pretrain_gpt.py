@@ -10,6 +10,7 @@ import sys
 
 from megatron.training.config import dump_yaml, load_config
 from megatron.training.errors import UserError
+from megatron.training.guards import DivergenceError
 
 
 def parse_args(argv):
@@ -40,6 +41,9 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    except DivergenceError as e:  # saved a checkpoint first; the message says what to change
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 3
     finally:
         if "megatron.training.initialize" in sys.modules:  # config errors exit before any import of megatron.core
             sys.modules["megatron.training.initialize"].shutdown()

@@ -47,6 +47,9 @@ class TrainConfig:
     eval_interval: int = 100  # validate every N steps (and at the end)
     eval_iters: int = 10  # global batches per validation (the same batches every time)
     log_interval: int = 10  # log every N steps
+    skip_nonfinite: bool = True  # skip the update when the loss or grad norm is NaN/Inf
+    max_consecutive_skips: int = 5  # then save and stop (0: never stop)
+    loss_spike_factor: Optional[float] = None  # skip when loss > factor x mean of recent good losses
 
 
 @dataclass

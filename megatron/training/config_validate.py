@@ -65,6 +65,13 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     if t.exit_interval is not None:
         _positive("train.exit_interval", t.exit_interval)
     _choice("train.precision", t.precision, ("bf16", "fp32"))
+    _positive("train.max_consecutive_skips", t.max_consecutive_skips, allow_zero=True)
+    if t.loss_spike_factor is not None:
+        if t.loss_spike_factor <= 1:
+            raise ConfigError(f"train.loss_spike_factor must be > 1 (or null); got {t.loss_spike_factor}")
+        if cfg.parallel.pipeline_model_parallel_size > 1:
+            raise ConfigError("train.loss_spike_factor needs the loss on every rank; it is only on the last "
+                              "pipeline stage, so use it with pipeline_model_parallel_size=1")
     world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
     if world % (tp * pp):
         raise ConfigError(f"world size {world} is not divisible by tensor x pipeline parallel size ({tp} x {pp})")

@@ -116,8 +116,8 @@ class StepGuard:
             f"training diverged: {self.consecutive_skips} consecutive optimizer updates skipped "
             f"(last reason: {self.last_reason}) at iteration {iteration}; "
             f"train.max_consecutive_skips={self.max_consecutive_skips}. The checkpoint just saved "
-            f"holds the parameters of the last applied step; lower the lr, raise "
-            f"train.max_consecutive_skips, or set fp4.fallback=bf16, then resume.")
+            f"holds the parameters of the last applied step; lower the lr or raise "
+            f"train.max_consecutive_skips, then resume.")
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:

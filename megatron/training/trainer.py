@@ -27,6 +27,7 @@ from megatron.training import checkpointing, recipes
 from megatron.training.batches import MockTokens, micro_batches
 from megatron.training.config import dump_yaml
 from megatron.training.errors import DataError
+from megatron.training.guards import StepGuard, guarded_optimizer_step
 from megatron.training.initialize import initialize
 from megatron.training.metrics import MetricsLogger, format_train_line
 from megatron.training.model import build_model, flops_per_token
@@ -63,6 +64,10 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, [self.model])
         self.flops_per_token = flops_per_token(cfg, self.vocab_size)
         self.metrics = MetricsLogger(cfg, enabled=self.is_logger)
+        t = cfg.train
+        self.guard = StepGuard(skip_nonfinite=t.skip_nonfinite, max_consecutive_skips=t.max_consecutive_skips,
+                               loss_spike_factor=t.loss_spike_factor)
+        self.last_skip = None
         self._load_checkpoint()
         self._write_run_info()
 
@@ -108,6 +113,7 @@ class Trainer:
             return
         meta = checkpointing.load_checkpoint(path, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg)
         self.iteration, self.consumed_samples = meta["iteration"], meta["consumed_samples"]
+        self.guard.load_state_dict(meta["extra"].get("guard", {}))
         if self.rank == 0:
             print(f"[checkpoint] resumed from {path} at iteration {self.iteration}", flush=True)
 
@@ -162,7 +168,10 @@ class Trainer:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         loss = self._run_schedule(self.train_ds, self.consumed_samples, forward_only=False)
-        _, grad_norm, _ = self.optimizer.step()
+        # The guard decides between megatron-core's grad preparation and the update itself, so
+        # a NaN/Inf (or spiking) step never touches the parameters or the optimizer state.
+        applied, grad_norm, reason = guarded_optimizer_step(self.optimizer, self.guard, loss)
+        self.last_skip = None if applied else reason
         return loss, float(grad_norm) if grad_norm is not None else float("nan")
 
     @torch.no_grad()
@@ -181,7 +190,8 @@ class Trainer:
             return None
         path = checkpointing.save_checkpoint(
             c.save_dir, self.iteration, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg,
-            keep_last=c.keep_last, train_state={"consumed_samples": self.consumed_samples})
+            keep_last=c.keep_last, train_state={"consumed_samples": self.consumed_samples},
+            extra={"guard": self.guard.state_dict()})
         if self.rank == 0:
             print(f"[checkpoint] saved {path}", flush=True)
         return path
@@ -215,15 +225,21 @@ class Trainer:
             self.iteration += 1
             self.consumed_samples += t.global_batch_size
             recipes.after_optimizer_step([self.model], self.optimizer, cfg, self.iteration)
+            if self.last_skip and self.rank == 0:  # the batch is consumed all the same
+                print(f"[guard] iteration {self.iteration}: update skipped ({self.last_skip})", flush=True)
             if self.is_logger and (self.iteration % t.log_interval == 0 or self.iteration == 1):
                 tps = tokens_per_step / step_s
                 tflops = tps * self.flops_per_token / dist.get_world_size() / 1e12
                 rec = {"iter": self.iteration, "consumed_samples": self.consumed_samples, "loss": loss,
                        "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps, "step_ms": 1e3 * step_s,
                        "tflops": tflops, "mfu": tflops / peak if peak else None,
+                       "skipped": int(self.last_skip is not None), "total_skips": self.guard.total_skips,
                        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30
                        if torch.cuda.is_available() else None}
                 self.metrics.log(rec, stdout=format_train_line(rec, t.iters))
+            if self.guard.exhausted:
+                self.save()
+                raise self.guard.error(self.iteration)
             if self.iteration % t.eval_interval == 0 or self.iteration == t.iters:
                 last_val = self.evaluate()
                 if last_val is not None:
