@@ -361,15 +361,15 @@ def _is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _default_config(rows: int, nblk: int, tile2d: bool, stochastic: bool, four6: bool):
+def _default_config(nblk: int):
     """(BLOCK_M rows, BLOCK_B 16-blocks, num_warps). 4096 elements a program for the plain modes."""
     if _is_interpreter():
         return 16, 4, 4     # small tiles: the interpreter's cost grows with padding
     nb = 8 if nblk >= 8 else triton.next_power_of_2(nblk)
-    bm = 32
-    if four6 or stochastic:
-        bm = 16             # more live registers per element (two candidates / Philox)
-    return bm, nb, 4
+    # 16 rows x 8 blocks, 4 warps: the fastest of the sweep on the H200 for 1x16 nearest
+    # (154 vs 210 us with the amax pass, 122 vs 171 us with the amax given, 8192^2 BF16;
+    # BENCHMARKS.md section 4); the modes with more live registers used 16 rows already.
+    return 16, nb, 4
 
 
 def _check_input(x: torch.Tensor, tile, rounding, scale_rule):
@@ -469,7 +469,7 @@ def quantize_triton(
                 seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
             seed_v = int(seed)
 
-    bm, nb, nw = config if config is not None else _default_config(rows, nblk, tile2d, stochastic, four6)
+    bm, nb, nw = config if config is not None else _default_config(nblk)
     if tile2d and bm % 16:
         raise ValueError("BLOCK_M must be a multiple of 16 for 16x16 tiles")
     grid = (triton.cdiv(rows, bm) * triton.cdiv(nblk, nb),)
@@ -551,7 +551,7 @@ def amax_triton(x: torch.Tensor, rht_signs=None) -> torch.Tensor:
     obs = torch.zeros((1,), dtype=torch.int32, device=x.device)
     if rows and k:
         x2 = _as_2d(x, rows, k)
-        bm, nb, nw = _default_config(rows, k // 16, False, False, False)
+        bm, nb, nw = _default_config(k // 16)
         grid = (triton.cdiv(rows, bm) * triton.cdiv(k // 16, nb),)
         _amax_kernel[grid](x2, _device_signs(rht_signs, x.device), obs, rows, k // 16,
                            x2.stride(0), RHT=rht_signs is not None, BM=bm, NB=nb, num_warps=nw,
