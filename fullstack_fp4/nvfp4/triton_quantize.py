@@ -362,7 +362,7 @@ def _is_interpreter() -> bool:
 
 
 def _default_config(nblk: int):
-    """(BLOCK_M rows, BLOCK_B 16-blocks, num_warps). 4096 elements a program for the plain modes."""
+    """(BLOCK_M rows, BLOCK_B 16-blocks, num_warps): 2048 elements a program."""
     if _is_interpreter():
         return 16, 4, 4     # small tiles: the interpreter's cost grows with padding
     nb = 8 if nblk >= 8 else triton.next_power_of_2(nblk)
