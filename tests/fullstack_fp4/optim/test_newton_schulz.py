@@ -1,12 +1,16 @@
 """Newton–Schulz: FP64 oracle, coefficient tables, NVFP4 algebra and stability."""
 
+import importlib
+
 import pytest
 import torch
 
-from fullstack_fp4.optim import newton_schulz as ns_mod
 from fullstack_fp4.optim.newton_schulz import newton_schulz
 from fullstack_fp4.optim.ns_coefficients import (MUON, ROOT_PUBLISHED, fp4_coefficients,
                                                  resolve_schedule, root_coefficients)
+
+# the module itself (fullstack_fp4.optim.newton_schulz is also the exported function's name)
+ns_mod = importlib.import_module("fullstack_fp4.optim.newton_schulz")
 
 
 def ns_fp64_reference(G, schedule):
