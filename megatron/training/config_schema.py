@@ -98,7 +98,9 @@ class FP4Config:
     attention: str = "bf16"  # bf16 | q_attn
     bf16_first_layers: int = 0  # keep the first N transformer blocks in BF16
     bf16_last_layers: int = 0  # keep the last N transformer blocks in BF16
-    fallback: str = "off"  # off | warn | bf16
+    fallback: str = "off"  # off | warn | bf16: per-module BF16 fallback on sustained quantization error (needs logging.quant_stats_interval > 0, fp4.linear=nvfp4)
+    fallback_threshold: float = 0.25  # rel_err above which a telemetry interval counts as bad for a module (to be tuned on GPU)
+    fallback_intervals: int = 3  # K consecutive bad telemetry intervals trigger the fallback
     lora_svd: LoRASVDConfig = field(default_factory=LoRASVDConfig)
 
 

@@ -142,9 +142,13 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     _positive("checkpoint.keep_last", c.keep_last)
     _choice("logging.wandb_mode", lg.wandb_mode, ("offline", "online", "disabled"))
     _positive("logging.quant_stats_interval", lg.quant_stats_interval, allow_zero=True)
-    # Schema keys whose implementation has not landed: a clear error instead of a silent no-op.
     if f.fallback != "off":
-        raise ConfigError(f"fp4.fallback: '{f.fallback}' is not implemented in this release yet; use off")
-    if lg.quant_stats_interval:
-        raise ConfigError("logging.quant_stats_interval: quantization telemetry is not implemented in "
-                          "this release yet; use 0")
+        if not lg.quant_stats_interval:
+            raise ConfigError(f"fp4.fallback={f.fallback} needs quantization telemetry: set logging.quant_stats_interval > 0")
+        if f.linear != "nvfp4":
+            raise ConfigError(f"fp4.fallback={f.fallback} needs fp4.linear=nvfp4 (the only recipe telemetry instruments); "
+                              f"got '{f.linear}'")
+    if not f.fallback_threshold > 0:
+        raise ConfigError(f"fp4.fallback_threshold must be > 0; got {f.fallback_threshold}")
+    if f.fallback_intervals < 1:
+        raise ConfigError(f"fp4.fallback_intervals must be >= 1; got {f.fallback_intervals}")

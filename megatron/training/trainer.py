@@ -23,6 +23,8 @@ from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
+from fullstack_fp4.telemetry import (FallbackPolicy, TelemetryCollector, fallback_state,
+                                     restore_fallback_state)
 from megatron.training import checkpointing, recipes
 from megatron.training.batches import MockTokens, micro_batches
 from megatron.training.config import dump_yaml
@@ -43,6 +45,11 @@ def peak_tflops() -> float | None:
         return None
     name = torch.cuda.get_device_name()
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def _switch_to_bf16(module) -> None:
+    from fullstack_fp4.integration.nvfp4_linear_layers import switch_module_to_bf16
+    switch_module_to_bf16(module)
 
 
 class Trainer:
@@ -68,6 +75,14 @@ class Trainer:
         self.guard = StepGuard(skip_nonfinite=t.skip_nonfinite, max_consecutive_skips=t.max_consecutive_skips,
                                loss_spike_factor=t.loss_spike_factor)
         self.last_skip = None
+        # Quantization telemetry (no hooks at all when logging.quant_stats_interval=0) and the
+        # per-module BF16 fallback it feeds (docs/telemetry.md).
+        self.telemetry = TelemetryCollector(cfg.logging.quant_stats_interval, seed=t.seed)
+        self.quant_stats = {}
+        self.fallback = None
+        if cfg.fp4.fallback != "off":
+            self.fallback = FallbackPolicy(cfg.fp4.fallback, cfg.fp4.fallback_threshold,
+                                           cfg.fp4.fallback_intervals, switch_fn=_switch_to_bf16)
         self._load_checkpoint()
         self._write_run_info()
 
@@ -113,7 +128,13 @@ class Trainer:
             return
         meta = checkpointing.load_checkpoint(path, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg)
         self.iteration, self.consumed_samples = meta["iteration"], meta["consumed_samples"]
-        self.guard.load_state_dict(meta["extra"].get("guard", {}))
+        extra = meta["extra"]
+        self.guard.load_state_dict(extra.get("guard", {}))
+        switched = restore_fallback_state([self.model], extra.get("fp4_fallback"), _switch_to_bf16)
+        if self.fallback and extra.get("fallback_policy"):
+            self.fallback.load_state_dict(extra["fallback_policy"])
+        if switched and self.rank == 0:
+            print(f"[fp4.fallback] resumed with {len(switched)} module(s) in BF16: {', '.join(switched)}", flush=True)
         if self.rank == 0:
             print(f"[checkpoint] resumed from {path} at iteration {self.iteration}", flush=True)
 
@@ -167,7 +188,9 @@ class Trainer:
     def train_step(self) -> tuple[float | None, float]:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self.telemetry.begin_step([self.model], self.iteration + 1)  # no-op off-interval
         loss = self._run_schedule(self.train_ds, self.consumed_samples, forward_only=False)
+        self.quant_stats = self.telemetry.end_step()  # {} off-interval
         # The guard decides between megatron-core's grad preparation and the update itself, so
         # a NaN/Inf (or spiking) step never touches the parameters or the optimizer state.
         applied, grad_norm, reason = guarded_optimizer_step(self.optimizer, self.guard, loss)
@@ -191,10 +214,45 @@ class Trainer:
         path = checkpointing.save_checkpoint(
             c.save_dir, self.iteration, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg,
             keep_last=c.keep_last, train_state={"consumed_samples": self.consumed_samples},
-            extra={"guard": self.guard.state_dict()})
+            extra=self._checkpoint_extra())
         if self.rank == 0:
             print(f"[checkpoint] saved {path}", flush=True)
         return path
+
+    def _checkpoint_extra(self) -> dict:
+        extra = {"guard": self.guard.state_dict(), "fp4_fallback": fallback_state([self.model])}
+        if self.fallback:
+            extra["fallback_policy"] = self.fallback.state_dict()
+        return extra
+
+    # ---------------------------------------------------------------- telemetry
+    def _agreed_stats(self, stats: dict) -> dict:
+        """MAX over the ranks that hold the same modules (the tensor- and data-parallel ranks of
+        this pipeline stage), in a fixed key order, so they all take the same fallback decisions.
+        Each pipeline stage decides for its own modules (and keeps them in its own extra file)."""
+        if dist.get_world_size() == 1 or not stats:
+            return stats
+        keys = sorted(stats)
+        vals = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.device)
+        for group in (ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()):
+            dist.all_reduce(vals, op=dist.ReduceOp.MAX, group=group)
+        return dict(zip(keys, vals.tolist()))
+
+    def _handle_quant_stats(self):
+        """Log this step's telemetry (if any) and let the fallback policy act on it."""
+        if not self.quant_stats:
+            return
+        stats = self._agreed_stats(self.quant_stats)
+        rec = {"iter": self.iteration, **stats}
+        if self.fallback:
+            f = self.cfg.fp4
+            for ev in self.fallback.observe([self.model], stats):
+                rec[f"fallback/{ev['module']}"] = 1
+                if self.rank == 0:
+                    print(f"[fp4.fallback] iteration {self.iteration}: {ev['module']}: rel_err {ev['rel_err']:.3g} > "
+                          f"{f.fallback_threshold} for {f.fallback_intervals} interval(s) -> {ev['action'].upper()}",
+                          flush=True)
+        self.metrics.log(rec)
 
     # ---------------------------------------------------------------- loop
     def _on_signal(self, signum, frame):
@@ -227,6 +285,7 @@ class Trainer:
             recipes.after_optimizer_step([self.model], self.optimizer, cfg, self.iteration)
             if self.last_skip and self.rank == 0:  # the batch is consumed all the same
                 print(f"[guard] iteration {self.iteration}: update skipped ({self.last_skip})", flush=True)
+            self._handle_quant_stats()
             if self.is_logger and (self.iteration % t.log_interval == 0 or self.iteration == 1):
                 tps = tokens_per_step / step_s
                 tflops = tps * self.flops_per_token / dist.get_world_size() / 1e12
