@@ -40,11 +40,25 @@ def _amax_reducer(tp_group):
 
 
 class _NVFP4LocalGEMM:
+    """Mixin placed before megatron-core's parallel linear: only the local GEMM changes."""
+
+    _row_parallel = False  # row-parallel input is already split along K: no dgrad all-reduce
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.sequence_parallel:
+            raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        if getattr(self, "fp4_fallback_bf16", False):  # switched by the BF16 fallback
+            return super()._forward_impl(input, weight, *args, **kwargs)
+        return self._nvfp4_forward_impl(input, weight, **kwargs)
+
     def _nvfp4_forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False,
                             **unused):
         if sequence_parallel:
             raise ValueError("NVFP4 linears do not support sequence parallelism")
-        if allreduce_dgrad:
+        if allreduce_dgrad and not self._row_parallel:
             input = copy_to_tensor_model_parallel_region(input, group=self.tp_group)
         return nvfp4_linear(input, weight, bias, amax_reduce=_amax_reducer(self.tp_group))
 
@@ -57,26 +71,8 @@ def switch_module_to_bf16(module) -> None:
 
 
 class NVFP4ColumnParallelLinear(_NVFP4LocalGEMM, ColumnParallelLinear):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.sequence_parallel:
-            raise ValueError("NVFP4ColumnParallelLinear does not support sequence parallelism")
-
-    def _forward_impl(self, input, weight, *args, **kwargs):
-        if getattr(self, "fp4_fallback_bf16", False):
-            return super()._forward_impl(input, weight, *args, **kwargs)
-        return self._nvfp4_forward_impl(input, weight, **kwargs)
+    pass
 
 
 class NVFP4RowParallelLinear(_NVFP4LocalGEMM, RowParallelLinear):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.sequence_parallel:
-            raise ValueError("NVFP4RowParallelLinear does not support sequence parallelism")
-
-    def _forward_impl(self, input, weight, *args, **kwargs):
-        if getattr(self, "fp4_fallback_bf16", False):
-            return super()._forward_impl(input, weight, *args, **kwargs)
-        # Row-parallel: the input is already split along K; megatron-core reduces the output.
-        kwargs["allreduce_dgrad"] = False
-        return self._nvfp4_forward_impl(input, weight, **kwargs)
+    _row_parallel = True
