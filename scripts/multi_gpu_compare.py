@@ -263,6 +263,34 @@ def cmd_compare(a) -> int:
 
 
 # ----------------------------------------------------------------------------- pretrain wrapper
+def _replay_earlier_stages(build, cfg, vocab_size, kw) -> None:
+    """On pipeline stage k > 0, build (and drop) the models of stages 0..k-1 first.
+
+    With CPU initialisation every weight is drawn, in build order, from the one CPU generator: the
+    1-GPU model draws embedding, layers 0..L-1, output layer. Stage k alone would draw its layers
+    from a fresh generator, i.e. other weights. Replaying the earlier stages' draws (same shapes,
+    same order; the recipes' after-build step skipped, as it runs after all layers on 1 GPU) puts
+    the generator where the 1-GPU build is when it reaches stage k's first layer.
+    """
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() <= 1:
+        return
+    stage = ps.get_pipeline_model_parallel_rank()
+    if stage == 0:
+        return
+    import megatron.training.model as model_mod
+
+    after = model_mod.recipes.after_model_build
+    model_mod.recipes.after_model_build = lambda model, cfg: None
+    try:
+        for j in range(stage):
+            build(cfg, vocab_size, pre_process=(j == 0), post_process=False, pp_rank=j,
+                  use_cpu_initialization=True)
+    finally:
+        model_mod.recipes.after_model_build = after
+
+
 def cmd_pretrain(a, rest: list[str]) -> int:
     sys.path.insert(0, REPO)
     if a.cpu_init:
@@ -273,16 +301,30 @@ def cmd_pretrain(a, rest: list[str]) -> int:
         orig = model_mod.build_model
 
         @functools.wraps(orig)
-        def build_model(*args, **kw):
+        def build_model(cfg, vocab_size, **kw):
             kw.setdefault("use_cpu_initialization", True)
             if kw["use_cpu_initialization"] is None:
                 kw["use_cpu_initialization"] = True
-            return orig(*args, **kw)
+            _replay_earlier_stages(orig, cfg, vocab_size, kw)
+            return orig(cfg, vocab_size, **kw)
 
         model_mod.build_model = build_model
         import megatron.training.trainer as trainer_mod
 
         trainer_mod.build_model = build_model
+        # One seed for every pipeline stage (the trainer adds 100 x stage, like megatron-core), so
+        # that with the replay below stage k draws exactly the weights the 1-GPU model draws for
+        # its layers. Only the CPU generator matters here: every weight is drawn on the CPU.
+        import megatron.training.initialize as init_mod
+
+        orig_seed = init_mod.set_seed
+
+        def set_seed(seed: int) -> None:
+            from megatron.core import parallel_state as ps
+
+            orig_seed(seed - 100 * ps.get_pipeline_model_parallel_rank())
+
+        init_mod.set_seed = set_seed
     import pretrain_gpt
 
     return pretrain_gpt.main(rest)
