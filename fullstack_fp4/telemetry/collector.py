@@ -1,26 +1,45 @@
-"""TelemetryCollector: quantization error of NVFP4 linears, every ``interval`` steps.
+"""TelemetryCollector: sampled quantization statistics of every FP4 recipe, every ``interval`` steps.
 
 Usage (trainer, see docs/telemetry.md § Wiring)::
 
     tel = TelemetryCollector(interval=cfg.logging.quant_stats_interval, blocks=64, seed=cfg.train.seed)
-    tel.begin_step(model, iteration)     # installs hooks only if tel.enabled(iteration)
-    ... forward / backward ...
-    rec.update(tel.end_step())           # removes hooks; {"quant/<path>/<x|w|dy>/rel_err": float}
+    tel.begin_step(model, iteration, optimizer)   # installs hooks only if tel.enabled(iteration)
+    ... forward / backward / optimizer.step() ...
+    rec.update(tel.end_step())                    # removes hooks; {"quant/<path>/<tensor>/<stat>": float}
 
 Zero cost when off: on a step where ``enabled(iteration)`` is False no hook exists (nothing is
-installed and ``end_step`` returns ``{}`` without touching a tensor). On an enabled step, per
-NVFP4 linear and per micro-batch: a forward hook samples ``x`` (1×16 blocks, nearest, as fprop
-quantizes it) and ``W`` (16×16 tiles, nearest; once per step, the weight does not change within
-a step), and a tensor hook on the output samples ``dy`` (1×16, stochastic rounding, as dgrad
-quantizes it). Sums of squared errors and of squares are accumulated per name over
-micro-batches (and activation recomputation) on the device; ``end_step`` does the one host sync.
+installed and ``end_step`` returns ``{}`` without touching a tensor). On an enabled step:
 
-Not measured (docs/telemetry.md): the RHT-16'd wgrad operands, TP-reduced amax (local amax is
-used: on TP > 1 the tensor scale may differ slightly from the recipe's).
+* NVFP4 linears (``_nvfp4_forward_impl``): a forward hook samples ``x`` (1×16 blocks, nearest,
+  the fprop operand), ``w`` (16×16 tiles, nearest; once per step) and the wgrad copy of x
+  ``wgrad_x`` (RHT-16 of xᵀ, 1×16 along tokens, nearest); a tensor hook on the output samples
+  ``dy`` (1×16, stochastic, the dgrad operand) and ``wgrad_dy`` (RHT-16 of dYᵀ, stochastic).
+* LoRA-SVD linears (``_lora_forward_impl``, not in ``lora_exact`` mode): the same x / dy /
+  wgrad operands of the W_res GEMM, ``w_res`` (W_res, 16×16 tiles) and ``lora_energy``
+  (‖β L2 L1‖² / ‖W_res + β L2 L1‖², a fraction, not an error), on sampled 16×16 tiles.
+* Q-Attn core attention (class ``QAttnCoreAttention``): per call, one uniformly drawn
+  (batch, head): ``s`` (S = QKᵀ on ``attn_rows`` sampled query rows) in the forward hook, and
+  ``ds`` (dS of one sampled 64-query tile row, quantized as the dQ GEMM takes it) from a tensor
+  hook on the output gradient.
+* Q-AdamW (``QAdamW``, also inside megatron's wrapper / the SplitOptimizer): a step *pre*-hook,
+  i.e. after grad clipping and before the update, samples ``opt_chunks`` 1024-entry chunks per
+  quantized parameter: ``m``, ``v``, ``update`` rel_err and ``v_clamped`` (fraction of v
+  entries raised by the decode guard), under ``quant/optimizer/<param name>/...``.
+* Q-Muon / Q-Root (``ns_precision == "nvfp4"``): a step pre-hook draws ``ns_matrices`` matrices
+  (one orthogonalised block each) and records ``ns_step`` (worst one-step NS error),
+  ``ns_orth`` and ``ns_orth_fp32`` (‖XXᵀ − I‖/‖I‖ of the NVFP4 and of the FP32 iteration).
 
-Which modules: ``predicate(module)``; by default anything with an ``_nvfp4_forward_impl``
-method that is not in BF16 fallback (``fp4_fallback_bf16``), i.e. the NVFP4 parallel linears
-of fullstack_fp4.integration, found by duck typing (no megatron import here).
+Sums of squared errors and of squares (or counts) are accumulated per name over micro-batches
+(and activation recomputation) on the device; ``end_step`` does the one host sync and turns
+``*/rel_err`` sums into ``sqrt(Σe²/Σx²)``, ``*/frac`` and ``lora_energy/frac`` into ratios.
+
+Not measured (docs/telemetry.md): TP-reduced amax (local amax is used: on TP > 1 the tensor
+scale may differ slightly from the recipe's); the NS statistics use the optimizer's
+``_momentum`` / ``_pre_ns`` methods on a *copy* of the state (no public API gives the NS input).
+
+Which modules: found by duck typing (no megatron import here); modules in BF16 fallback
+(``fp4_fallback_bf16``) are skipped. ``predicate`` (default ``is_nvfp4_linear``) selects the
+NVFP4 linears as before.
 """
 from __future__ import annotations
 
@@ -28,13 +47,37 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from . import recipe_stats as rs
 from .stats import nvfp4_qdq, sampled_sums
 
-__all__ = ["TelemetryCollector", "is_nvfp4_linear", "module_path"]
+__all__ = ["TelemetryCollector", "is_nvfp4_linear", "is_lora_svd_linear", "is_q_attn",
+           "module_recipe", "module_path", "main_param_names"]
 
 
 def is_nvfp4_linear(m: torch.nn.Module) -> bool:
     return hasattr(m, "_nvfp4_forward_impl") and not getattr(m, "fp4_fallback_bf16", False)
+
+
+def is_lora_svd_linear(m: torch.nn.Module) -> bool:
+    return (hasattr(m, "_lora_forward_impl") and hasattr(m, "lora_l1")
+            and not getattr(m, "fp4_fallback_bf16", False) and not getattr(m, "lora_exact", False))
+
+
+def is_q_attn(m: torch.nn.Module) -> bool:
+    return type(m).__name__ == "QAttnCoreAttention" and not getattr(m, "fp4_fallback_bf16", False)
+
+
+def module_recipe(m) -> Optional[str]:
+    """"linear" | "lora_svd" | "attention" for an FP4 module (in fallback or not), else None."""
+    if m is None:
+        return None
+    if hasattr(m, "_lora_forward_impl") and hasattr(m, "lora_l1"):
+        return "lora_svd"
+    if hasattr(m, "_nvfp4_forward_impl"):
+        return "linear"
+    if type(m).__name__ == "QAttnCoreAttention":
+        return "attention"
+    return None
 
 
 def module_path(name: str) -> str:
@@ -44,19 +87,57 @@ def module_path(name: str) -> str:
     return name
 
 
+def _inner_optimizers(optimizer) -> list:
+    """The torch optimizers doing the update, through megatron's wrappers and SplitOptimizer."""
+    if optimizer is None:
+        return []
+    out = []
+    for w in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(w, "optimizer", w)
+        out.extend(getattr(inner, "subs", None) or [inner])
+    return [o for o in out if isinstance(o, torch.optim.Optimizer)]
+
+
+def main_param_names(optimizer, model_chunks) -> Dict[int, str]:
+    """id(param the inner optimizer updates) -> model parameter name (wrapper prefixes stripped).
+
+    Float16 wrappers keep FP32 main copies: paired with their model params through the
+    wrapper's ``float16_groups`` / ``fp32_from_float16_groups`` (megatron-core) or
+    ``param.main_param``; FP32 wrappers update the model params themselves."""
+    models = model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]
+    names = {}
+    for chunk in models:
+        for n, p in chunk.named_parameters():
+            names[id(p)] = module_path(n)
+            mp = getattr(p, "main_param", None)
+            if mp is not None:
+                names[id(mp)] = module_path(n)
+    for w in getattr(optimizer, "chained_optimizers", None) or ([optimizer] if optimizer else []):
+        for g16, g32 in zip(getattr(w, "float16_groups", []), getattr(w, "fp32_from_float16_groups", [])):
+            for p, m in zip(g16, g32):
+                if id(p) in names:
+                    names[id(m)] = names[id(p)]
+    return names
+
+
 class TelemetryCollector:
     """Registry name -> value of sampled quantization statistics (see module docstring)."""
 
     def __init__(self, interval: int, *, blocks: int = 64, seed: int = 0,
-                 predicate: Callable[[torch.nn.Module], bool] = is_nvfp4_linear):
-        if interval < 0 or blocks < 1:
-            raise ValueError("interval >= 0, blocks >= 1")
+                 predicate: Callable[[torch.nn.Module], bool] = is_nvfp4_linear,
+                 wgrad: bool = True, attn_rows: int = 16, opt_chunks: int = 2,
+                 ns_matrices: int = 1):
+        if interval < 0 or blocks < 1 or attn_rows < 1 or opt_chunks < 1 or ns_matrices < 0:
+            raise ValueError("interval >= 0, blocks, attn_rows, opt_chunks >= 1, ns_matrices >= 0")
         self.interval, self.blocks, self.seed, self.predicate = interval, blocks, seed, predicate
+        self.wgrad, self.attn_rows, self.opt_chunks, self.ns_matrices = wgrad, attn_rows, opt_chunks, ns_matrices
         self.registry: Dict[str, float] = {}
         self._sums: Dict[str, list] = {}
+        self._direct: Dict[str, torch.Tensor] = {}
         self._handles: list = []
         self._gen: Optional[torch.Generator] = None
         self._done_w: set = set()
+        self._names: Dict[int, str] = {}
 
     def enabled(self, iteration: int) -> bool:
         return self.interval > 0 and iteration % self.interval == 0
@@ -66,6 +147,14 @@ class TelemetryCollector:
         return bool(self._handles)
 
     # -------------------------------------------------------------- accumulation
+    def _acc(self, key: str, num, den) -> None:
+        acc = self._sums.get(key)
+        if acc is None:
+            self._sums[key] = [num, den]
+        else:
+            acc[0] = acc[0] + num
+            acc[1] = acc[1] + den
+
     def _add(self, path: str, tensor: str, t: torch.Tensor, tile, rounding: str):
         if t.shape[-1] % 16 or (tile[0] == 16 and t.reshape(-1, t.shape[-1]).shape[0] % 16):
             return
@@ -74,21 +163,22 @@ class TelemetryCollector:
         qdq = nvfp4_qdq(global_amax=gamax, tile=tile, rounding=rounding,
                         generator=self._gen if rounding == "stochastic" else None)
         e2, x2, _, _ = sampled_sums(t, qdq, blocks=self.blocks, generator=self._gen, tile=tile)
-        key = f"quant/{path}/{tensor}/rel_err"
-        acc = self._sums.get(key)
-        if acc is None:
-            self._sums[key] = [e2, x2]
-        else:
-            acc[0] = acc[0] + e2
-            acc[1] = acc[1] + x2
+        self._acc(f"quant/{path}/{tensor}/rel_err", e2, x2)
+
+    def _add_wgrad(self, path: str, tensor: str, t: torch.Tensor, rounding: str):
+        if not self.wgrad or t.shape[-1] % 16:
+            return
+        e2, x2 = rs.wgrad_operand_sums(t, rounding=rounding, blocks=self.blocks, generator=self._gen)
+        self._acc(f"quant/{path}/{tensor}/rel_err", e2, x2)
 
     def record(self, name: str, value: float) -> None:
-        """Record any other scalar statistic (e.g. Q-AdamW, Q-Root) in this interval's registry."""
+        """Record any other scalar statistic in this interval's registry."""
         self.registry[name] = float(value)
 
     # -------------------------------------------------------------- hooks
-    def begin_step(self, model, iteration: int) -> bool:
-        """Install hooks on every matching module if ``enabled(iteration)``; returns whether it did."""
+    def begin_step(self, model, iteration: int, optimizer=None) -> bool:
+        """Install hooks on every matching module (and the optimizer's step pre-hooks) if
+        ``enabled(iteration)``; returns whether it did."""
         self.end_step() if self.active else None
         if not self.enabled(iteration):
             return False
@@ -97,37 +187,156 @@ class TelemetryCollector:
         models = model if isinstance(model, (list, tuple)) else [model]
         for chunk in models:
             for name, m in chunk.named_modules():
+                path = module_path(name)
                 if self.predicate(m):
-                    self._handles.append(m.register_forward_hook(self._make_hook(module_path(name))))
+                    self._handles.append(m.register_forward_hook(self._linear_hook(path, "w")))
+                elif is_lora_svd_linear(m):
+                    self._handles.append(m.register_forward_hook(self._linear_hook(path, "w_res")))
+                elif is_q_attn(m):
+                    self._handles.append(m.register_forward_hook(self._attn_hook(path), with_kwargs=True))
+        inner = _inner_optimizers(optimizer)
+        if inner:
+            self._names = main_param_names(optimizer, models)
+            self._install_optimizer_hooks(inner)
         return True
 
-    def _make_hook(self, path: str):
+    def _linear_hook(self, path: str, wname: str):
         def hook(module, args, output):
             x = args[0] if args else None
             with torch.no_grad():
                 if torch.is_tensor(x):
                     self._add(path, "x", x, (1, 16), "nearest")
+                    self._add_wgrad(path, "wgrad_x", x, "nearest")
                 w = getattr(module, "weight", None)
                 if torch.is_tensor(w) and path not in self._done_w:
                     self._done_w.add(path)
-                    self._add(path, "w", w, (16, 16), "nearest")
+                    if wname == "w":
+                        self._add(path, "w", w, (16, 16), "nearest")
+                    else:
+                        st = rs.lora_svd_sums(w, module.lora_l1, module.lora_l2, module.lora_beta,
+                                              tiles=self.blocks, generator=self._gen)
+                        self._acc(f"quant/{path}/w_res/rel_err", *st["w_res"])
+                        self._acc(f"quant/{path}/lora_energy/frac", *st["energy"])
             y = output[0] if isinstance(output, (tuple, list)) else output
             if torch.is_tensor(y) and y.requires_grad:
                 def grad_hook(g):
                     with torch.no_grad():
                         self._add(path, "dy", g, (1, 16), "stochastic")
+                        self._add_wgrad(path, "wgrad_dy", g, "stochastic")
                 y.register_hook(grad_hook)
         return hook
 
+    def _attn_hook(self, path: str):
+        def hook(module, args, kwargs, output):
+            names = ("query", "key", "value")
+            qkv = [args[i] if len(args) > i else kwargs.get(n) for i, n in enumerate(names)]
+            if not all(torch.is_tensor(t) for t in qkv) or not torch.is_tensor(output):
+                return
+            q, k, v = qkv                                   # [s, b, heads, d], [s, b, groups, d]
+            mask_type = kwargs.get("attn_mask_type") or getattr(module, "attn_mask_type", None)
+            causal = "causal" in str(mask_type)
+            sq, b, h, d = q.shape
+            g = h // k.shape[2]
+            bi = int(torch.randint(b, (1,), generator=self._gen))
+            hi = int(torch.randint(h, (1,), generator=self._gen))
+            qh, kh, vh = q[:, bi, hi].detach(), k[:, bi, hi // g].detach(), v[:, bi, hi // g].detach()
+            with torch.no_grad():
+                rows = torch.randint(sq, (self.attn_rows,), generator=self._gen)
+                self._acc(f"quant/{path}/s/rel_err", *rs.attn_s_sums(qh, kh, rows, causal=causal))
+            if output.requires_grad:
+                oh = output[:, bi, hi * d:(hi + 1) * d].detach()
+                tile_row = int(torch.randint(-(-sq // 64), (1,), generator=self._gen))
+                scale = float(module.softmax_scale)
+
+                def grad_hook(grad):
+                    with torch.no_grad():
+                        doh = grad[:, bi, hi * d:(hi + 1) * d]
+                        self._acc(f"quant/{path}/ds/rel_err",
+                                  *rs.attn_ds_sums(qh, kh, vh, oh, doh, tile_row, scale=scale,
+                                                   causal=causal))
+                output.register_hook(grad_hook)
+        return hook
+
+    # -------------------------------------------------------------- optimizer
+    def _install_optimizer_hooks(self, inner: list) -> None:
+        from fullstack_fp4.optim import QAdamW
+        from fullstack_fp4.optim.muon import OrthogonalOptimizer
+
+        for opt in inner:
+            if isinstance(opt, QAdamW):
+                self._handles.append(opt.register_step_pre_hook(self._q_adamw_hook))
+            elif isinstance(opt, OrthogonalOptimizer) and self.ns_matrices and any(
+                    g.get("ns_precision") == "nvfp4" for g in opt.param_groups):
+                self._handles.append(opt.register_step_pre_hook(self._ns_hook))
+
+    def _pname(self, p, gi: int, pi: int) -> str:
+        return self._names.get(id(p), f"group{gi}.param{pi}")
+
+    @torch.no_grad()
+    def _q_adamw_hook(self, opt, args, kwargs):
+        for gi, group in enumerate(opt.param_groups):
+            b1, b2 = group["betas"]
+            for pi, p in enumerate(group["params"]):
+                st = opt.state.get(p, {})
+                place = getattr(p, "q_adamw_place", None)   # a piece of a larger tensor
+                full = place.full_numel if place is not None else p.numel()
+                if p.grad is None or "exp_avg" in st or (not st and full < group["min_numel"]):
+                    continue   # FP32 moments: nothing is quantized
+                phase = place.chunk_phase() if place is not None else 0
+                sums = rs.q_adamw_sample_sums(st, p.grad, beta1=b1, beta2=b2, eps=group["eps"],
+                                              chunks=self.opt_chunks, generator=self._gen,
+                                              phase=phase)
+                name = self._pname(p, gi, pi)
+                for t in ("m", "v", "update"):
+                    self._acc(f"quant/optimizer/{name}/{t}/rel_err", *sums[t])
+                self._acc(f"quant/optimizer/{name}/v_clamped/frac", *sums["v_clamped"])
+
+    @torch.no_grad()
+    def _ns_hook(self, opt, args, kwargs):
+        from fullstack_fp4.optim.muon import split_blocks
+
+        cands = [(gi, pi, group, p) for gi, group in enumerate(opt.param_groups)
+                 if group.get("ns_precision") == "nvfp4"
+                 for pi, p in enumerate(group["params"]) if p.grad is not None]
+        if not cands:
+            return
+        pick = torch.randperm(len(cands), generator=self._gen)[: self.ns_matrices].tolist()
+        for j in pick:
+            gi, pi, group, p = cands[j]
+            g = p.grad
+            st = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state.get(p, {}).items()}
+            d = opt._momentum(g, st, group)          # on a copy: the real state is untouched
+            perm = getattr(p, "ns_row_perm", None)
+            if perm is not None:
+                perm = perm.to(d.device)
+                d, g = d.index_select(0, perm), g.index_select(0, perm)
+            blocks = list(zip(split_blocks(d, p), split_blocks(g, p)))
+            d_b, g_b = blocks[int(torch.randint(len(blocks), (1,), generator=self._gen))]
+            x = opt._pre_ns(d_b, g_b, group)
+            out = rs.ns_stats(x, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
+                              precision=group["ns_precision"],
+                              clip_percentile=group.get("ns_clip_percentile"),
+                              backend=group.get("ns_backend", "auto"))
+            name = self._pname(p, gi, pi)
+            for k, v in out.items():
+                self._direct[f"quant/optimizer/{name}/{k}/rel_err"] = v
+
     def end_step(self) -> Dict[str, float]:
-        """Remove hooks; return {name: rel_err} of this step (one host sync), also in ``registry``."""
+        """Remove hooks; return {name: value} of this step (one host sync), also in ``registry``."""
         for h in self._handles:
             h.remove()
         self._handles = []
-        if not self._sums and not self.registry:
+        if not self._sums and not self.registry and not self._direct:
             return {}
-        out = {k: float((e2 / x2).sqrt()) for k, (e2, x2) in self._sums.items()}
-        self._sums = {}
+        keys = list(self._sums) + list(self._direct)
+        vals = [(e / x).sqrt() if k.endswith("/rel_err") else e / x for k, (e, x) in self._sums.items()]
+        vals += list(self._direct.values())
+        flat = []
+        if vals:
+            dev = vals[0].device
+            flat = torch.stack([v.float().reshape(()).to(dev) for v in vals]).tolist()  # one sync
+        out = dict(zip(keys, flat))
+        self._sums, self._direct = {}, {}
         out.update(self.registry)
         self.registry = {}
         self.last = out

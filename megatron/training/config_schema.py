@@ -98,8 +98,11 @@ class FP4Config:
     attention: str = "bf16"  # bf16 | q_attn
     bf16_first_layers: int = 0  # keep the first N transformer blocks in BF16
     bf16_last_layers: int = 0  # keep the last N transformer blocks in BF16
-    fallback: str = "off"  # off | warn | bf16: per-module BF16 fallback on sustained quantization error (needs logging.quant_stats_interval > 0, fp4.linear=nvfp4)
-    fallback_threshold: float = 0.25  # rel_err above which a telemetry interval counts as bad for a module (to be tuned on GPU)
+    fallback: str = "off"  # off | warn | bf16: per-module BF16 fallback on sustained quantization error (needs logging.quant_stats_interval > 0 and an FP4 recipe; docs/telemetry.md)
+    fallback_threshold: float = 0.25  # NVFP4 linears: worst of x, w, dy, wgrad_x, wgrad_dy rel_err above this is a bad interval (~2.5x the 9.5% Gaussian round trip)
+    fallback_threshold_lora_svd: float = 0.25  # LoRA-SVD linears: worst of x, w_res, dy, wgrad_x, wgrad_dy rel_err (switch: W_res GEMM unquantized)
+    fallback_threshold_attention: float = 0.35  # Q-Attn: worst of s, ds rel_err (S has two quantized operands: ~13% expected); switch: SDPA
+    fallback_threshold_optimizer: float = 1.0  # Q-AdamW update / Q-Muon-Root ns_step rel_err: WARN only (no BF16 path for optimizers)
     fallback_intervals: int = 3  # K consecutive bad telemetry intervals trigger the fallback
     lora_svd: LoRASVDConfig = field(default_factory=LoRASVDConfig)
 
@@ -135,7 +138,8 @@ class LoggingConfig:
     wandb: bool = False  # log to wandb (pip install -e .[wandb])
     wandb_project: str = "fullstack-fp4"  # wandb project name
     wandb_mode: str = "offline"  # offline | online | disabled
-    quant_stats_interval: int = 0  # 0: off
+    quant_stats_interval: int = 0  # quantization telemetry every N steps (quant/... metrics, docs/telemetry.md); 0: off, no hooks
+    quant_stats_blocks: int = 64  # telemetry sample size: quantization blocks (or tiles) per tensor and micro-batch
 
 
 @dataclass

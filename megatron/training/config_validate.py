@@ -142,13 +142,17 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     _positive("checkpoint.keep_last", c.keep_last)
     _choice("logging.wandb_mode", lg.wandb_mode, ("offline", "online", "disabled"))
     _positive("logging.quant_stats_interval", lg.quant_stats_interval, allow_zero=True)
+    _positive("logging.quant_stats_blocks", lg.quant_stats_blocks)
     if f.fallback != "off":
         if not lg.quant_stats_interval:
             raise ConfigError(f"fp4.fallback={f.fallback} needs quantization telemetry: set logging.quant_stats_interval > 0")
-        if f.linear != "nvfp4":
-            raise ConfigError(f"fp4.fallback={f.fallback} needs fp4.linear=nvfp4 (the only recipe telemetry instruments); "
-                              f"got '{f.linear}'")
-    if not f.fallback_threshold > 0:
-        raise ConfigError(f"fp4.fallback_threshold must be > 0; got {f.fallback_threshold}")
+        if f.linear == "bf16" and f.attention == "bf16" and not o.name.startswith("q_"):
+            raise ConfigError(f"fp4.fallback={f.fallback} needs an FP4 recipe to watch (fp4.linear=nvfp4|lora_svd, "
+                              "fp4.attention=q_attn or a q_* optimizer); every recipe is BF16")
+    for key in ("fallback_threshold", "fallback_threshold_lora_svd", "fallback_threshold_attention",
+                "fallback_threshold_optimizer"):
+        v = getattr(f, key)
+        if v is None or not v > 0:
+            raise ConfigError(f"fp4.{key} must be > 0; got {v}")
     if f.fallback_intervals < 1:
         raise ConfigError(f"fp4.fallback_intervals must be >= 1; got {f.fallback_intervals}")

@@ -24,7 +24,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
 from fullstack_fp4.telemetry import (FallbackPolicy, TelemetryCollector, fallback_state,
-                                     restore_fallback_state)
+                                     module_recipe, restore_fallback_state)
 from megatron.training import checkpointing, recipes
 from megatron.training.batches import MockTokens, micro_batches
 from megatron.training.config import dump_yaml
@@ -48,8 +48,29 @@ def peak_tflops() -> float | None:
 
 
 def _switch_to_bf16(module) -> None:
-    from fullstack_fp4.integration.nvfp4_linear_layers import switch_module_to_bf16
-    switch_module_to_bf16(module)
+    """The per-module BF16 fallback of each recipe (docs/telemetry.md § Fallback). Sets the flag
+    `fp4_fallback_bf16` that `fallback_state` records, so a resume re-applies the same switch."""
+    recipe = module_recipe(module)
+    if recipe == "linear":
+        from fullstack_fp4.integration.nvfp4_linear_layers import switch_module_to_bf16
+        switch_module_to_bf16(module)
+    elif recipe == "lora_svd":
+        # The recipe's own unquantized W_res path (what `exact_matmuls` uses for evaluation):
+        # y = x W_resᵀ + β (x L1ᵀ) L2ᵀ in the params' dtype, same routed backward.
+        module.lora_exact = True
+        module.fp4_fallback_bf16 = True
+    elif recipe == "attention":
+        # Q-Attn has no BF16 switch of its own: this instance runs the BF16 core attention of
+        # the BF16 spec (SDPACoreAttention.forward, which reads attn_mask_type, softmax_scale
+        # and dropout: QAttnCoreAttention has the first two and refuses dropout > 0).
+        import types
+
+        from megatron.training.sdpa_attention import SDPACoreAttention
+        module.dropout = 0.0
+        module.forward = types.MethodType(SDPACoreAttention.forward, module)
+        module.fp4_fallback_bf16 = True
+    else:
+        raise TypeError(f"no BF16 fallback for {type(module).__name__}")
 
 
 class Trainer:
@@ -77,12 +98,17 @@ class Trainer:
         self.last_skip = None
         # Quantization telemetry (no hooks at all when logging.quant_stats_interval=0) and the
         # per-module BF16 fallback it feeds (docs/telemetry.md).
-        self.telemetry = TelemetryCollector(cfg.logging.quant_stats_interval, seed=t.seed)
+        self.telemetry = TelemetryCollector(cfg.logging.quant_stats_interval, blocks=cfg.logging.quant_stats_blocks,
+                                            seed=t.seed)
         self.quant_stats = {}
         self.fallback = None
         if cfg.fp4.fallback != "off":
-            self.fallback = FallbackPolicy(cfg.fp4.fallback, cfg.fp4.fallback_threshold,
-                                           cfg.fp4.fallback_intervals, switch_fn=_switch_to_bf16)
+            f = cfg.fp4
+            self.fallback = FallbackPolicy(
+                f.fallback, f.fallback_threshold, f.fallback_intervals, switch_fn=_switch_to_bf16,
+                thresholds={"linear": f.fallback_threshold, "lora_svd": f.fallback_threshold_lora_svd,
+                            "attention": f.fallback_threshold_attention,
+                            "optimizer": f.fallback_threshold_optimizer})
         self._load_checkpoint()
         self._write_run_info()
 
@@ -188,12 +214,14 @@ class Trainer:
     def train_step(self) -> tuple[float | None, float]:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self.telemetry.begin_step([self.model], self.iteration + 1)  # no-op off-interval
+        # No-op off-interval. On a telemetry step: module hooks for the forward/backward and
+        # step pre-hooks on the FP4 optimizers (they see the clipped grads and the old state).
+        self.telemetry.begin_step([self.model], self.iteration + 1, self.optimizer)
         loss = self._run_schedule(self.train_ds, self.consumed_samples, forward_only=False)
-        self.quant_stats = self.telemetry.end_step()  # {} off-interval
         # The guard decides between megatron-core's grad preparation and the update itself, so
         # a NaN/Inf (or spiking) step never touches the parameters or the optimizer state.
         applied, grad_norm, reason = guarded_optimizer_step(self.optimizer, self.guard, loss)
+        self.quant_stats = self.telemetry.end_step()  # {} off-interval; removes every hook
         self.last_skip = None if applied else reason
         return loss, float(grad_norm) if grad_norm is not None else float("nan")
 
@@ -249,9 +277,9 @@ class Trainer:
             for ev in self.fallback.observe([self.model], stats):
                 rec[f"fallback/{ev['module']}"] = 1
                 if self.rank == 0:
-                    print(f"[fp4.fallback] iteration {self.iteration}: {ev['module']}: rel_err {ev['rel_err']:.3g} > "
-                          f"{f.fallback_threshold} for {f.fallback_intervals} interval(s) -> {ev['action'].upper()}",
-                          flush=True)
+                    print(f"[fp4.fallback] iteration {self.iteration}: {ev['module']}: {ev['recipe']} "
+                          f"{ev['tensor']} rel_err {ev['rel_err']:.3g} > {ev['threshold']} for "
+                          f"{f.fallback_intervals} interval(s) -> {ev['action'].upper()}", flush=True)
         self.metrics.log(rec)
 
     # ---------------------------------------------------------------- loop

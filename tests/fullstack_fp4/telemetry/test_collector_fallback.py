@@ -41,7 +41,8 @@ def test_collector_names_values_and_zero_cost_when_off():
     net.module(x).sum().backward()
     out = tel.end_step()
     assert _hooks(net) == 1                # only the test's own hook remains
-    assert set(out) == {f"quant/{p}/{t}/rel_err" for p in ("fc1", "fc2") for t in ("x", "w", "dy")}
+    assert set(out) == {f"quant/{p}/{t}/rel_err" for p in ("fc1", "fc2")
+                        for t in ("x", "w", "dy", "wgrad_x", "wgrad_dy")}
     # blocks >= N: exact full-tensor values for x and w (nearest rounding)
     want_x = rel_err(x, dequantize(quantize(x.detach())))
     want_w = rel_err(net.module.fc1.weight, dequantize(quantize(net.module.fc1.weight.detach(), tile=(16, 16))))
@@ -95,7 +96,7 @@ def test_telemetry_on_tiny_gpt_and_forced_fallback(gpt):
     for t in ("x", "w", "dy"):
         assert 0 < stats[f"quant/{qkv}/{t}/rel_err"] < 0.5
     n_fp4 = sum(hasattr(m, "_nvfp4_forward_impl") for m in gpt.model.modules())
-    assert n_fp4 >= 4 and len(stats) == 3 * n_fp4
+    assert n_fp4 >= 4 and len(stats) == 5 * n_fp4
 
     # forced error spike on one module for k intervals -> that module, and only it, switches
     policy = FallbackPolicy("bf16", threshold=0.3, k_intervals=2, switch_fn=switch_module_to_bf16)
@@ -103,7 +104,8 @@ def test_telemetry_on_tiny_gpt_and_forced_fallback(gpt):
     spiked[f"quant/{qkv}/x/rel_err"] = 0.9
     assert policy.observe(gpt.model, spiked) == []
     ev = policy.observe(gpt.model, spiked)
-    assert ev == [{"module": qkv, "rel_err": 0.9, "action": "bf16"}]
+    assert ev == [{"module": qkv, "rel_err": 0.9, "action": "bf16", "recipe": "linear", "tensor": "x",
+                   "threshold": 0.3}]
     assert policy.observe(gpt.model, spiked) == []          # logged once
     mods = dict(gpt.model.named_modules())
     layer = next(m for n, m in mods.items() if n.endswith(qkv))
@@ -148,7 +150,8 @@ def test_policy_warn_mode_and_reset():
     assert p.observe(None, {"quant/a/x/rel_err": 0.05}) == []   # not consecutive: reset
     assert p.observe(None, {"quant/a/x/rel_err": 0.2}) == []
     assert p.observe(None, {"quant/a/w/rel_err": float("nan")}) == [
-        {"module": "a", "rel_err": float("inf"), "action": "warn"}]
+        {"module": "a", "rel_err": float("inf"), "action": "warn", "recipe": None, "tensor": "w",
+         "threshold": 0.1}]
     assert FallbackPolicy("off", 0.1).observe(None, {"quant/a/x/rel_err": 9.0}) == []
     with pytest.raises(ValueError):
         FallbackPolicy("bf16", 0.1)

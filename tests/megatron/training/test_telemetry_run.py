@@ -28,10 +28,11 @@ def test_quant_stats_logged_every_interval(tmp_path):
     q = _quant_records(f"{d}/log")
     assert sorted(q) == [2, 4]
     for it, stats in q.items():
-        assert len(stats) == 3 * N_LINEARS, sorted(stats)
+        assert len(stats) == 5 * N_LINEARS, sorted(stats)
         for k, v in stats.items():
             path, tensor = k[len("quant/"):-len("/rel_err")].rsplit("/", 1)
-            assert k.endswith("/rel_err") and tensor in ("x", "w", "dy") and path.startswith("decoder.layers."), k
+            assert k.endswith("/rel_err") and tensor in ("x", "w", "dy", "wgrad_x", "wgrad_dy") \
+                and path.startswith("decoder.layers."), k
             assert 0.05 < v < 0.2, (k, v)  # NVFP4 on Gaussian-like operands: ~0.09-0.14
 
 
@@ -72,11 +73,18 @@ def test_fallback_config_validation():
     ok = ["model.preset=tiny", "data.mock=true", "model.vocab_size=256", "fp4.linear=nvfp4"]
     cfg = load_config(None, ok + ["logging.quant_stats_interval=10", "fp4.fallback=bf16"])
     assert cfg.fp4.fallback_threshold == 0.25 and cfg.fp4.fallback_intervals == 3
+    # any FP4 recipe can be watched now (attention / optimizer alone too)
+    load_config(None, ok[:3] + ["logging.quant_stats_interval=10", "fp4.fallback=warn", "fp4.attention=q_attn"])
+    load_config(None, ok[:3] + ["logging.quant_stats_interval=10", "fp4.fallback=warn", "optimizer.name=q_adamw"])
     load_config(None, ok[:3] + ["logging.quant_stats_interval=10"])  # telemetry alone is fine on any recipe
     for bad, words in [
         (["fp4.fallback=warn"], ("fp4.fallback", "quant_stats_interval")),
-        (["fp4.fallback=bf16", "logging.quant_stats_interval=5", "fp4.linear=bf16"], ("fp4.linear=nvfp4",)),
+        (["fp4.fallback=bf16", "logging.quant_stats_interval=5", "fp4.linear=bf16"], ("FP4 recipe", "fp4.linear")),
         (["fp4.fallback_threshold=0"], ("fp4.fallback_threshold",)),
+        (["fp4.fallback_threshold_attention=-1"], ("fp4.fallback_threshold_attention",)),
+        (["fp4.fallback_threshold_lora_svd=0"], ("fp4.fallback_threshold_lora_svd",)),
+        (["fp4.fallback_threshold_optimizer=0"], ("fp4.fallback_threshold_optimizer",)),
+        (["logging.quant_stats_blocks=0"], ("logging.quant_stats_blocks",)),
         (["fp4.fallback_intervals=0"], ("fp4.fallback_intervals",)),
     ]:
         with pytest.raises(ConfigError) as e:

@@ -1,0 +1,283 @@
+"""Per-recipe quantization statistics, computed from outside the recipes (docs/telemetry.md).
+
+Each function reads only public APIs (fullstack_fp4.nvfp4 / .optim / .attention) plus tensors
+and module attributes, so the recipes need no instrumentation. Every sampled statistic returns
+*sums* (Σ err², Σ ref²; or counts) over a uniform sample of self-contained units, so that
+
+  * scaled by N/n they are unbiased for the full-tensor sums (fullstack_fp4/telemetry/stats.py);
+  * sums from several micro-batches / calls add up, and ``sqrt(Σ err² / Σ ref²)`` is the ratio
+    estimate of the relative error (consistent, O(1/n) bias);
+  * with ``n >= N`` the unit set is enumerated once: exactly the full statistic (tested).
+
+A *unit* is the smallest piece whose quantization does not depend on the rest of the tensor
+once the tensor-level scale is fixed: a 1×16 block (activations, gradients, wgrad operands), a
+16×16 tile (weights), a 1024-entry chunk (Q-AdamW: its chunk scale is the chunk's own amax), a
+query row (Q-Attn S: Q's per-head scale is passed in), a 64-query tile row (Q-Attn dS: dS's
+tensor scale is per 64×64 tile).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from .stats import nvfp4_qdq, sampled_sums
+
+__all__ = ["wgrad_operand_sums", "lora_svd_sums", "q_adamw_chunk_sums", "q_adamw_sample_sums",
+           "ns_stats", "attn_s_sums", "attn_ds_sums", "sample_indices"]
+
+
+def sample_indices(n_total: int, n: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``n`` uniform draws with replacement from ``range(n_total)``; all once if ``n >= n_total``."""
+    if n >= n_total:
+        return torch.arange(n_total)
+    return torch.randint(n_total, (n,), generator=generator)
+
+
+# ----------------------------------------------------------------------------- NVFP4 wgrad
+def wgrad_operand_sums(m: torch.Tensor, *, rounding: str, blocks: int = 64,
+                       generator: Optional[torch.Generator] = None):
+    """(Σ err², Σ x²) of the wgrad operand ``RHT16(pad(m)ᵀ)`` (fullstack_fp4.linear's
+    ``quantize_wgrad_operand``): ``m [T, C]`` (x or dY) transposed to ``[C, T_pad]``, RHT-16 and
+    1×16 blocks along the tokens, ``rounding`` nearest (x) or stochastic (dY).
+
+    The tensor scale is that of the *transformed* operand (one Hadamard pass over ``m`` for its
+    amax, as the recipe does); the error is compared in the original basis, equal to the
+    transformed one because the RHT is orthogonal.
+    """
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16
+
+    m2 = m.detach().reshape(-1, m.shape[-1]).float()
+    pad = (-m2.shape[0]) % 16
+    if pad:
+        m2 = torch.nn.functional.pad(m2, (0, 0, 0, pad))   # zero tokens, as the recipe pads
+    mt = m2.t().contiguous()
+    gamax = hadamard16(mt, DEFAULT_SIGNS).abs().amax()
+    qdq = nvfp4_qdq(global_amax=gamax, tile=(1, 16), rounding=rounding,
+                    generator=generator if rounding == "stochastic" else None,
+                    rht_signs=DEFAULT_SIGNS)
+    e2, x2, _, _ = sampled_sums(mt, qdq, blocks=blocks, generator=generator, tile=(1, 16))
+    return e2, x2
+
+
+# ----------------------------------------------------------------------------- LoRA-SVD
+def lora_svd_sums(w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, beta: float, *,
+                  tiles: int = 64, generator: Optional[torch.Generator] = None) -> Dict[str, tuple]:
+    """Sampled sums for a LoRA-SVD weight ``W = W_res + β L2 L1`` over 16×16 tiles of W:
+
+    * ``energy``: (Σ ‖β L2 L1‖², Σ ‖W‖²) — energy fraction captured by the BF16 subspace;
+    * ``w_res``: (Σ ‖W_res − Q(W_res)‖², Σ ‖W_res‖²) — W_res quantized as the recipe does
+      (16×16 tiles, nearest, tensor scale from W_res's full amax).
+
+    A tile of the branch is ``β L2[rows] L1[:, cols]`` (16×r by r×16): the full product
+    ``L2 L1`` is never formed.
+    """
+    wr = w_res.detach()
+    out_f, in_f = wr.shape
+    if out_f % 16 or in_f % 16:
+        raise ValueError(f"W_res shape {tuple(wr.shape)} is not a multiple of 16×16")
+    nb_col = in_f // 16
+    idx = sample_indices((out_f // 16) * nb_col, tiles, generator).to(wr.device)
+    r0, c0 = (idx // nb_col) * 16, (idx % nb_col) * 16
+    ar = torch.arange(16, device=wr.device)
+    rows = r0[:, None] + ar[None, :]                              # [n, 16]
+    cols = c0[:, None] + ar[None, :]                              # [n, 16]
+    res = wr[rows[:, :, None], cols[:, None, :]].float()          # [n, 16, 16]
+    l2s = l2.detach().float()[rows]                               # [n, 16, r]
+    l1s = l1.detach().float()[:, cols].permute(1, 0, 2)           # [n, r, 16]
+    branch = float(beta) * torch.bmm(l2s, l1s)                    # [n, 16, 16]
+    full = res + branch
+    qdq = nvfp4_qdq(global_amax=wr.abs().amax().float(), tile=(16, 16), rounding="nearest")
+    tiles2 = res.reshape(-1, 16)                                  # 16-row tiles stay tiles
+    err = tiles2 - qdq(tiles2)
+    return {"energy": (branch.pow(2).sum(), full.pow(2).sum()),
+            "w_res": (err.pow(2).sum(), tiles2.pow(2).sum())}
+
+
+# ----------------------------------------------------------------------------- Q-AdamW
+def _chunk_bounds(j: int, n: int, phase: int, chunk: int):
+    """Local entries [lo, hi) of chunk ``j`` of a flat tensor stored from grid entry ``phase``."""
+    return max(0, j * chunk - phase), min((j + 1) * chunk - phase, n)
+
+
+def _chunk_state(ms, j: int, n: int, phase: int, chunk: int, block: int):
+    """The MomentState of chunk ``j`` alone. The layout is chunk-aligned (codecs.py docstring):
+    codes, block scales and tile means of the chunk's entries plus that chunk's scale form a
+    valid state of its own (with the grid phase kept for the first, partial chunk)."""
+    from fullstack_fp4.optim.q_adamw import MomentState
+
+    lo, hi = _chunk_bounds(j, n, phase, chunk)
+    tile = ms.tile
+    unit = max(block, tile)
+    npad_c = -(-(hi - lo) // unit) * unit
+    tm = None if ms.tile_mean is None else ms.tile_mean[lo // tile: lo // tile + npad_c // tile]
+    kw = {"phase": phase} if (j == 0 and phase) else {}
+    return MomentState(ms.codes[lo // 2: lo // 2 + npad_c // 2],
+                       ms.block_scale[lo // block: lo // block + npad_c // block],
+                       ms.chunk_scale[j: j + 1], hi - lo, tile_mean=tm, tile=tile, **kw)
+
+
+def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=None, phase: int = 0):
+    """Sums for one self-contained chunk given its decoded previous moments and gradient.
+
+    m = β1 m̂ + (1−β1) g, v = β2 v̂ + (1−β2) g² (FP32, the step's fresh moments), then the
+    public codecs: m̃ = decode(encode(m)), ṽ = decode(encode(v)); the update
+    u = m / (sqrt(v)/sqrt(1−β2^t) + eps) against ũ from (m̃, ṽ). ``clamped`` counts entries of
+    ṽ raised by the decode guard (the relative floor μ/4), i.e. where the guarded and the
+    unguarded decodes differ.
+    """
+    from fullstack_fp4.optim.q_adamw import (decode_exp_avg, decode_exp_avg_sq, encode_exp_avg,
+                                             encode_exp_avg_sq)
+
+    kw = {"phase": phase} if phase else {}
+    g = g.reshape(-1).float()
+    m = beta1 * m_prev + (1.0 - beta1) * g
+    v = beta2 * v_prev + (1.0 - beta2) * g * g
+    mq = decode_exp_avg(encode_exp_avg(m, generator=generator, **kw))
+    vs = encode_exp_avg_sq(v, **kw)
+    vq = decode_exp_avg_sq(vs)
+    v_raw = decode_exp_avg_sq(vs, guard="none")
+    ibc2 = 1.0 / math.sqrt(1.0 - beta2 ** step)
+    u = m / (v.sqrt() * ibc2 + eps)
+    uq = mq / (vq.sqrt() * ibc2 + eps)
+    s = lambda a, b: ((a - b).pow(2).sum(), a.pow(2).sum())     # noqa: E731
+    return {"m": s(m, mq), "v": s(v, vq), "update": s(u, uq),
+            "v_clamped": ((vq != v_raw).sum().float(), torch.tensor(float(v.numel()), device=v.device))}
+
+
+def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2: float,
+                        eps: float, chunks: int = 2, generator=None, phase: int = 0) -> Dict[str, tuple]:
+    """Sampled sums over ``chunks`` uniformly drawn 1024-entry chunks of one QAdamW parameter
+    (``state``: its optimizer state *before* this step; empty = zero moments, step 1;
+    ``phase``: the chunk-grid phase of a piece of a larger tensor, QAdamW's placement)."""
+    from fullstack_fp4.optim.q_adamw import decode_exp_avg, decode_exp_avg_sq
+    from fullstack_fp4.optim.q_adamw.codecs import BLOCK, CHUNK
+    from fullstack_fp4.optim.q_adamw.optimizer import _unpack_state
+
+    n = grad.numel()
+    g = grad.detach().reshape(-1)
+    step = int(state["step"].item()) + 1 if "step" in state else 1
+    n_chunks = -(-(phase + n) // CHUNK)
+    acc: Dict[str, list] = {}
+    packed = "exp_avg_codes" in state
+    if packed:
+        ms, vs = _unpack_state(state, n, phase) if phase else _unpack_state(state, n)
+    for j in sample_indices(n_chunks, chunks, generator).tolist():
+        lo, hi = _chunk_bounds(j, n, phase, CHUNK)
+        ph = phase if j == 0 else 0
+        if packed:
+            m_prev = decode_exp_avg(_chunk_state(ms, j, n, phase, CHUNK, BLOCK))
+            v_prev = decode_exp_avg_sq(_chunk_state(vs, j, n, phase, CHUNK, BLOCK))
+        else:
+            m_prev = v_prev = torch.zeros(hi - lo, dtype=torch.float32, device=g.device)
+        part = q_adamw_chunk_sums(m_prev, v_prev, g[lo:hi], beta1=beta1, beta2=beta2, eps=eps,
+                                  step=step, generator=generator, phase=ph)
+        for k, (a, b) in part.items():
+            if k in acc:
+                acc[k][0] = acc[k][0] + a
+                acc[k][1] = acc[k][1] + b
+            else:
+                acc[k] = [a, b]
+    return {k: tuple(v) for k, v in acc.items()}
+
+
+# ----------------------------------------------------------------------------- Newton–Schulz
+def _orth_err(x: torch.Tensor) -> torch.Tensor:
+    """‖XXᵀ − I‖_F / ‖I‖_F on the smaller Gram matrix (min(m, n) = its size)."""
+    x = x.float()
+    if x.shape[0] > x.shape[1]:
+        x = x.mT
+    gram = x @ x.mT
+    eye = torch.eye(gram.shape[0], device=x.device)
+    return (gram - eye).norm() / math.sqrt(gram.shape[0])
+
+
+def ns_stats(g: torch.Tensor, *, steps: int, coefficients, precision: str = "nvfp4",
+             clip_percentile=None, backend: str = "auto") -> Dict[str, torch.Tensor]:
+    """Newton–Schulz telemetry on one matrix ``g`` (what the optimizer orthogonalises).
+
+    ``ns_step``: max over k of ‖X_k − N(X_{k−1})‖ / ‖N(X_{k−1})‖ where X_k is the NVFP4
+    iterate after k steps and N the exact FP32 step (``ns_step``) from the *same* input
+    X_{k−1}: the error one quantized step adds, without the accumulation of earlier steps.
+    X_k comes from the public ``newton_schulz(g, steps=k, coefficients=schedule[:k])``; with
+    nearest rounding (the recipe's) its first k−1 steps are those of the (k−1)-step call, so
+    X_{k−1} is the true input of step k. ``ns_orth``: ‖XXᵀ − I‖/‖I‖ of the final NVFP4 output;
+    ``ns_orth_fp32``: the same for the FP32 iteration (the coefficients alone do not converge to
+    exactly orthogonal: this is the floor ``ns_orth`` is to be compared with).
+    """
+    from fullstack_fp4.optim import newton_schulz, resolve_schedule
+    from fullstack_fp4.optim.newton_schulz import ns_step
+
+    sched = list(resolve_schedule(coefficients, tuple(g.shape), steps))
+    kw = dict(precision=precision, clip_percentile=clip_percentile, backend=backend)
+    x = g.float()
+    x_prev = x / (x.norm() + 1e-7)        # newton_schulz's own normalisation (eps 1e-7)
+    worst = torch.zeros((), device=g.device)
+    for k in range(1, len(sched) + 1):
+        xk = newton_schulz(g, steps=k, coefficients=sched[:k], **kw).float()
+        ref = ns_step(x_prev, sched[k - 1])
+        worst = torch.maximum(worst, (xk - ref).norm() / ref.norm())
+        x_prev = xk
+    exact = newton_schulz(g, steps=len(sched), coefficients=sched, precision="fp32")
+    return {"ns_step": worst, "ns_orth": _orth_err(x_prev), "ns_orth_fp32": _orth_err(exact)}
+
+
+# ----------------------------------------------------------------------------- Q-Attn
+def _head_qdq(x: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Q-Attn's view of one head ``x [S, D]`` (``per_head_view(.., "head_dim")``: 1×16 blocks
+    along head_dim, nearest, tensor scale from the head's amax), dequantized; only ``rows`` of
+    it if given (each row is its own set of blocks once the head amax is fixed)."""
+    qdq = nvfp4_qdq(global_amax=x.abs().amax(), tile=(1, 16), rounding="nearest")
+    return qdq(x if rows is None else x[rows])
+
+
+def attn_s_sums(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, *, causal: bool = True,
+                smooth: bool = True):
+    """(Σ err², Σ S²) of ``S = Q Kᵀ`` on one head: ``q [Sq, D]``, ``k [Sk, D]`` (that head's
+    KV head), ``rows`` the sampled query indices. Exact S from FP32 Q, K; quantized S from
+    Q-Attn's views (1×16 along head_dim, per-head tensor scale from the *whole* head's amax;
+    K smoothed by its sequence mean when ``smooth``, as Q-Attn does by default, on both sides:
+    smoothing shifts each row of S by a constant, which the softmax ignores, so the error of
+    the smoothed S is the one that matters). Masked (causal) entries are excluded.
+    """
+    qf, kf = q.detach().float(), k.detach().float()
+    if smooth:
+        kf = kf - kf.mean(dim=0, keepdim=True)
+    rows = rows.to(q.device)
+    s = qf[rows] @ kf.T
+    sq = _head_qdq(qf, rows) @ _head_qdq(kf).T
+    if causal:
+        keep = torch.arange(kf.shape[0], device=q.device)[None, :] <= rows[:, None]
+        s, sq = s * keep, sq * keep
+    return (s - sq).pow(2).sum(), s.pow(2).sum()
+
+
+def attn_ds_sums(q, k, v, o, do, tile_row: int, *, scale: float, causal: bool = True,
+                 smooth: bool = True, ds_rounding: str = "nearest", generator=None):
+    """(Σ err², Σ dS²) of dS on one head, for the 64 query rows of ``tile_row``.
+
+    dS = P ⊙ (dP − D) with P the softmax of the (quantized-view) scores as Q-Attn's backward
+    forms it, dP = dO Vᵀ (BF16 operands) and D = rowsum(dO ⊙ O); then dS quantized as Q-Attn
+    feeds it to the dQ GEMM: 1×16 blocks along the keys, one tensor scale per aligned 64×64
+    tile (``tile_dequant``). A 64-row tile row depends only on its own rows: a valid unit.
+    """
+    from fullstack_fp4.attention.quant import DS_TILE, tile_dequant
+
+    qf, kf = q.detach().float(), k.detach().float()
+    if smooth:
+        kf = kf - kf.mean(dim=0, keepdim=True)
+    lo, hi = tile_row * DS_TILE, min((tile_row + 1) * DS_TILE, qf.shape[0])
+    rows = torch.arange(lo, hi, device=q.device)
+    logits = (_head_qdq(qf, rows) @ _head_qdq(kf).T) * scale
+    if causal:
+        mask = torch.arange(kf.shape[0], device=q.device)[None, :] > torch.arange(lo, hi, device=q.device)[:, None]
+        logits = logits.masked_fill(mask, float("-inf"))
+    p = torch.softmax(logits, dim=-1)
+    dof = do.detach().float()[lo:hi]
+    bf = lambda t: t.to(torch.bfloat16).float()                # noqa: E731
+    dp = bf(dof) @ bf(v.detach().float()).T
+    delta = (dof * o.detach().float()[lo:hi]).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dsq = tile_dequant(ds[None, None], "keys", ds_rounding, generator)[0, 0]
+    return (ds - dsq).pow(2).sum(), ds.pow(2).sum()
