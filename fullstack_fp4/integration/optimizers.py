@@ -46,6 +46,8 @@ from megatron.core.optimizer.optimizer import (ChainedOptimizer, FP32Optimizer,
 
 from fullstack_fp4.optim.muon import Muon
 from fullstack_fp4.optim.q_adamw import QAdamW
+from fullstack_fp4.optim.q_adamw.codecs import CHUNK
+from fullstack_fp4.optim.q_adamw.optimizer import PLACE_ATTR, Placement
 from fullstack_fp4.optim.root import Root
 
 __all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix", "STATE_KEY", "OptimizerLayoutError"]
@@ -267,6 +269,47 @@ def _q_adamw(groups, cfg) -> QAdamW:
                         seed=cfg.train.seed)
 
 
+def place_distributed_shards(wrapper, model_chunks) -> list[str]:
+    """Tag every FP32 main shard of megatron's DistributedOptimizer with its QAdamW Placement.
+
+    A shard is the piece ``param.view(-1)[start:end]`` that this DP rank owns. The placement
+    keys the piece by the model parameter's index in ``model_chunks`` (the same on every DP
+    rank), gives its offset in the whole parameter, and anchors the whole parameter's codec
+    chunk grid on the grad buffer: chunk boundaries at buffer indices that are multiples of
+    1024 (phase = the parameter's buffer start mod 1024; megatron starts params on multiples
+    of 64, so blocks and tiles stay whole). The buffer layout does not depend on the DP size
+    (param starts padded to 64, bucket ends to lcm(dp, 128[, 2^16])), and with
+    ``DistributedDataParallelConfig(pad_buckets_for_high_nccl_busbw=True)`` every bucket is a
+    multiple of 2^16 = 1024·64, so for DP <= 64 (powers of two) every DP shard boundary lies on
+    the grid: each rank's 4-bit state is exactly its slice of the 1-process state, and a DP=N
+    run steps bit for bit as the 1-process run given the same gradients.
+
+    Returns a description of every cut that is NOT on the grid (empty = DP-invariant); such a
+    cut splits one 1024-chunk's second-level scale between two ranks (still a valid encoding,
+    but the state then depends on the DP size)."""
+    keys = {id(p): i for i, p in enumerate(p for c in model_chunks for p in c.parameters())}
+    names = {id(p): n for c in model_chunks for n, p in c.named_parameters()}
+    off_grid = []
+    pairs = [(wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
+             (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)]
+    for model_groups, shard_groups in pairs:
+        for mg, sg in zip(model_groups, shard_groups):
+            for mp, sp in zip(mg, sg):
+                if sp is None:
+                    continue
+                rng = wrapper._get_model_param_range_map(mp)["param"]
+                gbuf_index = wrapper.model_param_gbuf_map[mp][0]
+                start = wrapper.buffers[gbuf_index].param_index_map[mp][0]
+                pl = Placement(key=keys[id(mp)], offset=rng.start, full_numel=mp.numel(),
+                               phase=start % CHUNK)
+                pl.check(sp.numel())
+                setattr(sp, PLACE_ATTR, pl)
+                for cut in (rng.start, rng.end):
+                    if 0 < cut < mp.numel() and (start + cut) % CHUNK:
+                        off_grid.append(f"{names.get(id(mp), '?')}[{cut}]")
+    return off_grid
+
+
 def _coefficients(name: str, choice: str) -> str:
     if choice == "auto":
         return "fp4" if name.startswith("q_") else ("muon" if name == "muon" else "root")
@@ -318,6 +361,14 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
         raise RuntimeError("convert_optimizer must run before the first step")
     if name == "q_adamw":
         new = _q_adamw(groups, cfg)
+        if isinstance(wrapper, DistributedOptimizer):
+            off = place_distributed_shards(wrapper, model_chunks)
+            if off and ps.get_data_parallel_rank() == 0:
+                print(f"[q_adamw] distributed optimizer: {len(off)} shard cut(s) off the "
+                      f"1024-entry codec chunk grid (e.g. {off[0]}): the 4-bit state then "
+                      "depends on the DP size. Build DDP with "
+                      "pad_buckets_for_high_nccl_busbw=True for DP-invariant states.",
+                      flush=True)
     else:
         if isinstance(wrapper, DistributedOptimizer):
             from megatron.training.errors import ConfigError

@@ -90,7 +90,7 @@ from fullstack_fp4.nvfp4.reference import _candidate, tensor_scales
 __all__ = [
     "BLOCK", "CHUNK", "TILE", "REL_FLOOR", "FP32_MAX", "MomentState",
     "encode_exp_avg", "decode_exp_avg", "encode_exp_avg_sq", "decode_exp_avg_sq",
-    "padded_numel", "state_bytes_per_param",
+    "padded_numel", "num_chunks", "state_bytes_per_param",
 ]
 
 BLOCK = 16        # NVFP4 block = Hadamard size
@@ -113,6 +113,7 @@ class MomentState:
     tile_mean: Optional[torch.Tensor] = None   # bfloat16 [npad/tile] (v only)
     tile_floor: Optional[torch.Tensor] = None  # bfloat16 [npad/tile], measurement only
     tile: int = TILE
+    phase: int = 0                        # chunk-grid phase (see ``num_chunks``)
 
     def nbytes(self) -> int:
         ts = [self.codes, self.block_scale, self.chunk_scale, self.tile_mean, self.tile_floor]
@@ -123,6 +124,21 @@ def padded_numel(n: int, tile: int = TILE) -> int:
     """Storage length: ``n`` rounded up to the tile (itself a multiple of the 16-block)."""
     unit = max(BLOCK, tile)
     return -(-n // unit) * unit
+
+
+def num_chunks(npad: int, phase: int = 0) -> int:
+    """Second-level scales of a flat tensor stored from element ``phase`` of its chunk grid.
+
+    ``phase`` (a multiple of 16 in ``[0, CHUNK)``) shifts the grid: chunk ``j`` covers local
+    entries ``[j·CHUNK − phase, (j+1)·CHUNK − phase)`` (clipped). A shard of a larger tensor
+    that starts at a chunk boundary of the *whole* tensor's grid then encodes each chunk exactly
+    as the whole tensor would (the distributed optimizer: optimizer.py, "placement")."""
+    return -(-(phase + npad) // CHUNK)
+
+
+def _check_phase(phase: int) -> None:
+    if not (0 <= phase < CHUNK and phase % BLOCK == 0):
+        raise ValueError(f"chunk phase {phase} must be a multiple of {BLOCK} in [0, {CHUNK})")
 
 
 def state_bytes_per_param(n: int, tile: int = TILE) -> float:
@@ -155,17 +171,20 @@ def _block_error32(y3, codes, s, dec) -> torch.Tensor:
     return _halving_sum((y3 - xhat).abs())[..., None]
 
 
-def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Tensor]):
+def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Tensor],
+                      phase: int = 0):
     """NVFP4 of flat FP32 ``y`` (length a multiple of 16) with one FP32 scale per CHUNK.
 
     Same FP32 order of operations as fullstack_fp4.nvfp4.reference (TE's), with the tensor amax
     replaced by each chunk's amax. ``rand`` given -> stochastic rounding with those uniforms.
+    ``phase``: the chunk grid's offset (``num_chunks``); zeros fill the grid around ``y``.
     """
+    _check_phase(phase)
     npad = y.numel()
     nb = npad // BLOCK
-    nch = -(-npad // CHUNK)
+    nch = num_chunks(npad, phase)
     yc = torch.zeros(nch * CHUNK, dtype=torch.float32, device=y.device)
-    yc[:npad] = y
+    yc[phase:phase + npad] = y
     y3 = yc.view(nch, CHUNK // BLOCK, BLOCK)
     amax = y3.abs().amax(dim=(1, 2))                        # [nch], exact in any order
     enc, dec = tensor_scales(amax, scale_rule)
@@ -184,18 +203,20 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
         codes = e2m1_round_nearest(yq)
     else:
         u = torch.zeros(nch * CHUNK, dtype=torch.float32, device=y.device)
-        u[:npad] = rand.reshape(-1)[:npad]
+        u[phase:phase + npad] = rand.reshape(-1)[:npad]
         codes = e2m1_round_stochastic(yq, u.view_as(yq))
-    codes = codes.reshape(-1)[:npad]
-    return pack_codes(codes), s.reshape(-1)[:nb].contiguous(), dec.contiguous()
+    codes = codes.reshape(-1)[phase:phase + npad]
+    b0 = phase // BLOCK
+    return pack_codes(codes), s.reshape(-1)[b0:b0 + nb].contiguous(), dec.contiguous()
 
 
 def _dequantize_chunked(codes: torch.Tensor, block_scale: torch.Tensor,
-                        chunk_scale: torch.Tensor) -> torch.Tensor:
+                        chunk_scale: torch.Tensor, phase: int = 0) -> torch.Tensor:
     """``q · fp32(s) · d`` per element, left to right (the nvfp4 decode order)."""
     q = e2m1_decode(unpack_codes(codes)).view(-1, BLOCK)
     nb = q.shape[0]
-    d = chunk_scale.repeat_interleave(CHUNK // BLOCK)[:nb]
+    b0 = phase // BLOCK
+    d = chunk_scale.repeat_interleave(CHUNK // BLOCK)[b0:b0 + nb]
     return ((q * block_scale.to(torch.float32)[:, None]) * d[:, None]).reshape(-1)
 
 
@@ -214,7 +235,7 @@ def _pad(x: torch.Tensor, npad: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------- first moment
 def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
                    generator: Optional[torch.Generator] = None,
-                   tile: int = TILE) -> MomentState:
+                   tile: int = TILE, phase: int = 0) -> MomentState:
     """Encode Adam's first moment (any shape, read flat): RHT-16, 4/6, stochastic rounding.
 
     ``rand``: FP32 uniforms in [0, 1) of length >= ``padded_numel(m.numel())``, one per stored
@@ -226,13 +247,13 @@ def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
     y = hadamard16(_pad(m, npad).view(-1, BLOCK)).reshape(-1)
     if rand is None:
         rand = torch.rand(npad, generator=generator, dtype=torch.float32, device=m.device)
-    codes, bs, cs = _quantize_chunked(y, M_SCALE_RULE, rand)
-    return MomentState(codes, bs, cs, n, tile=tile)
+    codes, bs, cs = _quantize_chunked(y, M_SCALE_RULE, rand, phase)
+    return MomentState(codes, bs, cs, n, tile=tile, phase=phase)
 
 
 def decode_exp_avg(state: MomentState) -> torch.Tensor:
     """Flat FP32 first moment of ``state.numel`` entries."""
-    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale)
+    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
     return inverse_hadamard16(y.view(-1, BLOCK)).reshape(-1)[: state.numel]
 
 
@@ -256,7 +277,7 @@ def bf16_toward_zero(x: torch.Tensor) -> torch.Tensor:
 
 def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
                       scale_rule: str = V_SCALE_RULE, subtract_mean: bool = True,
-                      with_floor: bool = False) -> MomentState:
+                      with_floor: bool = False, phase: int = 0) -> MomentState:
     """Encode Adam's second moment: sqrt, BF16 tile mean, RHT-16 residual, NVFP4 RTN.
 
     ``tile``/``scale_rule``/``subtract_mean``/``with_floor`` (also store the tile minimum, for
@@ -277,8 +298,9 @@ def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
         floor = bf16_toward_zero(torch.where(valid.view(-1, tile), s2, torch.inf).amin(dim=1))
     r = torch.where(valid.view(-1, tile), s2 - mean.to(torch.float32)[:, None], 0.0)
     y = hadamard16(r.reshape(-1, BLOCK)).reshape(-1)
-    codes, bs, cs = _quantize_chunked(y, scale_rule, None)
-    return MomentState(codes, bs, cs, n, tile_mean=mean, tile_floor=floor, tile=tile)
+    codes, bs, cs = _quantize_chunked(y, scale_rule, None, phase)
+    return MomentState(codes, bs, cs, n, tile_mean=mean, tile_floor=floor, tile=tile,
+                       phase=phase)
 
 
 def decode_exp_avg_sq(state: MomentState, *, guard: str = "relative",
@@ -288,7 +310,7 @@ def decode_exp_avg_sq(state: MomentState, *, guard: str = "relative",
     ``guard``: "relative" (default, ``rel_floor · μ``), and for the measurement only
     "tile_min" (needs ``with_floor=True`` at encode) or "none" (``max(ŝ, 0)``).
     """
-    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale)
+    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
     r = inverse_hadamard16(y.view(-1, BLOCK)).reshape(-1, state.tile)
     mean = state.tile_mean.to(torch.float32)[:, None]
     sh = r + mean

@@ -24,6 +24,19 @@ Parameters are read flat (``p.view(-1)``), so 1-D FP32 shards of any length — 
 megatron-core's distributed optimizer hands its inner optimizer — work as they are: the codec
 pads to the 32-tile and the padding is zeroed on every encode.
 
+Placement (a piece of a larger tensor). A parameter may carry ``p.q_adamw_place``
+(:class:`Placement`: the whole tensor's seed key and numel, this piece's first element in it,
+and the whole tensor's chunk-grid phase). Then everything the codec and the rounding depend on
+is a function of the *whole* tensor's element index: the 16-blocks and 32-tiles (the piece
+must start on a tile), the 1024-chunks of the second-level scale (the piece's grid phase is
+``(phase + offset) mod 1024``), the stochastic-rounding uniforms (the whole tensor's stream,
+sliced at ``offset``; the kernel's Philox counter is the whole tensor's row index), the seed
+(``key``, not the local index) and the FP32-moments decision (``full_numel < min_numel``).
+If the cuts between pieces fall on chunk boundaries of that grid, the pieces' states are
+exactly the whole tensor's state cut at those boundaries, and a run whose tensors are split
+over ranks (megatron-core's distributed optimizer, DP=2) computes bit for bit what the run
+with whole tensors computes (fullstack_fp4/integration/optimizers.py sets the placements).
+
 State (per quantized parameter; integer dtypes so ``Optimizer.load_state_dict`` — which casts
 floating-point state to the parameter's dtype — leaves the bits alone):
 ``exp_avg_codes`` uint8, ``exp_avg_scales`` uint8 (E4M3 bits), ``exp_avg_chunk_scales`` int32
@@ -33,15 +46,45 @@ floating-point state to the parameter's dtype — leaves the bits alone):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from .codecs import (CHUNK, MomentState, _sqrt_rn, decode_exp_avg, decode_exp_avg_sq,
-                     encode_exp_avg,
-                     encode_exp_avg_sq, padded_numel)
+from .codecs import (BLOCK, CHUNK, TILE, MomentState, _sqrt_rn, decode_exp_avg,
+                     decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq, padded_numel)
 
-__all__ = ["QAdamW", "q_adamw_step_reference", "optimizer_state_bytes"]
+__all__ = ["QAdamW", "Placement", "PLACE_ATTR", "q_adamw_step_reference",
+           "optimizer_state_bytes"]
+
+PLACE_ATTR = "q_adamw_place"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a parameter (a flat piece) sits in the whole tensor it was cut from.
+
+    ``key``: the whole tensor's seed key (the same on every rank holding a piece of it);
+    ``offset``: index of the piece's first element in the whole (flat) tensor, a multiple of
+    TILE; ``full_numel``: the whole tensor's numel; ``phase``: the chunk-grid phase of the whole
+    tensor (its element 0 sits at entry ``phase`` of its first 1024-chunk), a multiple of 16."""
+
+    key: int
+    offset: int
+    full_numel: int
+    phase: int = 0
+
+    def chunk_phase(self) -> int:
+        return (self.phase + self.offset) % CHUNK
+
+    def check(self, n: int) -> None:
+        ok = (self.offset % TILE == 0 and self.phase % TILE == 0 and 0 <= self.phase < CHUNK
+              and self.offset + n <= self.full_numel
+              and (self.offset + n == self.full_numel or n % TILE == 0))
+        if not ok:
+            raise ValueError(f"QAdamW placement {self} for a piece of {n} entries: the piece "
+                             f"must start (and, unless it ends the tensor, end) on a "
+                             f"{TILE}-entry tile, and the phase be a multiple of {TILE}")
 
 _KEYS = ("exp_avg_codes", "exp_avg_scales", "exp_avg_chunk_scales", "exp_avg_sq_codes",
          "exp_avg_sq_scales", "exp_avg_sq_chunk_scales", "exp_avg_sq_means")
@@ -61,12 +104,12 @@ def _pack_state(st: dict, m: MomentState, v: MomentState) -> None:
     st["exp_avg_sq_means"] = v.tile_mean.view(torch.int16)
 
 
-def _unpack_state(st: dict, n: int):
+def _unpack_state(st: dict, n: int, phase: int = 0):
     m = MomentState(st["exp_avg_codes"], st["exp_avg_scales"].view(torch.float8_e4m3fn),
-                    st["exp_avg_chunk_scales"].view(torch.float32), n)
+                    st["exp_avg_chunk_scales"].view(torch.float32), n, phase=phase)
     v = MomentState(st["exp_avg_sq_codes"], st["exp_avg_sq_scales"].view(torch.float8_e4m3fn),
                     st["exp_avg_sq_chunk_scales"].view(torch.float32), n,
-                    tile_mean=st["exp_avg_sq_means"].view(torch.bfloat16))
+                    tile_mean=st["exp_avg_sq_means"].view(torch.bfloat16), phase=phase)
     return m, v
 
 
@@ -80,17 +123,18 @@ def _hyper(lr, beta1, beta2, eps, wd, step, device):
 
 def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict, *, lr: float,
                            beta1: float, beta2: float, eps: float, weight_decay: float,
-                           step: int, rand: torch.Tensor) -> None:
+                           step: int, rand: torch.Tensor, phase: int = 0) -> None:
     """One Q-AdamW step on flat FP32 ``p_flat`` in place, state dict ``st`` updated in place.
 
     Pure PyTorch, FP32, in exactly the kernel's order of operations. ``rand``: uniforms for the
-    first moment's stochastic rounding, length ``padded_numel(n)``.
+    first moment's stochastic rounding, length ``padded_numel(n)``. ``phase``: the chunk-grid
+    phase the state was encoded with (codecs.num_chunks).
     """
     n = p_flat.numel()
     dev = p_flat.device
     h = {k: _f32(v, dev) for k, v in _hyper(lr, beta1, beta2, eps, weight_decay, step,
                                              dev).items()}
-    ms, vs = _unpack_state(st, n)
+    ms, vs = _unpack_state(st, n, phase)
     m = decode_exp_avg(ms)
     v = decode_exp_avg_sq(vs)
     g = g_flat.reshape(-1).to(torch.float32)
@@ -101,15 +145,26 @@ def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict,
     # a product, not s / sqrt(bc2): torch may turn a division by a scalar into one anyway
     upd = m / (s * h["inv_sqrt_bc2"] + h["eps"])
     p_flat.copy_(p - h["step_size"] * upd)
-    _pack_state(st, encode_exp_avg(m, rand=rand), encode_exp_avg_sq(v))
+    _pack_state(st, encode_exp_avg(m, rand=rand, phase=phase),
+                encode_exp_avg_sq(v, phase=phase))
 
 
-def _init_state(n: int, device) -> dict:
+def _init_state(n: int, device, phase: int = 0) -> dict:
     z = torch.zeros(n, dtype=torch.float32, device=device)
     st: dict = {}
-    _pack_state(st, encode_exp_avg(z, rand=torch.zeros(padded_numel(n), device=device)),
-                encode_exp_avg_sq(z))
+    _pack_state(st, encode_exp_avg(z, rand=torch.zeros(padded_numel(n), device=device),
+                                   phase=phase),
+                encode_exp_avg_sq(z, phase=phase))
     return st
+
+
+def placement_of(p: torch.Tensor, index: int) -> Placement:
+    """``p.q_adamw_place`` if set (checked), else the whole tensor keyed by its index."""
+    pl = getattr(p, PLACE_ATTR, None)
+    if pl is None:
+        return Placement(index, 0, p.numel(), 0)
+    pl.check(p.numel())
+    return pl
 
 
 def _seed(seed: int, index: int, step: int) -> int:
@@ -153,11 +208,13 @@ class QAdamW(torch.optim.Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError("QAdamW does not support sparse gradients")
                 st = self.state[p]
-                quantized = p.numel() >= group["min_numel"]
+                pl = placement_of(p, index)
+                cph = pl.chunk_phase()
+                quantized = pl.full_numel >= group["min_numel"]
                 if not st:
                     st["step"] = torch.tensor(0.0)
                     if quantized:
-                        st.update(_init_state(p.numel(), p.device))
+                        st.update(_init_state(p.numel(), p.device, cph))
                     else:
                         st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                         st["exp_avg_sq"] = torch.zeros_like(p,
@@ -167,20 +224,23 @@ class QAdamW(torch.optim.Optimizer):
                 if not quantized:
                     self._fp32_step(p, st, lr, b1, b2, eps, wd, t)
                     continue
-                seed = _seed(group["seed"], index, t)
+                seed = _seed(group["seed"], pl.key, t)
+                n = p.numel()
                 if self._kernel_ok(p):
                     from .triton_step import launch
-                    n = p.numel()
                     launch(p.view(-1), p.grad.reshape(-1).contiguous(), _kernel_views(st), n,
-                           padded_numel(n), seed=seed,
+                           padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
                            **_hyper(lr, b1, b2, eps, wd, t, p.device))
                 else:
+                    # the whole tensor's uniform stream, sliced at this piece
                     gen = torch.Generator(device=p.device).manual_seed(seed)
-                    rand = torch.rand(padded_numel(p.numel()), generator=gen, device=p.device)
+                    rand = torch.rand(padded_numel(pl.full_numel), generator=gen,
+                                      device=p.device)[pl.offset:pl.offset + padded_numel(n)]
                     direct = p.is_contiguous() and p.dtype == torch.float32
                     flat = p.data.view(-1) if direct else p.data.reshape(-1).float()
                     q_adamw_step_reference(flat, p.grad, st, lr=lr, beta1=b1, beta2=b2,
-                                           eps=eps, weight_decay=wd, step=t, rand=rand)
+                                           eps=eps, weight_decay=wd, step=t, rand=rand,
+                                           phase=cph)
                     if not direct:
                         p.data.copy_(flat.view_as(p))
         return loss

@@ -51,7 +51,8 @@ assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
 def _ld4(ptr, rows, Q: tl.constexpr, lim, other):
     """Entries 4Q..4Q+3 of each row (one 16-byte load per thread), as 4 row vectors."""
     idx = rows[:, None] * 16 + (Q * 4 + tl.arange(0, 4))[None, :]
-    x = tl.load(ptr + idx, mask=idx < lim, other=other).to(tl.float32)   # bf16 grads too
+    x = tl.load(ptr + idx, mask=(idx < lim) & (idx >= 0),
+                other=other).to(tl.float32)   # bf16 grads too
     a, b = tl.split(tl.reshape(x, (rows.shape[0], 2, 2)))
     x0, x2 = tl.split(a)
     x1, x3 = tl.split(b)
@@ -71,7 +72,7 @@ def _ld16(ptr, rows, lim, other):
 def _st4(ptr, rows, Q: tl.constexpr, lim, x0, x1, x2, x3):
     idx = rows[:, None] * 16 + (Q * 4 + tl.arange(0, 4))[None, :]
     x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
-    tl.store(ptr + idx, tl.reshape(x, (rows.shape[0], 4)), mask=idx < lim)
+    tl.store(ptr + idx, tl.reshape(x, (rows.shape[0], 4)), mask=(idx < lim) & (idx >= 0))
 
 
 @triton.jit
@@ -285,13 +286,16 @@ def _pack8(c0, c1, c2, c3, c4, c5, c6, c7):
 
 # ----------------------------------------------------------------------------- chunk codec
 @triton.jit
-def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, nrows):
-    """Decoded Hadamard-domain values of each row (16 vectors), before the inverse RHT."""
+def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows):
+    """Decoded Hadamard-domain values of each row (16 vectors), before the inverse RHT.
+    ``rows``: the local 16-block index (< 0 before the tensor: phase); ``vrows``: the row on the
+    chunk grid (``rows + phase / 16``)."""
     wp = codes_ptr.to(tl.pointer_type(tl.int32))
     widx = rows[:, None] * 2 + tl.arange(0, 2)[None, :]
-    w0, w1 = tl.split(tl.load(wp + widx, mask=widx < nrows * 2, other=0))
-    s = _e4m3_decode(tl.load(scale_ptr + rows, mask=rows < nrows, other=0))
-    dec = tl.load(cs_ptr + rows // 64, mask=rows < nrows, other=0.0)
+    w0, w1 = tl.split(tl.load(wp + widx, mask=(widx < nrows * 2) & (widx >= 0), other=0))
+    live = (rows < nrows) & (rows >= 0)
+    s = _e4m3_decode(tl.load(scale_ptr + rows, mask=live, other=0))
+    dec = tl.load(cs_ptr + vrows // 64, mask=live, other=0.0)
     return (_nib(w0, 0, s, dec), _nib(w0, 1, s, dec), _nib(w0, 2, s, dec), _nib(w0, 3, s, dec),
             _nib(w0, 4, s, dec), _nib(w0, 5, s, dec), _nib(w0, 6, s, dec), _nib(w0, 7, s, dec),
             _nib(w1, 0, s, dec), _nib(w1, 1, s, dec), _nib(w1, 2, s, dec), _nib(w1, 3, s, dec),
@@ -316,8 +320,8 @@ def _store_rows(codes_ptr, scale_ptr, cs_ptr, rows, nrows, pid, nch, w0, w1, sc,
                 R: tl.constexpr):
     wp = codes_ptr.to(tl.pointer_type(tl.int32))
     widx = rows[:, None] * 2 + tl.arange(0, 2)[None, :]
-    tl.store(wp + widx, tl.join(w0, w1), mask=widx < nrows * 2)
-    tl.store(scale_ptr + rows, sc.to(tl.uint8), mask=rows < nrows)
+    tl.store(wp + widx, tl.join(w0, w1), mask=(widx < nrows * 2) & (widx >= 0))
+    tl.store(scale_ptr + rows, sc.to(tl.uint8), mask=(rows < nrows) & (rows >= 0))
     ch = pid * (R // 64) + tl.arange(0, R // 64)
     tl.store(cs_ptr + ch, dec_c, mask=ch < nch)
 
@@ -413,14 +417,18 @@ def _u16(r):
 def q_adamw_kernel(p_ptr, g_ptr,
                    mc_ptr, ms_ptr, mcs_ptr,
                    vc_ptr, vs_ptr, vcs_ptr, vmean_ptr,
-                   u_ptr, n, npad, seed,
+                   u_ptr, n, npad, seed, ph_rows, row0,
                    decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
                    HAS_U: tl.constexpr, CPP_C: tl.constexpr):
     R: tl.constexpr = CPP_C * 64          # rows (16-blocks) per program
     pid = tl.program_id(0).to(tl.int64)
-    rows = pid * R + tl.arange(0, R)
+    # Rows on the chunk grid; the tensor starts ph_rows (= phase / 16, even) rows into it, so
+    # rows < 0 are outside (masked, zero); row0: this piece's first row in the whole tensor
+    # (the Philox counter).
+    vrows = pid * R + tl.arange(0, R)
+    rows = vrows - ph_rows
     nrows = npad // 16
-    nch = (npad + 1023) // 1024
+    nch = (ph_rows * 16 + npad + 1023) // 1024
 
     p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15 = _ld16(
         p_ptr, rows, n, 0.0)
@@ -428,15 +436,16 @@ def q_adamw_kernel(p_ptr, g_ptr,
         g_ptr, rows, n, 0.0)
     # decode m
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _decode_rows(
-        mc_ptr, ms_ptr, mcs_ptr, rows, nrows)
+        mc_ptr, ms_ptr, mcs_ptr, rows, vrows, nrows)
     m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _irht16(
         q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15)
     # decode v: r̂ + μ floored at μ/4, squared
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _decode_rows(
-        vc_ptr, vs_ptr, vcs_ptr, rows, nrows)
+        vc_ptr, vs_ptr, vcs_ptr, rows, vrows, nrows)
     r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15 = _irht16(
         q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15)
-    mb = tl.load(vmean_ptr + rows // 2, mask=rows < nrows, other=0).to(tl.int32)
+    mb = tl.load(vmean_ptr + rows // 2, mask=(rows < nrows) & (rows >= 0),
+                 other=0).to(tl.int32)
     mean = ((mb & 0xFFFF) << 16).to(tl.float32, bitcast=True)
     fl = mean * REL_FLOOR_C
     rem = n - rows * 16                    # entries of the row that are real: j < rem
@@ -480,7 +489,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
         u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15 = _ld16(
             u_ptr, rows, npad, 0.0)
     else:
-        off = (rows * 2).to(tl.int32)
+        off = ((rows + row0) * 2).to(tl.int32)
         k0, k1, k2, k3 = tl.randint4x(seed, off)
         k4, k5, k6, k7 = tl.randint4x(seed, off + 1)
         u0, u1 = _u16(k0)
@@ -501,12 +510,12 @@ def q_adamw_kernel(p_ptr, g_ptr,
     # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN 6-rule
     bsum = _hsum16(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15)
     ba, bb = tl.split(tl.reshape(bsum, (R // 2, 2)))
-    tix = pid * (R // 2) + tl.arange(0, R // 2)
+    tix = pid * (R // 2) + tl.arange(0, R // 2) - ph_rows // 2
     cnt = tl.minimum(tl.maximum(n - tix * 32, 1), 32).to(tl.float32)
     tmean = tl.div_rn(ba + bb, cnt)
     mbits = tmean.to(tl.int32, bitcast=True)
     mbits = (mbits + 0x7FFF + ((mbits >> 16) & 1)) & -65536
-    tl.store(vmean_ptr + tix, (mbits >> 16).to(tl.int16), mask=tix < npad // 32)
+    tl.store(vmean_ptr + tix, (mbits >> 16).to(tl.int16), mask=(tix < npad // 32) & (tix >= 0))
     mbits = tl.reshape(tl.join(mbits, mbits), (R,))
     mean = mbits.to(tl.float32, bitcast=True)
     y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _rht16(
@@ -524,21 +533,25 @@ def q_adamw_kernel(p_ptr, g_ptr,
 
 
 def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2,
-           eps, step_size, rand=None, cpp=None):
+           eps, step_size, rand=None, cpp=None, phase=0, row0=0):
     """Run the fused step in place on the flat FP32 ``p_flat`` and the state tensors ``st``.
 
     ``st``: dict of the optimizer's state tensors (codes uint8, scales uint8 = E4M3 bits, chunk
     scales FP32, tile means int16 = BF16 bits). Scalars are passed as FP32 kernel arguments.
-    ``cpp``: chunks per program (default ``CPP``), 2·cpp warps.
+    ``cpp``: chunks per program (default ``CPP``), 2·cpp warps. ``phase``: chunk-grid phase
+    (codecs.num_chunks; a multiple of the 32-tile here); ``row0``: the piece's first 16-block
+    in the whole tensor (Philox counter base).
     """
+    if phase % TILE or not 0 <= phase < CHUNK:
+        raise ValueError(f"kernel chunk phase {phase} must be a multiple of {TILE} in [0, {CHUNK})")
     cpp = CPP if cpp is None else cpp
-    nprog = -(-npad // (CHUNK * cpp))
+    nprog = -(-(phase + npad) // (CHUNK * cpp))
     u = rand if rand is not None else p_flat
     q_adamw_kernel[(nprog,)](
         p_flat, g_flat,
         st["exp_avg_codes"], st["exp_avg_scales"], st["exp_avg_chunk_scales"],
         st["exp_avg_sq_codes"], st["exp_avg_sq_scales"], st["exp_avg_sq_chunk_scales"],
         st["exp_avg_sq_means"],
-        u, n, npad, seed,
+        u, n, npad, seed, phase // BLOCK, row0,
         decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
         HAS_U=rand is not None, CPP_C=cpp, num_warps=2 * cpp, enable_fp_fusion=False)
