@@ -50,7 +50,8 @@ from fullstack_fp4.optim.q_adamw.codecs import CHUNK
 from fullstack_fp4.optim.q_adamw.optimizer import PLACE_ATTR, Placement
 from fullstack_fp4.optim.root import Root
 
-__all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix", "STATE_KEY", "OptimizerLayoutError"]
+__all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix",
+           "STATE_KEY", "OptimizerLayoutError", "resume_layout_error", "place_distributed_shards"]
 
 MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
                    "linear_fc2.weight")
@@ -163,6 +164,35 @@ def _layout(wrapper) -> dict:
             "wrapper": type(wrapper).__name__,
             "inner": repr(inner) if isinstance(inner, SplitOptimizer) else type(inner).__name__,
             "numels": [p.numel() for g in inner.param_groups for p in g["params"]]}
+
+
+def parallel_layout(tp: int, pp: int, world: int, distopt: bool) -> str:
+    dp = world // max(tp * pp, 1)
+    return (f"TP={tp} PP={pp} DP={dp} (world {world}), distributed optimizer "
+            f"{'on' if distopt else 'off'}")
+
+
+def resume_layout_error(meta: dict, optimizer, path: str):
+    """One message naming the saved and the current parallel layout if a checkpoint's FP4
+    optimizer state (one per-rank object, see the module docstring) cannot be loaded by this
+    run's layout; ``None`` when the layouts agree or the optimizer is not converted.
+
+    ``meta``: the checkpoint's meta.json (``world_size`` and the saved ``config``)."""
+    if not any(getattr(w, "fp4_converted", False) for w in _wrappers(optimizer)):
+        return None
+    par = meta.get("config", {}).get("parallel", {})
+    saved = (par.get("tensor_model_parallel_size", 1), par.get("pipeline_model_parallel_size", 1),
+             meta.get("world_size", 1), bool(par.get("use_distributed_optimizer", False)))
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    now = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+           world, any(isinstance(w, DistributedOptimizer) for w in _wrappers(optimizer)))
+    if saved == now:
+        return None
+    name = meta.get("config", {}).get("optimizer", {}).get("name", "?")
+    return (f"checkpoint {path} could not be read: its {name} optimizer state was saved with "
+            f"{parallel_layout(*saved)}, this run has {parallel_layout(*now)}; the 4-bit "
+            "optimizer state is stored per rank and cannot be resharded (docs/optimizers.md, "
+            "Checkpoints) — resume with the saved layout")
 
 
 def _saves_main_params(wrapper) -> bool:

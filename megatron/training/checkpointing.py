@@ -262,6 +262,11 @@ def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
     """Load model, optimizer and RNG from `path`; returns meta (iteration, consumed samples...)."""
     meta = check_complete(path)
     check_compatible(meta, cfg, path)
+    from fullstack_fp4.integration.optimizers import resume_layout_error
+
+    layout_error = resume_layout_error(meta, optimizer, path)  # FP4 optimizers: no resharding
+    if layout_error:
+        raise CheckpointError(layout_error)
     rank = _rank()
     rng_file = os.path.join(path, "rng", f"rank_{rank:05d}.pt")
     try:

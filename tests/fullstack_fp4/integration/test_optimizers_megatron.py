@@ -280,6 +280,11 @@ def test_q_adamw_distributed_optimizer_one_rank_step_equals_direct():
     assert all(p.ndim == 1 for p in _inner_params(tr.optimizer))
     before, grads = _step(tr)
     copies = [b.clone() for b in before]
+    # the shards carry their Placement (key = model param index, chunk grid on the buffer)
+    from fullstack_fp4.optim.q_adamw.optimizer import PLACE_ATTR
+    for c, p in zip(copies, _inner_params(tr.optimizer)):
+        assert getattr(p, PLACE_ATTR).offset == 0          # DP=1: whole params
+        setattr(c, PLACE_ATTR, getattr(p, PLACE_ATTR))
     it = iter(copies)
     groups = [{"params": [next(it) for _ in g["params"]], "lr": g["lr"],
                "weight_decay": g["weight_decay"]} for g in inner.param_groups]
@@ -289,3 +294,26 @@ def test_q_adamw_distributed_optimizer_one_rank_step_equals_direct():
            min_numel=1024, seed=tr.cfg.train.seed).step()
     for a, c in zip(_inner_params(tr.optimizer), copies):
         assert torch.equal(a.detach(), c)
+
+
+def test_changed_layout_refusal_names_both_layouts():
+    """A checkpoint saved at TP=2 (2 processes) loaded by 1 process with q_adamw: one message
+    naming both layouts; the same layout passes; an unconverted optimizer (adamw) is left to
+    megatron's own resharding."""
+    from fullstack_fp4.integration.optimizers import resume_layout_error
+
+    tr = _trainer("q_adamw")
+    par = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=1,
+               use_distributed_optimizer=False)
+    meta = {"world_size": 2, "config": {"parallel": par, "optimizer": {"name": "q_adamw"}}}
+    msg = resume_layout_error(meta, tr.optimizer, "/ck")
+    assert "TP=2 PP=1 DP=1 (world 2), distributed optimizer off" in msg
+    assert "TP=1 PP=1 DP=1 (world 1), distributed optimizer off" in msg
+    assert "could not be read" in msg and "\n" not in msg
+    same = {"world_size": 1, "config": {"parallel": {**par, "tensor_model_parallel_size": 1}}}
+    assert resume_layout_error(same, tr.optimizer, "/ck") is None
+    dist_on = {"world_size": 1, "config": {"parallel": {**par, "tensor_model_parallel_size": 1,
+                                                        "use_distributed_optimizer": True}}}
+    assert "distributed optimizer on, this run has" in resume_layout_error(dist_on, tr.optimizer,
+                                                                          "/ck")
+    assert resume_layout_error(meta, _trainer("adamw").optimizer, "/ck") is None
