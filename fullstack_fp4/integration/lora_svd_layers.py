@@ -66,10 +66,12 @@ from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from fullstack_fp4.integration.nvfp4_linear_layers import _amax_reducer
-from fullstack_fp4.linear.lora_svd import lora_svd_linear, lora_svd_split, merge
+from fullstack_fp4.linear.lora_svd import (BasisCache, lora_svd_linear, lora_svd_split, merge,
+                                          subspace_basis)
 
 __all__ = ["LoRASVDColumnParallelLinear", "LoRASVDRowParallelLinear", "lora_svd_modules",
-           "realign_model", "exact_matmuls", "merged_state_dict", "reset_factor_moments"]
+           "realign_model", "exact_matmuls", "merged_state_dict", "reset_factor_moments",
+           "transfer_moments"]
 
 _INIT_SEED = 0x5EED_1075
 
@@ -95,6 +97,7 @@ class _LoRASVDMixin:
         self.lora_rank, self.lora_beta = int(rank), float(beta)
         self.lora_oversample, self.lora_power_iters = int(oversample), int(power_iters)
         self.lora_exact = False
+        self._lora_basis = BasisCache()  # (Q, R⁻¹) of L2, recomputed only when L2 is rewritten
         w = self.weight
         self.lora_l2 = torch.nn.Parameter(torch.zeros(out_f, rank, dtype=w.dtype, device=w.device),
                                           requires_grad=False)
@@ -130,8 +133,10 @@ class _LoRASVDMixin:
             raise ValueError("LoRA-SVD linears do not support sequence parallelism")
         if allreduce_dgrad:
             input = copy_to_tensor_model_parallel_region(input, group=self.tp_group)
+        basis = self._lora_basis.get(self.lora_l2) if torch.is_grad_enabled() else None
         return lora_svd_linear(input, weight, self.lora_l1, self.lora_l2, self.lora_beta, bias,
-                               exact=self.lora_exact, amax_reduce=_amax_reducer(self.tp_group))
+                               exact=self.lora_exact, amax_reduce=_amax_reducer(self.tp_group),
+                               basis=basis)
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         state_dict = self.state_dict(prefix="", keep_vars=True)
@@ -214,20 +219,58 @@ def _state_of(optimizer, master):
     return None, None
 
 
+_ADAM_KEYS = {"step", "exp_avg", "exp_avg_sq"}
+_SGD_KEYS = {"momentum_buffer"}
+
+
 def reset_factor_moments(state: dict) -> dict:
-    """The realignment policy for L1's optimizer state (see module docstring)."""
-    known = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"}
+    """Fallback policy for L1's state when W_res's state cannot be combined with it (no state
+    for W_res yet, or an SGD-style layout): ``m ← 0``, ``v ← mean(v)``, step kept."""
+    known = _ADAM_KEYS | _SGD_KEYS
     if not set(state) <= known:
         return state  # unknown layout (e.g. quantized moments): left unchanged, see docstring
     new = dict(state)
-    if "exp_avg" in new:
-        new["exp_avg"] = torch.zeros_like(new["exp_avg"])
-    if "momentum_buffer" in new:
-        new["momentum_buffer"] = torch.zeros_like(new["momentum_buffer"])
+    for k in ("exp_avg", "momentum_buffer"):
+        if k in new:
+            new[k] = torch.zeros_like(new[k])
     if "exp_avg_sq" in new:
         v = new["exp_avg_sq"]
         new["exp_avg_sq"] = torch.full_like(v, float(v.float().mean()))
     return new
+
+
+@torch.no_grad()
+def transfer_moments(st_res: dict, st_l1: dict, l2_old, basis_old, l2_new, basis_new,
+                     beta: float):
+    """Re-express the Adam moments of ``(W_res, L1)`` in the new split (module docstring).
+
+    First moments (linear in the gradients): the moment of the dense W,
+    ``M = m_res + β L2_old m_L1`` (exact: the routed gradients of every past step sum to that
+    step's dense gradient), is routed again with the new basis, like a gradient:
+    ``m_L1 ← (1/β) R⁻¹ QᵀM``, ``m_res ← M − QQᵀM``; so ``m_res + β L2_new m_L1 = M``.
+    Second moments (not linear): ``v_res`` kept; ``v_L1`` by propagating the elementwise
+    variances of the dense-gradient estimate ``V = v_res + β²(L2_old∘L2_old) v_L1`` through the
+    new routing matrix ``A = R⁻¹Qᵀ/β``: ``v_L1 ← (A∘A) V`` (independent elements assumed); it
+    keeps the per-input-feature structure of v. Step counts are kept. Returns the new
+    ``(st_res, st_l1)``; layouts other than AdamW's / SGD momentum are returned unchanged.
+    """
+    keys_r, keys_1 = set(st_res), set(st_l1)
+    if not (keys_r == keys_1 and (keys_r <= _ADAM_KEYS or keys_r <= _SGD_KEYS)):
+        return st_res, reset_factor_moments(st_l1) if keys_1 <= _ADAM_KEYS | _SGD_KEYS else st_l1
+    q, rinv = basis_new
+    a = (rinv @ q.T) / beta                                  # [r, out]: M ↦ m_L1
+    l2o = l2_old.float()
+    new_r, new_1 = dict(st_res), dict(st_l1)
+    for k in ("exp_avg", "momentum_buffer"):
+        if k in st_res:
+            m = st_res[k].float() + beta * (l2o @ st_l1[k].float())
+            m1 = a @ m
+            new_1[k] = m1.to(st_l1[k].dtype)
+            new_r[k] = (m - beta * (l2_new.float() @ m1)).to(st_res[k].dtype)
+    if "exp_avg_sq" in st_res:
+        v = st_res["exp_avg_sq"].float() + beta ** 2 * ((l2o * l2o) @ st_l1["exp_avg_sq"].float())
+        new_1["exp_avg_sq"] = ((a * a) @ v).to(st_l1["exp_avg_sq"].dtype)
+    return new_r, new_1
 
 
 def _realign_generator(device, seed: int, iteration: int, name: str, tp_rank: int):
@@ -242,12 +285,23 @@ def realign_module(mod, optimizer, generator) -> None:
     masters = {p: _master(p) for p in (mod.weight, mod.lora_l1)} if optimizer is not None else {}
     w_res = masters.get(mod.weight, mod.weight)
     l1 = masters.get(mod.lora_l1, mod.lora_l1)
+    l2_old = mod.lora_l2.detach().float().clone()
     w = merge(w_res, l1, mod.lora_l2, mod.lora_beta, torch.float32)
     mod._lora_resplit(generator, w, masters)
-    if optimizer is not None:
-        inner, state = _state_of(optimizer, masters[mod.lora_l1])
-        if state is not None:
-            inner.state[masters[mod.lora_l1]] = reset_factor_moments(state)
+    if optimizer is None:
+        return
+    inner1, st1 = _state_of(optimizer, masters[mod.lora_l1])
+    if st1 is None:
+        return
+    inner_r, st_r = _state_of(optimizer, masters[mod.weight])
+    if st_r is None:
+        inner1.state[masters[mod.lora_l1]] = reset_factor_moments(st1)
+        return
+    new_r, new_1 = transfer_moments(st_r, st1, l2_old, subspace_basis(l2_old),
+                                    mod.lora_l2.detach().float(),
+                                    subspace_basis(mod.lora_l2.detach()), mod.lora_beta)
+    inner_r.state[masters[mod.weight]] = new_r
+    inner1.state[masters[mod.lora_l1]] = new_1
 
 
 def realign_model(model_chunks, optimizer, *, seed: int, iteration: int) -> int:

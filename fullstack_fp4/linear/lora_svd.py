@@ -15,19 +15,27 @@ Initial split and realignment (randomized SVD)
 ----------------------------------------------
 ``W ≈ U S Vᵀ`` by randomized SVD (Halko–Martinsson–Tropp: Gaussian sketch with ``r + p``
 columns, ``q`` power iterations with re-orthonormalisation, exact SVD of the small
-projected matrix). The branch takes the top-r part, split **symmetrically**:
+projected matrix). The branch takes the top-r part with an **orthonormal** L2:
 
-    L2 = U_r · diag(√(S_r/β)),   L1 = diag(√(S_r/β)) · V_rᵀ,   W_res = W − β L2 L1
+    L2 = U_r,   L1 = diag(S_r) V_rᵀ / β,   W_res = W − β L2 L1
 
-Why symmetric: (i) the two factors are *balanced* (``L2ᵀL2 = L1L1ᵀ = S_r/β``), the invariant
-manifold of gradient flow on a factorisation, so neither factor carries all the scale;
-(ii) the Gram matrix of L2, which the backward factorises, is ``diag(S_r)/β`` with condition
-number ``σ1/σr`` — the *square root* of what ``L2 = U S`` would give (``(σ1/σr)²``), and ``L2 =
-U`` would make L1 carry the full dynamic range; (iii) both factors see the same relative BF16
-rounding. ``W_res`` is computed *after* L2 has been rounded to its storage dtype, so it
-absorbs that rounding: ``W_res + β L2 L1`` equals ``W`` up to the rounding of ``W_res`` and
-``L1`` themselves. The split is exact by construction (``W_res`` is the difference), whatever
-the accuracy of the randomized SVD; the SVD only decides *which* subspace is in BF16.
+Why orthonormal (and not the balanced ``L2 = U√(S/β)``, ``L1 = √(S/β)Vᵀ`` of the first
+version): the optimizer is Adam, which moves every element of L1 by about ``η`` per step
+whatever the gradient's scale. The induced change of W is ``β L2 ΔL1``: with L2 = U it is
+``β U ΔL1``, i.e. the coordinates of W's update in the principal directions move by ``β η`` —
+exactly the step of dense Adam on W when β = 1, for every direction, at every point of
+training. With the balanced split it is ``U diag(√(βσ_k)) ΔL1``: the effective learning
+rate in direction ``k`` is multiplied by ``√(βσ_k)``, non-uniform, tied to W's spectrum
+(≈ 0.02(√m+√n) at init, growing during training and jumping at each realignment).
+Measured (exact matmuls, so only the optimizer dynamics differ; 4 layers × 256, 200 steps
+on the quickstart corpus, see docs/lora-svd.md): the balanced split trained 0.70% worse than
+BF16. Also ``L2ᵀL2 = I`` up to L2's BF16 rounding, so the Gram matrix the backward factorises
+has condition number ≈ 1 and ``R ≈ I``. L1 carries the dynamic range ``S``; it is a
+floating-point tensor, so that costs nothing. ``W_res`` is computed *after* L2 has been
+rounded to its storage dtype, so it absorbs that rounding: ``W_res + β L2 L1`` equals ``W``
+up to the rounding of ``W_res`` and ``L1`` themselves. The split is exact by construction
+(``W_res`` is the difference), whatever the accuracy of the randomized SVD; the SVD only
+decides *which* subspace is in BF16.
 
 Backward: the subspace-constrained routing (our decision, argued here)
 ------------------------------------------------------------------------
@@ -51,7 +59,7 @@ Why this routing:
   Frobenius-orthogonal, nothing is counted twice or lost. With NVFP4, the residual gets the
   orthogonal-complement part of the *quantized* wgrad, so the quantization noise inside the
   principal subspace is projected away, and the in-subspace part is computed from
-  unquantized ``dY`` and ``X`` (it is cheap: ``dY Q`` is ``T×out×r``, then ``(dYQ)ᵀX``).
+  unquantized ``dY`` and ``X`` (it is cheap: rank-r products, see "What runs when").
 * **Why L2 gets no gradient.** Any update of the branch that stays inside ``col(L2)`` has
   the form ``Q·(something)``; a change of L2 outside its column space would move part of the
   out-of-subspace gradient into the branch, which is exactly what the constraint forbids, and
@@ -61,6 +69,11 @@ Why this routing:
   ``L2`` is therefore a parameter with ``requires_grad=False``: no optimizer state, no weight
   decay. (Decoupled weight decay on L1 and W_res then shrinks W uniformly by ``(1 − ηλ)``,
   as for a dense weight; decaying L2 too would decay the principal part twice.)
+  Freezing L2 does not restrict what W can learn: W_res receives the whole out-of-subspace
+  gradient, so the sum of the routed updates reaches every direction a dense W could. L2 only
+  decides *which* part of W is carried in BF16, which is why the realignment must run often
+  enough to follow W's dominant directions (the ablation's 300-step runs never realigned at
+  the default interval 2048, so the BF16 subspace stayed the top-r of the random init).
 * **Why ``R⁻¹`` (and not the plain LoRA gradient ``β L2ᵀ G``).** The plain gradient induces
   ``ΔW = β² L2 L2ᵀ G = β² Q R Rᵀ QᵀG``: the in-subspace update is distorted by the
   singular values of the branch (directions with large σ learn σ-times faster). Solving
@@ -68,21 +81,44 @@ Why this routing:
   (1/β) R⁻¹ QᵀG``, the plain gradient preconditioned by the inverse Gram matrix (the
   "scaled gradient descent" of low-rank factorisation), whose induced update of W is the
   undistorted projection. The Cholesky factor needed for Q is the same one that solves it.
+  (With the orthonormal split ``R ≈ I`` right after a split, so this matters only between the
+  BF16 rounding of L2 and a degenerate L2; under Adam the per-element normalisation undoes
+  row scalings of g_L1 anyway, and the split's scale is what sets the step — see above.)
 
 The Cholesky-QR is CholeskyQR2 in FP64 (two passes; the second removes the loss of
 orthogonality of one pass). If the Cholesky fails or is numerically rank-deficient (pivot
-ratio below 1e-4, i.e. cond(L2) ≳ 1e4; after a realignment cond(L2) = √(σ1/σr) of W), one
-pass on the shifted Gram ``L2ᵀL2 + sI``, ``s = 1e-6 ‖L2‖₂²``, is used instead (a ridge
-projection). ``Q = L2 R⁻¹`` is used in *both* routes, so the operator applied to G by the
-residual route and the one induced by the branch route are the same
-(``L2 (RᵀR)⁻¹ L2ᵀ``) and the routed gradients still sum to G; ``R⁻¹`` stays bounded. A zero
-L2 gives ``Q = 0``: everything goes to W_res.
+ratio below 1e-4, i.e. cond(L2) ≳ 1e4), one pass on the shifted Gram ``L2ᵀL2 + sI``,
+``s = 1e-6 ‖L2‖₂²``, is used instead (a ridge projection). ``Q = L2 R⁻¹`` is used in *both*
+routes, so the operator applied to G by the residual route and the one induced by the branch
+route are the same (``L2 (RᵀR)⁻¹ L2ᵀ``) and the routed gradients still sum to G; ``R⁻¹`` stays
+bounded. A zero L2 gives ``Q = 0``: everything goes to W_res.
+
+What runs when (cost)
+---------------------
+``(Q, R⁻¹)`` depend on L2 only, and L2 changes only at a split/realignment or a checkpoint
+load: :class:`BasisCache` recomputes them when L2's storage or version counter changes, so
+the Cholesky-QR (and its host syncs) runs once per realignment, not per micro-batch. Per
+micro-batch, besides the NVFP4 GEMMs of W_res, all in the input dtype (BF16) with FP32
+accumulation, no FP32 copies of ``dY``, ``X`` or ``G_q``:
+
+* forward: ``x L1ᵀ`` (T·in·r) and ``addmm(y_res, ·, L2ᵀ, β)`` (T·r·out, fused with the sum);
+* backward: ``P = dY L2`` (T·out·r) shared by the input gradient ``addmm(dX_res, P, L1, β)``
+  (T·r·in) and the routing: ``dY Q = P R⁻¹`` (T·r², FP32, instead of a second T·out·r GEMM),
+  ``QᵀG = (dYQ)ᵀX`` (T·r·in), ``g_L1 = R⁻¹QᵀG/β`` (r²·in, FP32), and
+  ``g_Wres = addmm(G_q, −Q, QᵀG_q)`` (2·out·r·in, in G_q's dtype).
+
+Numerics: the routed gradients are exact in FP32; in BF16 each product is rounded once, so the
+in-subspace residual of ``g_Wres`` is ≈ 2⁻⁹ of the in-subspace part of ``G_q`` (instead of 0)
+and ``g_L1`` carries the BF16 rounding of ``(dYQ)ᵀX`` — the same order as the BF16 gradient
+tensors they are stored in. ``dY Q = P R⁻¹`` amplifies the rounding of P by cond(L2), which is
+≈ 1 after a split (it would matter only for a near-degenerate L2, where the ridge bounds it).
 
 ``exact=True`` replaces the NVFP4 GEMMs of the W_res path by exact matmuls (the
 "unquantized limit" the tests and the merged-export check use).
 
 Memory: besides what the NVFP4 linear saves (NVFP4 codes only), the branch saves ``X`` in its
-input dtype (needed for ``(dY Q)ᵀ X``) and the factors.
+input dtype (needed for ``(dY Q)ᵀ X``; a view of the layer input, shared with whatever else
+holds it) and the factors.
 """
 from __future__ import annotations
 
@@ -93,7 +129,7 @@ import torch
 from .nvfp4_linear import nvfp4_linear
 
 __all__ = ["cholesky_qr", "randomized_svd", "lora_svd_split", "lora_svd_linear",
-           "LoRASVDLinearFunction", "merge", "route_gradient"]
+           "LoRASVDLinearFunction", "merge", "route_gradient", "subspace_basis", "BasisCache"]
 
 
 _PIVOT_RATIO = 1e-4   # min/max diagonal of the Cholesky factor below this: treated as failed
@@ -169,16 +205,16 @@ def lora_svd_split(w: torch.Tensor, rank: int, beta: float, *, oversample: int =
                    factor_dtype: Optional[torch.dtype] = None):
     """Split ``w`` into ``(w_res, l2, l1)`` (all FP32 except l2, rounded to ``factor_dtype``).
 
-    ``β l2 l1`` is the top-``rank`` part of ``w`` split symmetrically (see module docstring);
+    ``β l2 l1`` is the top-``rank`` part of ``w`` with **orthonormal** ``l2 = U_r`` and
+    ``l1 = diag(S_r) V_rᵀ / β`` (see module docstring for why not the balanced split);
     ``w_res = w − β l2 l1`` computed after rounding l2, so the sum reproduces ``w``.
     """
     u, s, vh = randomized_svd(w, rank, oversample=oversample, power_iters=power_iters,
                               generator=generator)
-    root = torch.sqrt(s.clamp(min=0) / beta)
-    l2 = u * root
+    l2 = u
     if factor_dtype is not None:
         l2 = l2.to(factor_dtype).to(torch.float32)
-    l1 = root[:, None] * vh
+    l1 = (s.clamp(min=0) / beta)[:, None] * vh
     w_res = w.detach().to(torch.float32) - beta * (l2 @ l1)
     return w_res, l2, l1
 
@@ -190,26 +226,67 @@ def merge(w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, beta: float,
     return w.to(dtype if dtype is not None else w_res.dtype)
 
 
+def subspace_basis(l2: torch.Tensor):
+    """``(Q, R⁻¹)`` (FP32) of the Cholesky-QR ``L2 = Q R`` (:func:`cholesky_qr`; the
+    ridge-shifted one when it fell back). All the backward needs from the orthonormalisation.
+    It depends on L2 only, so layers cache it per L2 version (:class:`BasisCache`)."""
+    q, r = cholesky_qr(l2)
+    eye = torch.eye(r.shape[0], dtype=torch.float64, device=r.device)
+    rinv = torch.linalg.solve_triangular(r.double(), eye, upper=True)
+    return q, rinv.to(torch.float32)
+
+
+class BasisCache:
+    """:func:`subspace_basis` (L2) recomputed only when L2 changed (its storage or in-place
+    version counter: L2 is written only by the split/realignment and by checkpoint loading)."""
+
+    def __init__(self):
+        self._key = None
+        self._basis = None
+
+    def get(self, l2: torch.Tensor):
+        key = (l2.data_ptr(), l2._version, tuple(l2.shape), l2.device)
+        if key != self._key:
+            self._basis = subspace_basis(l2)
+            self._key = key
+        return self._basis
+
+
+def _route(g_q, p, x, beta, basis):
+    """The routing given ``p = dY L2`` (``[T, r]``, compute dtype): ``(g_Wres, g_L1)``.
+
+    ``dY Q = p R⁻¹`` (a ``[T, r]·[r, r]`` product instead of a second ``T·out·r`` GEMM);
+    ``QᵀG = (dY Q)ᵀ X``; ``g_L1 = (1/β) R⁻¹ QᵀG``; ``g_Wres = G_q − Q (Qᵀ G_q)``. The big
+    products (``(dYQ)ᵀX``: T·r·in; ``QᵀG_q`` and the rank-r update: out·r·in each) run in the
+    compute dtype with FP32 accumulation; ``g_Wres`` is one fused ``addmm`` in ``G_q``'s dtype.
+    """
+    q, rinv = basis
+    dyq = (p.float() @ rinv).to(x.dtype)                    # dY Q            [T, r]
+    a = (dyq.T @ x).float()                                 # Qᵀ G            [r, in]
+    g_l1 = (rinv @ a) / beta
+    qg = q.to(g_q.dtype)
+    g_res = torch.addmm(g_q, qg, (qg.T @ g_q), alpha=-1.0)
+    return g_res, g_l1
+
+
 def route_gradient(g_q: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, l2: torch.Tensor,
-                   beta: float):
-    """The routing of the module docstring: ``(g_Wres, g_L1)`` in FP32.
+                   beta: float, basis=None):
+    """The routing of the module docstring: ``(g_Wres, g_L1)``.
 
     ``g_q`` the wgrad of W_res as its GEMM produced it (NVFP4 or exact), ``dy [T, out]`` and
-    ``x [T, in]`` unquantized.
+    ``x [T, in]`` unquantized; ``basis`` = :func:`subspace_basis` (L2) if cached. Computed in
+    ``x``'s dtype (FP32 accumulation); ``g_Wres`` in ``g_q``'s dtype, ``g_L1`` in FP32.
     """
-    q, r = cholesky_qr(l2)
-    g_q = g_q.float()
-    g_res = g_q - q @ (q.T @ g_q)
-    a = (dy.float() @ q).T @ x.float()          # Qᵀ G, [r, in]
-    g_l1 = torch.linalg.solve_triangular(r, a, upper=True) / beta
-    return g_res, g_l1
+    if basis is None:
+        basis = subspace_basis(l2)
+    return _route(g_q, dy.to(x.dtype) @ l2.to(x.dtype), x, beta, basis)
 
 
 class LoRASVDLinearFunction(torch.autograd.Function):
     """``y = NVFP4(x, W_res) + β (x L1ᵀ) L2ᵀ`` with the routed backward (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, w_res, l1, l2, beta, exact, generator, amax_reduce):
+    def forward(ctx, x, w_res, l1, l2, beta, exact, generator, amax_reduce, basis):
         in_f, out_f = w_res.shape[1], w_res.shape[0]
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
@@ -224,47 +301,56 @@ class LoRASVDLinearFunction(torch.autograd.Function):
                 y_inner = nvfp4_linear(xd, wd, generator=generator, amax_reduce=amax_reduce)
             ctx.inner = (y_inner, xd, wd)
             y_res = y_inner.detach()
-        y = y_res + beta * ((x2 @ l1.to(x2.dtype).T) @ l2.to(x2.dtype).T)
+        # branch: two thin GEMMs, the second fused with the sum (one pass over y)
+        y = torch.addmm(y_res, x2 @ l1.to(x2.dtype).T, l2.to(x2.dtype).T, alpha=beta)
         ctx.save_for_backward(x2, w_res, l1, l2)
-        ctx.beta, ctx.exact, ctx.x_shape = beta, exact, x.shape
+        ctx.beta, ctx.exact, ctx.x_shape, ctx.basis = beta, exact, x.shape, basis
         return y.reshape(*x.shape[:-1], out_f)
 
     @staticmethod
     def backward(ctx, grad_out):
         x2, w_res, l1, l2 = ctx.saved_tensors
         beta = ctx.beta
-        dy2 = grad_out.reshape(-1, w_res.shape[0])
+        dy2 = grad_out.reshape(-1, w_res.shape[0]).to(x2.dtype)
         need_dx = ctx.needs_input_grad[0]
+        need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         dx_res = g_q = None
         if ctx.exact:
             if need_dx:
-                dx_res = dy2.to(x2.dtype) @ w_res.to(x2.dtype)
-            g_q = dy2.float().T @ x2.float()
+                dx_res = dy2 @ w_res.to(x2.dtype)
+            if need_w:
+                g_q = dy2.float().T @ x2.float()
         else:
             y_inner, xd, wd = ctx.inner
             inputs = (xd, wd) if need_dx else (wd,)
             grads = torch.autograd.grad(y_inner, inputs, dy2.to(y_inner.dtype))
             dx_res, g_q = (grads if need_dx else (None, grads[0]))
             ctx.inner = None
+        l2c = l2.to(x2.dtype)
+        p = dy2 @ l2c                                            # dY L2, [T, r]: shared
         dx = dw_res = dl1 = None
         if need_dx:
-            branch = beta * ((dy2.to(x2.dtype) @ l2.to(x2.dtype)) @ l1.to(x2.dtype))
-            dx = (dx_res + branch).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            g_res, g_l1 = route_gradient(g_q, dy2, x2, l2, beta)
+            dx = torch.addmm(dx_res.to(x2.dtype), p, l1.to(x2.dtype), alpha=beta)
+            dx = dx.reshape(ctx.x_shape)
+        if need_w:
+            basis = ctx.basis if ctx.basis is not None else subspace_basis(l2)
+            g_res, g_l1 = _route(g_q, p, x2, beta, basis)
             dw_res = g_res.to(w_res.dtype) if ctx.needs_input_grad[1] else None
             dl1 = g_l1.to(l1.dtype) if ctx.needs_input_grad[2] else None
-        return dx, dw_res, dl1, None, None, None, None, None
+        ctx.basis = None
+        return dx, dw_res, dl1, None, None, None, None, None, None
 
 
 def lora_svd_linear(x: torch.Tensor, w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor,
                     beta: float, bias: Optional[torch.Tensor] = None, *, exact: bool = False,
                     generator: Optional[torch.Generator] = None,
-                    amax_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+                    amax_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                    basis=None):
     """Functional LoRA-SVD linear: ``x [..., in]``, ``w_res [out, in]``, ``l1 [r, in]``,
-    ``l2 [out, r]``. ``exact=True``: the W_res GEMMs unquantized. L2 never gets a gradient."""
+    ``l2 [out, r]``. ``exact=True``: the W_res GEMMs unquantized. L2 never gets a gradient.
+    ``basis``: :func:`subspace_basis` (L2), if the caller caches it (else computed in backward)."""
     y = LoRASVDLinearFunction.apply(x, w_res, l1, l2, float(beta), bool(exact), generator,
-                                    amax_reduce)
+                                    amax_reduce, basis)
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y

@@ -47,16 +47,16 @@ def test_randomized_svd_matches_exact_svd():
     assert torch.equal(u, u2) and torch.equal(s2, sv) and torch.equal(vh, vh2)
 
 
-def test_split_is_exact_balanced_and_takes_the_top_subspace():
+def test_split_is_exact_orthonormal_and_takes_the_top_subspace():
     s = [5.0 * 0.8 ** i for i in range(60)]
     w = _spectrum_matrix(OUT, IN, s, seed=1).float()
     w_res, l2, l1 = lora_svd_split(w, R, BETA, generator=_gen(0))
     torch.testing.assert_close(w_res + BETA * l2 @ l1, w, rtol=0, atol=2e-6)
-    # symmetric split: L2ᵀL2 = L1L1ᵀ = diag(S)/β
-    torch.testing.assert_close(l2.T @ l2, l1 @ l1.T, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(torch.diagonal(l2.T @ l2).double(),
-                               torch.tensor(s[:R], dtype=torch.float64) / BETA, rtol=1e-3, atol=1e-5)
-    # the residual keeps the tail of the spectrum
+    # orthonormal split: L2ᵀL2 = I, β L1 L1ᵀ β = diag(S)²
+    torch.testing.assert_close(l2.T @ l2, torch.eye(R), rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.linalg.svdvals(BETA * l1.double()),
+                               torch.tensor(s[:R], dtype=torch.float64), rtol=1e-3, atol=1e-5)
+    # the branch is the best rank-R approximation: the residual keeps the tail of the spectrum
     assert torch.linalg.matrix_norm(w_res.double(), ord=2) == pytest.approx(s[R], rel=1e-3)
 
 
