@@ -1,6 +1,16 @@
 """Benchmark Q-AdamW's fused step on the GPU against torch fused AdamW and torchao's low-bit AdamW.
 
     python scripts/bench_q_adamw.py [--params 1.0e9] [--steps 10] [--grad-dtype fp32|bf16]
+    python scripts/bench_q_adamw.py --sweep [--params 1.0e9]   # kernel configurations only
+
+``--sweep``: every candidate launch configuration of the fused kernel — chunks per program
+(``cpp`` 1, 2, 4 → 2, 4, 8 warps), register cap (``maxnreg`` none, 128, 96), nibble decode
+(``fast_dec`` on/off) — first checked bit for bit against the reference on the GPU (a plain
+and a phased tensor, 3 steps; a config that differs is reported and not timed), then timed
+over the same ~1e9 parameters as the kernel rows, all in this one process; prints a table
+sorted by time with the ratio to torch fused AdamW (timed too) and the best configuration to
+set as ``triton_step.CPP`` / ``FAST_DEC`` (and ``maxnreg``). Default list: 5 likely configs
+(~5 min of compiles); ``--sweep-all`` all 24; ``--sweep-configs '1,none,1;2,128,1'`` a chosen few.
 
 1. Correctness first: on a small tensor (n = 100_003, odd on purpose) the fused Triton kernel
    with explicit uniforms vs ``q_adamw_step_reference`` on the same GPU, 3 steps: counts of
@@ -39,12 +49,12 @@ from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
 SHAPES = ((3072, 3072), (3072, 8192), (8192, 3072))
 
 
-def correctness(n=100_003, steps=3):
+def correctness(n=100_003, steps=3, phase=0, **launch_kw):
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     npad = padded_numel(n)
     p = torch.randn(n, device=dev, generator=gen)
-    st = _init_state(n, dev)
+    st = _init_state(n, dev, phase)
     p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
     out = {}
     for t in range(1, steps + 1):
@@ -52,9 +62,9 @@ def correctness(n=100_003, steps=3):
             2 * torch.randn(n, device=dev, generator=gen))
         u = torch.rand(npad, device=dev, generator=gen)
         q_adamw_step_reference(p, g, st, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
-                               weight_decay=0.01, step=t, rand=u)
-        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u,
-               **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
+                               weight_decay=0.01, step=t, rand=u, phase=phase)
+        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=5,
+               **launch_kw, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
     torch.cuda.synchronize()
     out["param_mismatches"] = int((p != p2).sum())
     out["param_max_abs_diff"] = float((p - p2).abs().max())
@@ -120,6 +130,74 @@ def kernel_rows(args, gd, res):
     torch.cuda.empty_cache()
 
 
+# Each configuration compiles the ~3000-instruction kernel twice (explicit uniforms for the
+# check, Philox for the timing; ~30-60 s each), so the default list is the likely winners
+# plus the v1 baseline (~5 min); --sweep-all: every combination (~20 min: split it with
+# --sweep-configs).
+SWEEP = [dict(cpp=1, maxnreg=None, fast_dec=False),                  # v1 as measured (8.95 ms)
+         dict(cpp=1, maxnreg=None, fast_dec=True),
+         dict(cpp=2, maxnreg=None, fast_dec=True),
+         dict(cpp=1, maxnreg=128, fast_dec=True),
+         dict(cpp=2, maxnreg=128, fast_dec=True)]
+SWEEP_ALL = [dict(cpp=c, maxnreg=r, fast_dec=f) for c in (1, 2, 4) for r in (None, 168, 128, 96)
+             for f in (True, False)]
+
+
+def _parse_configs(text: str) -> list[dict]:
+    """'1,none,1;2,128,1' -> [{cpp: 1, maxnreg: None, fast_dec: True}, ...]"""
+    out = []
+    for item in text.split(";"):
+        c, r, f = item.split(",")
+        out.append(dict(cpp=int(c), maxnreg=None if r.lower() == "none" else int(r),
+                        fast_dec=bool(int(f))))
+    return out
+
+
+def sweep(args, gd, res):
+    """Check every candidate config bit for bit, time the exact ones; one process."""
+    params, n = make_params(args.params, gd)
+    fused = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    t_fused, _ = time_opt(fused, args.steps)
+    del fused
+    torch.cuda.empty_cache()
+    states = [_kernel_views(_init_state(p.numel(), "cuda")) for p in params]
+    rows = []
+    configs = (_parse_configs(args.sweep_configs) if args.sweep_configs
+               else SWEEP_ALL if args.sweep_all else SWEEP)
+    for kw in configs:
+        name = ", ".join(f"{k}={v}" for k, v in kw.items())
+        try:
+            # n divisible by 16 like the timed 3b matrices: one specialization fewer to compile
+            chk = [correctness(n=100_000, **kw), correctness(n=70_000, phase=448, **kw)]
+        except Exception as e:  # noqa: BLE001 - e.g. a register cap the compiler refuses
+            print(f"{name}: FAILED to run ({type(e).__name__}: {str(e)[:200]})", flush=True)
+            continue
+        if not all(c["ok"] for c in chk):
+            print(f"{name}: NOT bit-exact vs the reference: {chk}", flush=True)
+            rows.append({**kw, "exact": False})
+            continue
+        med, ts = time_kernel(lambda *a, _kw=kw, **k: launch(*a, **_kw, **k), params, states,
+                              args.steps)
+        row = {**kw, "exact": True, "ms": med, "all_ms": ts, "x_fused": med / t_fused}
+        rows.append(row)
+        print(row, flush=True)
+    res["sweep"] = {"torch_fused_ms": t_fused, "params": n, "rows": rows}
+    timed = sorted((r for r in rows if r.get("exact")), key=lambda r: r["ms"])
+    print(f"\nsweep: {n / 1e9:.3f}B params, torch AdamW(fused=True) {t_fused:.2f} ms\n")
+    print("| cpp | warps | maxnreg | fast_dec | bit-exact | ms/step | × torch fused |")
+    print("|---|---|---|---|---|---|---|")
+    for r in timed + [r for r in rows if not r.get("exact")]:
+        ms = f"{r['ms']:.2f} | {r['x_fused']:.2f}" if r.get("exact") else "– | –"
+        print(f"| {r['cpp']} | {2 * r['cpp']} | {r['maxnreg']} | {r['fast_dec']} | "
+              f"{r['exact']} | {ms} |")
+    if timed:
+        b = timed[0]
+        print(f"\nbest: cpp={b['cpp']} maxnreg={b['maxnreg']} fast_dec={b['fast_dec']} "
+              f"{b['ms']:.2f} ms = {b['x_fused']:.2f}x torch fused (target <= 0.75x)")
+    del params, states
+    torch.cuda.empty_cache()
+
+
 def time_opt(opt, steps):
     for _ in range(3):
         opt.step()
@@ -143,10 +221,25 @@ def main():
     ap.add_argument("--cpp", type=int, nargs="*", default=[1, 2],
                     help="chunks per program for the kernel-only rows")
     ap.add_argument("--no-kernel-rows", action="store_true")
+    ap.add_argument("--sweep", action="store_true",
+                    help="check + time kernel configurations (see the docstring), then stop")
+    ap.add_argument("--sweep-all", action="store_true", help="--sweep over every combination")
+    ap.add_argument("--sweep-configs", default=None,
+                    help="--sweep over these: 'cpp,maxnreg,fast_dec;...' e.g. '1,none,1;2,128,1'")
     args = ap.parse_args()
     gd = torch.float32 if args.grad_dtype == "fp32" else torch.bfloat16
-    res = {"device": torch.cuda.get_device_name(), "correctness": correctness(), "rows": []}
+    res = {"device": torch.cuda.get_device_name(), "correctness": correctness(),
+           "correctness_phased": correctness(n=70_001, phase=448), "rows": []}
     print("correctness (kernel vs reference, same uniforms):", res["correctness"])
+    print("correctness, a distributed-optimizer piece (grid phase 448):",
+          res["correctness_phased"])
+    if args.sweep:
+        sweep(args, gd, res)
+        out = os.environ.get("OUT")
+        if out:
+            with open(os.path.join(out, "bench_q_adamw_sweep.json"), "w") as f:
+                json.dump(res, f, indent=1)
+        return
     if not args.no_kernel_rows:
         kernel_rows(args, gd, res)
 

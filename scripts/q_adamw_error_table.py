@@ -3,6 +3,12 @@
     python scripts/q_adamw_error_table.py                       # synthetic heavy-tailed moments
     python scripts/q_adamw_error_table.py --moments real.pt     # + real moments
     python scripts/q_adamw_error_table.py --variants            # + tile / guard alternatives
+    python scripts/q_adamw_error_table.py --train 300           # + moments of a real run:
+        # trains the quickstart model (configs/quickstart.yaml: tiny, data/quickstart corpus)
+        # with torch AdamW for 300 steps on CPU, saves its moments (--save-moments), tables them
+    python scripts/q_adamw_error_table.py --train 100 --device cuda
+        # the same with 4 decoder blocks of the 3b preset (bench_blocks.py's shape, seq 4096,
+        # bf16 with FP32 master weights, torch fused AdamW) on the quickstart corpus, on a GPU
 
 ``--moments FILE.pt``: ``torch.save({name: (exp_avg, exp_avg_sq), ...})`` taken from a real
 torch AdamW run (e.g. ``{n: (opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])}``); all
@@ -122,6 +128,32 @@ def rows_for(m, v, variants: bool, seed: int = 0):
     return out
 
 
+def _pool(acc):
+    """Combine per-tensor metrics into whole-model ones: relL2 = sqrt(Σ err² / Σ ref²) from each
+    tensor's relL2 and reference norm; max ratios: the max error over the max reference; mean
+    rel: entry-weighted mean."""
+    out = {}
+    keys = acc[0][2].keys()
+    for k in keys:
+        if k == "v mean rel":
+            num = sum(met[k] * int((v > 0).sum()) for m, v, met in acc)
+            out[k] = num / max(sum(int((v > 0).sum()) for m, v, met in acc), 1)
+            continue
+        if k == "u max":
+            # per tensor: max|û−u| / max|u|; pooled: max over tensors of (max|û−u|) / max|u|
+            umax = [float((m.double() / (v.double().sqrt() + EPS)).abs().max()) for m, v, _ in acc]
+            out[k] = max(met[k] * um for (_, _, met), um in zip(acc, umax)) / max(umax)
+            continue
+        refs = {"v relL2": lambda m, v: v.double().norm(),
+                "√v relL2": lambda m, v: v.double().sqrt().norm(),
+                "u relL2": lambda m, v: (m.double() / (v.double().sqrt() + EPS)).norm(),
+                "u(m̂,v̂)": lambda m, v: (m.double() / (v.double().sqrt() + EPS)).norm()}
+        r = [float(refs[k](m, v)) for m, v, _ in acc]
+        err2 = sum((met[k] * ri) ** 2 for (_, _, met), ri in zip(acc, r))
+        out[k] = math.sqrt(err2 / max(sum(ri * ri for ri in r), 1e-300))
+    return out
+
+
 def print_table(title, rows):
     keys = list(rows[0][1].keys())
     print(f"\n### {title}\n")
@@ -142,12 +174,88 @@ def load_moments(path):
         yield name, m.reshape(-1).float(), v.reshape(-1).float()
 
 
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+QUICKSTART_DATA = ["data.path=[data/quickstart/train_text_document]",
+                   "data.valid_path=[data/quickstart/valid_text_document]", "data.split=100,0,0",
+                   "data.tokenizer=data/quickstart/tokenizer.model",
+                   "data.cache_dir=data/quickstart/cache"]
+TRAIN_CPU = ["model.preset=tiny", "model.seq_length=128", "train.global_batch_size=16",
+             "train.micro_batch_size=8", "train.precision=fp32", "optimizer.lr=3e-3",
+             "optimizer.min_lr=3e-4", "optimizer.weight_decay=0.1", "optimizer.warmup_iters=30",
+             "optimizer.schedule=cosine"]
+TRAIN_GPU = ["model.preset=3b", "model.num_layers=4", "model.vocab_size=32000",
+             "train.global_batch_size=2", "train.micro_batch_size=2", "train.precision=bf16",
+             "optimizer.lr=3e-4", "optimizer.min_lr=3e-5", "optimizer.weight_decay=0.1",
+             "optimizer.warmup_iters=20", "optimizer.schedule=cosine"]
+
+
+def train_moments(steps: int, device: str, seed: int = 1234) -> dict:
+    """Train with torch AdamW (optimizer.name=adamw, megatron-core's wrapper) for ``steps``
+    steps on data/quickstart and return {param name: (exp_avg, exp_avg_sq)} of the inner
+    AdamW (the FP32 main params' moments), on CPU."""
+    os.chdir(REPO)
+    from megatron.training.config import load_config
+    from megatron.training.optimizer import inner_optimizers
+    from megatron.training.trainer import Trainer
+
+    if not os.path.exists("data/quickstart/train_text_document.bin"):
+        raise SystemExit("data/quickstart is missing: run scripts/prepare_quickstart_data.py")
+    base = TRAIN_CPU if device == "cpu" else TRAIN_GPU
+    cfg = load_config(None, base + QUICKSTART_DATA + [
+        "optimizer.name=adamw", f"train.iters={steps}", "train.eval_iters=0",
+        f"train.log_interval={max(steps // 10, 1)}", f"train.seed={seed}",
+        "checkpoint.load=none", "checkpoint.save_dir=null", "checkpoint.save_on_exit=false",
+        "logging.dir=null", "logging.tensorboard=false"])
+    tr = Trainer(cfg, verbose=True)
+    tr.train()
+    # inner AdamW's params are FP32 main params; map them to model names through the wrapper
+    wrappers = getattr(tr.optimizer, "chained_optimizers", [tr.optimizer])
+    name_of = {id(p): n for n, p in tr.gpt.named_parameters()}
+    out = {}
+    for w in wrappers:
+        main_to_model = {}
+        if hasattr(w, "float16_groups"):
+            for g16, g32 in zip(w.float16_groups, w.fp32_from_float16_groups):
+                main_to_model.update({id(m): p for p, m in zip(g16, g32)})
+            for g in w.fp32_from_fp32_groups:
+                main_to_model.update({id(p): p for p in g})
+        inner = w.optimizer
+        for g in inner.param_groups:
+            for p in g["params"]:
+                st = inner.state.get(p, {})
+                if "exp_avg" not in st:
+                    continue
+                model_p = main_to_model.get(id(p), p)
+                name = name_of.get(id(model_p), f"param{len(out)}")
+                out[name] = (st["exp_avg"].detach().float().cpu().clone(),
+                             st["exp_avg_sq"].detach().float().cpu().clone())
+    assert out, "no AdamW moments found"
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moments", help="FILE.pt: {name: (exp_avg, exp_avg_sq)} from torch AdamW")
+    ap.add_argument("--train", type=int, default=0, metavar="STEPS",
+                    help="train with torch AdamW for STEPS steps first and table its moments")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="--train: cpu = quickstart tiny model, cuda = 4 blocks of 3b")
+    ap.add_argument("--save-moments", default=None,
+                    help="--train: where to save the moments (default runs/q_adamw_moments_"
+                         "<device>.pt)")
+    ap.add_argument("--min-numel", type=int, default=4096,
+                    help="real moments: only tensors QAdamW quantizes (numel >= this)")
     ap.add_argument("--variants", action="store_true", help="also tile/guard alternatives")
     ap.add_argument("--n", type=int, default=1 << 16)
     args = ap.parse_args(argv)
+    if args.train:
+        moments = train_moments(args.train, args.device)
+        path = args.save_moments or os.path.join(REPO, "runs",
+                                                 f"q_adamw_moments_{args.device}.pt")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.save(moments, path)
+        print(f"saved {len(moments)} moment pairs of a {args.train}-step AdamW run to {path}")
+        args.moments = path
     torch.manual_seed(0)
     for structured in (False, True):
         m, v = synthetic_moments(args.n, structured=structured)
@@ -157,11 +265,25 @@ def main(argv=None):
     if args.moments:
         ms, vs = [], []
         for name, m, v in load_moments(args.moments):
+            if m.numel() < args.min_numel:
+                continue
             ms.append(m)
             vs.append(v)
-        m, v = torch.cat(ms), torch.cat(vs)
-        print_table(f"real moments ({args.moments}, {len(ms)} tensors, {m.numel()} entries)",
-                    rows_for(m, v, args.variants))
+        # per tensor (codec state per tensor, as the optimizer does), then concatenated
+        rows = None
+        for m, v in zip(ms, vs):
+            r = rows_for(m, v, args.variants)
+            rows = [(nm, met, b, [(m, v, met)]) for nm, met, b in r] if rows is None else \
+                [(nm, met0, b, acc + [(m, v, met)]) for (nm, met0, b, acc), (_, met, _) in
+                 zip(rows, r)]
+        # aggregate: relL2 metrics by energy-weighted pooling of per-tensor errors
+        pooled = []
+        for nm, _, b, acc in rows:
+            pooled.append((nm, _pool(acc), b))
+        n = sum(m.numel() for m in ms)
+        print_table(f"real moments ({os.path.basename(args.moments)}, {len(ms)} tensors "
+                    f">= {args.min_numel} entries, {n} entries; each tensor encoded on its own)",
+                    pooled)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ REL_FLOOR_C = tl.constexpr(REL_FLOOR)
 # — written out in _rht16/_irht16 below, checked against this tuple by the tests.
 _SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 CPP = 1          # chunks per program (one warp = 32 blocks; 2·CPP warps per program)
+FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the select chain
 assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
 
 
@@ -249,12 +250,27 @@ def _sr_code(a, u):
 
 
 @triton.jit
-def _nib(w, J: tl.constexpr, s, dec):
-    """Decode nibble J of word w: (q · s) · dec (q = ±E2M1 value; code 8 is −0)."""
-    k = (w >> (4 * J)) & 7
-    bits = tl.where(k >= 2, (k + 252) << 22, k * 0x3F000000)
-    bits = bits | ((w << (28 - 4 * J)) & -2147483648)
-    return (bits.to(tl.float32, bitcast=True) * s) * dec
+def _nib(w, J: tl.constexpr, s, dec, FAST: tl.constexpr):
+    """Decode nibble J of word w: (q · s) · dec (q = ±E2M1 value; code 8 is −0).
+
+    FAST: the 3 magnitude bits k placed at bits 22-24 of an FP32 word are exactly
+    E2M1(k) · 2^-126 (k = 0, 1: subnormals 0, 2^-127; k >= 2: exponent field k >> 1 with the
+    top mantissa bit k & 1), so q = fl(bits · 2^126) exactly (sm_90 FMUL keeps subnormals:
+    Triton emits mul.f32 without .ftz) — two shifts, one LOP3 and one FMUL instead of the
+    select chain."""
+    if FAST:
+        if 4 * J <= 22:
+            mag = (w << (22 - 4 * J)) & 0x01C00000
+        else:
+            mag = (w >> (4 * J - 22)) & 0x01C00000
+        bits = mag | ((w << (28 - 4 * J)) & -2147483648)
+        q = bits.to(tl.float32, bitcast=True) * 8.507059173023462e37          # 2^126
+        return (q * s) * dec
+    else:
+        k = (w >> (4 * J)) & 7
+        bits = tl.where(k >= 2, (k + 252) << 22, k * 0x3F000000)
+        bits = bits | ((w << (28 - 4 * J)) & -2147483648)
+        return (bits.to(tl.float32, bitcast=True) * s) * dec
 
 
 @triton.jit
@@ -286,7 +302,7 @@ def _pack8(c0, c1, c2, c3, c4, c5, c6, c7):
 
 # ----------------------------------------------------------------------------- chunk codec
 @triton.jit
-def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows):
+def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.constexpr):
     """Decoded Hadamard-domain values of each row (16 vectors), before the inverse RHT.
     ``rows``: the local 16-block index (< 0 before the tensor: phase); ``vrows``: the row on the
     chunk grid (``rows + phase / 16``)."""
@@ -296,10 +312,12 @@ def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows):
     live = (rows < nrows) & (rows >= 0)
     s = _e4m3_decode(tl.load(scale_ptr + rows, mask=live, other=0))
     dec = tl.load(cs_ptr + vrows // 64, mask=live, other=0.0)
-    return (_nib(w0, 0, s, dec), _nib(w0, 1, s, dec), _nib(w0, 2, s, dec), _nib(w0, 3, s, dec),
-            _nib(w0, 4, s, dec), _nib(w0, 5, s, dec), _nib(w0, 6, s, dec), _nib(w0, 7, s, dec),
-            _nib(w1, 0, s, dec), _nib(w1, 1, s, dec), _nib(w1, 2, s, dec), _nib(w1, 3, s, dec),
-            _nib(w1, 4, s, dec), _nib(w1, 5, s, dec), _nib(w1, 6, s, dec), _nib(w1, 7, s, dec))
+    return (_nib(w0, 0, s, dec, FAST), _nib(w0, 1, s, dec, FAST), _nib(w0, 2, s, dec, FAST),
+            _nib(w0, 3, s, dec, FAST), _nib(w0, 4, s, dec, FAST), _nib(w0, 5, s, dec, FAST),
+            _nib(w0, 6, s, dec, FAST), _nib(w0, 7, s, dec, FAST), _nib(w1, 0, s, dec, FAST),
+            _nib(w1, 1, s, dec, FAST), _nib(w1, 2, s, dec, FAST), _nib(w1, 3, s, dec, FAST),
+            _nib(w1, 4, s, dec, FAST), _nib(w1, 5, s, dec, FAST), _nib(w1, 6, s, dec, FAST),
+            _nib(w1, 7, s, dec, FAST))
 
 
 @triton.jit
@@ -419,7 +437,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
                    vc_ptr, vs_ptr, vcs_ptr, vmean_ptr,
                    u_ptr, n, npad, seed, ph_rows, row0,
                    decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
-                   HAS_U: tl.constexpr, CPP_C: tl.constexpr):
+                   HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr):
     R: tl.constexpr = CPP_C * 64          # rows (16-blocks) per program
     pid = tl.program_id(0).to(tl.int64)
     # Rows on the chunk grid; the tensor starts ph_rows (= phase / 16, even) rows into it, so
@@ -436,12 +454,12 @@ def q_adamw_kernel(p_ptr, g_ptr,
         g_ptr, rows, n, 0.0)
     # decode m
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _decode_rows(
-        mc_ptr, ms_ptr, mcs_ptr, rows, vrows, nrows)
+        mc_ptr, ms_ptr, mcs_ptr, rows, vrows, nrows, FAST_DEC)
     m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _irht16(
         q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15)
     # decode v: r̂ + μ floored at μ/4, squared
     q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _decode_rows(
-        vc_ptr, vs_ptr, vcs_ptr, rows, vrows, nrows)
+        vc_ptr, vs_ptr, vcs_ptr, rows, vrows, nrows, FAST_DEC)
     r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15 = _irht16(
         q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15)
     mb = tl.load(vmean_ptr + rows // 2, mask=(rows < nrows) & (rows >= 0),
@@ -533,18 +551,22 @@ def q_adamw_kernel(p_ptr, g_ptr,
 
 
 def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2,
-           eps, step_size, rand=None, cpp=None, phase=0, row0=0):
+           eps, step_size, rand=None, cpp=None, phase=0, row0=0, fast_dec=None, maxnreg=None):
     """Run the fused step in place on the flat FP32 ``p_flat`` and the state tensors ``st``.
 
     ``st``: dict of the optimizer's state tensors (codes uint8, scales uint8 = E4M3 bits, chunk
     scales FP32, tile means int16 = BF16 bits). Scalars are passed as FP32 kernel arguments.
     ``cpp``: chunks per program (default ``CPP``), 2·cpp warps. ``phase``: chunk-grid phase
     (codecs.num_chunks; a multiple of the 32-tile here); ``row0``: the piece's first 16-block
-    in the whole tensor (Philox counter base).
+    in the whole tensor (Philox counter base). ``fast_dec``: the nibble decode variant
+    (default ``FAST_DEC``; both are bit-identical); ``maxnreg``: register cap per thread (GPU
+    only; None = Triton's choice). ``scripts/bench_q_adamw.py --sweep`` times the combinations.
     """
     if phase % TILE or not 0 <= phase < CHUNK:
         raise ValueError(f"kernel chunk phase {phase} must be a multiple of {TILE} in [0, {CHUNK})")
     cpp = CPP if cpp is None else cpp
+    fast_dec = FAST_DEC if fast_dec is None else fast_dec
+    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
     nprog = -(-(phase + npad) // (CHUNK * cpp))
     u = rand if rand is not None else p_flat
     q_adamw_kernel[(nprog,)](
@@ -554,4 +576,5 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
         st["exp_avg_sq_means"],
         u, n, npad, seed, phase // BLOCK, row0,
         decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
-        HAS_U=rand is not None, CPP_C=cpp, num_warps=2 * cpp, enable_fp_fusion=False)
+        HAS_U=rand is not None, CPP_C=cpp, FAST_DEC=bool(fast_dec), num_warps=2 * cpp,
+        enable_fp_fusion=False, **extra)

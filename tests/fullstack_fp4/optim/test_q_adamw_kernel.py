@@ -17,8 +17,8 @@ from fullstack_fp4.optim.q_adamw import triton_step as ts  # noqa: E402
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                     reason="needs the Triton interpreter or a GPU")
-@pytest.mark.parametrize("n,phase", [(1500, 0), (2048 + 33, 960)])
-def test_kernel_matches_reference_bit_for_bit(n, phase):
+@pytest.mark.parametrize("n,phase,fast_dec", [(1500, 0, False), (2048 + 33, 960, True)])
+def test_kernel_matches_reference_bit_for_bit(n, phase, fast_dec):
     """phase 960: the tensor starts 64 entries before a chunk boundary (a distributed-optimizer
     piece), so the first program sees 60 rows before the tensor and the chunk scales shift."""
     dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" \
@@ -39,6 +39,7 @@ def test_kernel_matches_reference_bit_for_bit(n, phase):
         q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.01, step=t, rand=u, phase=phase)
         launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
+               fast_dec=fast_dec,
                **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
         assert torch.equal(p, p2), t
         for k in st:
