@@ -13,6 +13,13 @@ and of the optimizer phase (the `optimizer.step()` call, with params, grads and 
 On Hopper the NVFP4 GEMMs are emulated (exact BF16 operands, FP32 accumulation): an NVFP4
 arm's time is an emulation's time, not what a Blackwell GPU would do.
 Writes bench_blocks.{md,json,png} to --out (default $OUT or runs/bench_blocks).
+
+Telemetry overhead (docs/telemetry.md): ``--quant-stats-interval N`` runs every arm with
+``logging.quant_stats_interval=N`` and alternates measured steps between a telemetry step (the
+trainer's collector hooks + optimizer pre-hooks installed, ``end_step``'s host sync included)
+and a plain step (``begin_step`` returns at once). The usual columns then come from the plain
+steps only; extra columns give the telemetry step's time and its amortised overhead
+``(t_telemetry − t_plain) / (N · t_plain)`` (target ≤ 2 % at the default N = 100).
 """
 from __future__ import annotations
 
@@ -60,24 +67,40 @@ def cuda_time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_arm(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
+def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_interval: int = 0) -> dict:
     from megatron.training.trainer import Trainer
 
+    if quant_interval:
+        overrides = overrides + [f"logging.quant_stats_interval={quant_interval}"]
     cfg = load_config(None, COMMON + overrides)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     tr = Trainer(cfg, verbose=False)
     tokens = cfg.train.global_batch_size * cfg.model.seq_length
-    fb, opt, opt_peak = [], [], 0
+    fb, opt, opt_peak, tel = [], [], 0, []
+
+    def fwd_bwd(i, it):
+        if quant_interval:  # as Trainer.train_step: hooks only when `it` is a multiple of N
+            tr.telemetry.begin_step([tr.model], it, tr.optimizer)
+        tr._run_schedule(tr.train_ds, i * cfg.train.global_batch_size, False)
+
     for i in range(warmup + steps):
+        # with telemetry: odd steps are telemetry steps (iteration a multiple of N), even ones
+        # are plain steps (iteration off the interval), so both are measured under one warm state
+        tel_step = bool(quant_interval) and i % 2 == 1
+        it = quant_interval * (i + 1) + (0 if tel_step else 1) if quant_interval else i + 1
         tr.model.zero_grad_buffer()
         tr.optimizer.zero_grad()
-        t_fb = cuda_time(lambda: tr._run_schedule(tr.train_ds, i * cfg.train.global_batch_size, False))
+        t_fb = cuda_time(lambda: fwd_bwd(i, it))
         torch.cuda.reset_peak_memory_stats()
         t_opt = cuda_time(tr.optimizer.step)
+        t_end = cuda_time(tr.telemetry.end_step) if quant_interval else 0.0
         if i >= warmup:
+            if tel_step:
+                tel.append(t_fb + t_opt + t_end)
+                continue
             fb.append(t_fb)
-            opt.append(t_opt)
+            opt.append(t_opt + t_end)
             opt_peak = max(opt_peak, torch.cuda.max_memory_allocated())
     # whole-step peak: one more full step with the counter reset first
     torch.cuda.reset_peak_memory_stats()
@@ -95,6 +118,11 @@ def run_arm(name: str, overrides: list[str], steps: int, warmup: int) -> dict:
            "mfu_datasheet": tflops / PEAK_DATASHEET, "mfu_vs_790": tflops / PEAK_ANCHOR,
            "peak_mem_gib": step_peak / 2**30, "opt_phase_peak_gib": opt_peak / 2**30,
            "params": sum(p.numel() for p in tr.gpt.parameters())}
+    if quant_interval:
+        t_tel = med(tel)
+        out.update(quant_stats_interval=quant_interval, telemetry_step_ms=1e3 * t_tel,
+                   telemetry_overhead_pct=100 * (t_tel - step_s) / (quant_interval * step_s),
+                   telemetry_names=len(tr.telemetry.last) if hasattr(tr.telemetry, "last") else 0)
     del tr
     gc.collect()
     torch.cuda.empty_cache()
@@ -116,6 +144,14 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['tokens_per_s']:.0f} | {r['tflops']:.0f} | {100 * r['mfu_datasheet']:.1f}% | "
                      f"{100 * r['mfu_vs_790']:.1f}% | {r['peak_mem_gib']:.2f} | {r['opt_phase_peak_gib']:.2f} | "
                      f"{rel_t} | {rel_m} |")
+    tel = [r for r in rows if "telemetry_step_ms" in r]
+    if tel:
+        n = tel[0]["quant_stats_interval"]
+        lines += ["", f"Telemetry (logging.quant_stats_interval={n}): amortised overhead = "
+                  "(telemetry step − plain step) / (N · plain step); target ≤ 2 %", "",
+                  "| arm | plain step ms | telemetry step ms | metrics | overhead at N |", "|---|---|---|---|---|"]
+        lines += [f"| {r['arm']} | {r['step_ms']:.1f} | {r['telemetry_step_ms']:.1f} | {r['telemetry_names']} | "
+                  f"{r['telemetry_overhead_pct']:.2f}% |" for r in tel]
     return "\n".join(lines)
 
 
@@ -148,7 +184,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_blocks"))
+    p.add_argument("--quant-stats-interval", type=int, default=0, metavar="N",
+                   help="measure telemetry overhead at logging.quant_stats_interval=N in every arm "
+                        "(alternating telemetry / plain steps; see the docstring). 0: off")
     args = p.parse_args()
+    if args.quant_stats_interval < 0 or (args.quant_stats_interval and args.steps < 2):
+        print("error: --quant-stats-interval must be >= 0 and needs --steps >= 2", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: bench_blocks.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -161,7 +203,7 @@ def main() -> int:
     rows = []
     for a in arms:
         try:
-            rows.append(run_arm(a, ARMS[a], args.steps, args.warmup))
+            rows.append(run_arm(a, ARMS[a], args.steps, args.warmup, args.quant_stats_interval))
         except UserError as e:  # e.g. a recipe not implemented in this release
             rows.append({"arm": a, "error": str(e)[:120]})
         except torch.OutOfMemoryError as e:
