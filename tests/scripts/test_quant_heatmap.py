@@ -58,3 +58,40 @@ def test_no_quant_records_is_a_clear_error(tmp_path):
                         "-o", str(tmp_path / "h.png")], capture_output=True, text=True)
     assert r.returncode == 2 and "no quant/" in r.stderr and "quant_stats_interval" in r.stderr
     assert not (tmp_path / "h.png").exists()
+
+
+def test_per_recipe_names_render_in_panels(tmp_path):
+    # one record per telemetry interval with every per-recipe name of docs/telemetry.md
+    lin, attn, opt = "decoder.layers.{}.mlp.linear_fc1", "decoder.layers.{}.self_attention.core_attention", \
+        "optimizer/decoder.layers.{}.mlp.linear_fc1.weight"
+    names = {}
+    for i in range(11):  # 11 layers: natural order puts layers.10 last
+        for t in ("x", "dy", "wgrad_x", "wgrad_dy", "w_res"):
+            names[f"quant/{lin.format(i)}/{t}/rel_err"] = 0.1 + 0.001 * i
+        names[f"quant/{lin.format(i)}/lora_energy/frac"] = 0.3
+        for t in ("s", "ds"):
+            names[f"quant/{attn.format(i)}/{t}/rel_err"] = 0.13
+        for t in ("m", "v", "update"):
+            names[f"quant/{opt.format(i)}/{t}/rel_err"] = 0.2
+        names[f"quant/{opt.format(i)}/v_clamped/frac"] = 0.05
+    names[f"quant/{opt.format(3)}/ns_step/rel_err"] = 0.02
+    names[f"quant/{opt.format(3)}/ns_orth/rel_err"] = 0.25
+    p = tmp_path / "metrics.jsonl"
+    _write(p, [{"iter": it, **names} for it in (10, 20)])
+    rows, iters, matrix = quant_heatmap.quant_matrix(str(p))
+    assert len(rows) == len(names) and iters == [10, 20]
+    lin_x = [r for r in rows if r.endswith("/x")]
+    assert lin_x[-1] == f"{lin.format(10)}/x" and lin_x[2] == f"{lin.format(2)}/x"   # natural order
+    got = {t: len(r) for t, _, r, _ in quant_heatmap.panels(rows, matrix)}
+    assert got == {quant_heatmap.FAMILIES[0][0]: 55, quant_heatmap.FAMILIES[1][0]: 11,
+                   quant_heatmap.FAMILIES[2][0]: 22, quant_heatmap.FAMILIES[3][0]: 33,
+                   quant_heatmap.FAMILIES[4][0]: 11, quant_heatmap.FAMILIES[5][0]: 2}
+    i = rows.index(f"{opt.format(3)}/v_clamped")
+    assert matrix[i] == [0.05, 0.05]
+    out = tmp_path / "h.png"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "quant_heatmap.py"), str(p), "-o", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "6 panel(s)" in r.stdout, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows_e, _, _ = quant_heatmap.quant_matrix(str(p), tensor="lora_energy")
+    assert rows_e == [f"{lin.format(i)}/lora_energy" for i in range(11)]
