@@ -101,7 +101,7 @@ def plot(rows, iters, matrix, out: str, title: str = "quantization telemetry") -
         fig.colorbar(im, ax=ax, label=label)
     axes[-1, 0].set_xlabel("iteration")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))  # leave the suptitle its own strip
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
