@@ -6,6 +6,8 @@
     python scripts/q_adamw_error_table.py --train 300           # + moments of a real run:
         # trains the quickstart model (configs/quickstart.yaml: tiny, data/quickstart corpus)
         # with torch AdamW for 300 steps on CPU, saves its moments (--save-moments), tables them
+    python scripts/q_adamw_error_table.py --from-checkpoint runs/quickstart/checkpoints/iter_0000300
+        # the moments of a finished AdamW run (e.g. `make quickstart`), loaded through the trainer
     python scripts/q_adamw_error_table.py --train 100 --device cuda
         # the same with 4 decoder blocks of the 3b preset (bench_blocks.py's shape, seq 4096,
         # bf16 with FP32 master weights, torch fused AdamW) on the quickstart corpus, on a GPU
@@ -189,25 +191,46 @@ TRAIN_GPU = ["model.preset=3b", "model.num_layers=4", "model.vocab_size=32000",
              "optimizer.warmup_iters=20", "optimizer.schedule=cosine"]
 
 
-def train_moments(steps: int, device: str, seed: int = 1234) -> dict:
+def train_moments(steps: int, device: str, seed: int = 1234, checkpoint=None) -> dict:
     """Train with torch AdamW (optimizer.name=adamw, megatron-core's wrapper) for ``steps``
-    steps on data/quickstart and return {param name: (exp_avg, exp_avg_sq)} of the inner
-    AdamW (the FP32 main params' moments), on CPU."""
+    steps on data/quickstart — or, ``checkpoint`` given, load that AdamW checkpoint (its own
+    saved config) without training — and return {param name: (exp_avg, exp_avg_sq)} of the
+    inner AdamW (the FP32 main params' moments), on CPU."""
     os.chdir(REPO)
     from megatron.training.config import load_config
-    from megatron.training.optimizer import inner_optimizers
     from megatron.training.trainer import Trainer
 
-    if not os.path.exists("data/quickstart/train_text_document.bin"):
-        raise SystemExit("data/quickstart is missing: run scripts/prepare_quickstart_data.py")
-    base = TRAIN_CPU if device == "cpu" else TRAIN_GPU
-    cfg = load_config(None, base + QUICKSTART_DATA + [
-        "optimizer.name=adamw", f"train.iters={steps}", "train.eval_iters=0",
-        f"train.log_interval={max(steps // 10, 1)}", f"train.seed={seed}",
-        "checkpoint.load=none", "checkpoint.save_dir=null", "checkpoint.save_on_exit=false",
-        "logging.dir=null", "logging.tensorboard=false"])
-    tr = Trainer(cfg, verbose=True)
-    tr.train()
+    if checkpoint is not None:
+        import json
+
+        with open(os.path.join(checkpoint, "meta.json")) as f:
+            meta = json.load(f)
+        if meta["config"]["optimizer"]["name"] != "adamw":
+            raise SystemExit(f"{checkpoint}: optimizer {meta['config']['optimizer']['name']}, "
+                             "not adamw (no FP32 moments to read)")
+        import tempfile
+
+        import yaml
+
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump(meta["config"], f)
+        cfg = load_config(f.name, [f"checkpoint.load={checkpoint}", "checkpoint.save_dir=null",
+                                   "checkpoint.save_interval=null",
+                                   "checkpoint.save_on_exit=false", "logging.dir=null",
+                                   "logging.tensorboard=false", "train.eval_iters=0"])
+        tr = Trainer(cfg, verbose=False)
+        print(f"loaded {checkpoint} (iteration {tr.iteration})")
+    else:
+        if not os.path.exists("data/quickstart/train_text_document.bin"):
+            raise SystemExit("data/quickstart is missing: run scripts/prepare_quickstart_data.py")
+        base = TRAIN_CPU if device == "cpu" else TRAIN_GPU
+        cfg = load_config(None, base + QUICKSTART_DATA + [
+            "optimizer.name=adamw", f"train.iters={steps}", "train.eval_iters=0",
+            f"train.log_interval={max(steps // 10, 1)}", f"train.seed={seed}",
+            "checkpoint.load=none", "checkpoint.save_dir=null", "checkpoint.save_on_exit=false",
+            "logging.dir=null", "logging.tensorboard=false"])
+        tr = Trainer(cfg, verbose=True)
+        tr.train()
     # inner AdamW's params are FP32 main params; map them to model names through the wrapper
     wrappers = getattr(tr.optimizer, "chained_optimizers", [tr.optimizer])
     name_of = {id(p): n for n, p in tr.gpt.named_parameters()}
@@ -238,6 +261,8 @@ def main(argv=None):
     ap.add_argument("--moments", help="FILE.pt: {name: (exp_avg, exp_avg_sq)} from torch AdamW")
     ap.add_argument("--train", type=int, default=0, metavar="STEPS",
                     help="train with torch AdamW for STEPS steps first and table its moments")
+    ap.add_argument("--from-checkpoint", default=None, metavar="DIR",
+                    help="read the moments of this AdamW checkpoint (iter_NNNNNNN dir)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="--train: cpu = quickstart tiny model, cuda = 4 blocks of 3b")
     ap.add_argument("--save-moments", default=None,
@@ -248,13 +273,13 @@ def main(argv=None):
     ap.add_argument("--variants", action="store_true", help="also tile/guard alternatives")
     ap.add_argument("--n", type=int, default=1 << 16)
     args = ap.parse_args(argv)
-    if args.train:
-        moments = train_moments(args.train, args.device)
+    if args.train or args.from_checkpoint:
+        moments = train_moments(args.train, args.device, checkpoint=args.from_checkpoint)
         path = args.save_moments or os.path.join(REPO, "runs",
                                                  f"q_adamw_moments_{args.device}.pt")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         torch.save(moments, path)
-        print(f"saved {len(moments)} moment pairs of a {args.train}-step AdamW run to {path}")
+        print(f"saved {len(moments)} moment pairs of an AdamW run to {path}")
         args.moments = path
     torch.manual_seed(0)
     for structured in (False, True):
