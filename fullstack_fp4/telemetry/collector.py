@@ -313,10 +313,12 @@ class TelemetryCollector:
             blocks = list(zip(split_blocks(d, p), split_blocks(g, p)))
             d_b, g_b = blocks[int(torch.randint(len(blocks), (1,), generator=self._gen))]
             x = opt._pre_ns(d_b, g_b, group)
+            def ns_fn(m, k, sched, prec, group=group):   # the optimizer's own NS call
+                return opt.orthogonalize(m, {**group, "ns_steps": k, "ns_coefficients": sched,
+                                             "ns_precision": prec})
+
             out = rs.ns_stats(x, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
-                              precision=group["ns_precision"],
-                              clip_percentile=group.get("ns_clip_percentile"),
-                              backend=group.get("ns_backend", "auto"))
+                              precision=group["ns_precision"], ns_fn=ns_fn)
             name = self._pname(p, gi, pi)
             for k, v in out.items():
                 self._direct[f"quant/optimizer/{name}/{k}/rel_err"] = v

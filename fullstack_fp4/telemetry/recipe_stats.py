@@ -194,32 +194,39 @@ def _orth_err(x: torch.Tensor) -> torch.Tensor:
 
 
 def ns_stats(g: torch.Tensor, *, steps: int, coefficients, precision: str = "nvfp4",
-             clip_percentile=None, backend: str = "auto") -> Dict[str, torch.Tensor]:
+             clip_percentile=None, backend: str = "auto", ns_fn=None) -> Dict[str, torch.Tensor]:
     """Newton–Schulz telemetry on one matrix ``g`` (what the optimizer orthogonalises).
 
     ``ns_step``: max over k of ‖X_k − N(X_{k−1})‖ / ‖N(X_{k−1})‖ where X_k is the NVFP4
     iterate after k steps and N the exact FP32 step (``ns_step``) from the *same* input
     X_{k−1}: the error one quantized step adds, without the accumulation of earlier steps.
-    X_k comes from the public ``newton_schulz(g, steps=k, coefficients=schedule[:k])``; with
-    nearest rounding (the recipe's) its first k−1 steps are those of the (k−1)-step call, so
-    X_{k−1} is the true input of step k. ``ns_orth``: ‖XXᵀ − I‖/‖I‖ of the final NVFP4 output;
-    ``ns_orth_fp32``: the same for the FP32 iteration (the coefficients alone do not converge to
-    exactly orthogonal: this is the floor ``ns_orth`` is to be compared with).
+    X_k comes from a k-step NS call with the schedule's first k triples; with nearest rounding
+    (the recipe's) its first k−1 steps are those of the (k−1)-step call, so X_{k−1} is the true
+    input of step k. ``ns_orth``: ‖XXᵀ − I‖/‖I‖ of the final NVFP4 output; ``ns_orth_fp32``:
+    the same for the FP32 iteration (the coefficients alone do not converge to exactly
+    orthogonal: this is the floor ``ns_orth`` is to be compared with).
+
+    ``ns_fn(g, steps, schedule, precision)`` runs the NS; default: the public
+    ``newton_schulz`` with ``clip_percentile`` / ``backend``. The collector passes the
+    optimizer's own ``orthogonalize`` (so every option the optimizer uses is applied).
     """
     from fullstack_fp4.optim import newton_schulz, resolve_schedule
     from fullstack_fp4.optim.newton_schulz import ns_step
 
-    sched = list(resolve_schedule(coefficients, tuple(g.shape), steps))
-    kw = dict(precision=precision, clip_percentile=clip_percentile, backend=backend)
+    if ns_fn is None:
+        def ns_fn(x, k, sched, prec):
+            return newton_schulz(x, steps=k, coefficients=sched, precision=prec,
+                                 clip_percentile=clip_percentile, backend=backend)
+    sched = [tuple(t) for t in resolve_schedule(coefficients, tuple(g.shape), steps)]
     x = g.float()
     x_prev = x / (x.norm() + 1e-7)        # newton_schulz's own normalisation (eps 1e-7)
     worst = torch.zeros((), device=g.device)
     for k in range(1, len(sched) + 1):
-        xk = newton_schulz(g, steps=k, coefficients=sched[:k], **kw).float()
+        xk = ns_fn(g, k, sched[:k], precision).float()
         ref = ns_step(x_prev, sched[k - 1])
         worst = torch.maximum(worst, (xk - ref).norm() / ref.norm())
         x_prev = xk
-    exact = newton_schulz(g, steps=len(sched), coefficients=sched, precision="fp32")
+    exact = ns_fn(g, len(sched), sched, "fp32")
     return {"ns_step": worst, "ns_orth": _orth_err(x_prev), "ns_orth_fp32": _orth_err(exact)}
 
 

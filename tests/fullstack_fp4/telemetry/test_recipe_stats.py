@@ -213,3 +213,70 @@ def test_attn_ds_tile_rows_add_up_to_the_full_ds():
     got = float((sum(a for a, _ in parts) / sum(b for _, b in parts)).sqrt())
     assert got == pytest.approx(want, rel=1e-5)
     assert 0.02 < want < 0.4
+
+
+def test_q_adamw_chunk_phase_equals_zero_prefixed_tensor():
+    # A tensor stored from entry 512 of its chunk grid (QAdamW Placement phase, as for a
+    # distributed-optimizer piece) encodes exactly as the same tensor after 512 zeros with
+    # phase 0 (zeros never raise a chunk amax, and their tile means are 0): the phase-aware
+    # chunk sampling must give the same v / clamp sums as the zero-prefixed oracle.
+    from fullstack_fp4.optim.q_adamw import QAdamW
+    from fullstack_fp4.optim.q_adamw.optimizer import Placement
+
+    torch.manual_seed(5)
+    n, ph = 3000, 512
+    a = torch.nn.Parameter(torch.randn(n))
+    a.q_adamw_place = Placement(0, 0, n, ph)
+    b = torch.nn.Parameter(torch.cat([torch.zeros(ph), a.detach()]))
+    opts = [QAdamW([p], lr=0.0, betas=(0.9, 0.99), weight_decay=0.0, min_numel=16) for p in (a, b)]
+    for _ in range(3):
+        g = torch.randn(n) * torch.rand(n)
+        a.grad, b.grad = g.clone(), torch.cat([torch.zeros(ph), g])
+        for o in opts:
+            o.step()
+    kw = dict(beta1=0.9, beta2=0.99, eps=1e-8, chunks=ALL)
+    sa = rs.q_adamw_sample_sums(opts[0].state[a], a.grad, phase=a.q_adamw_place.chunk_phase(), **kw)
+    sb = rs.q_adamw_sample_sums(opts[1].state[b], b.grad, **kw)
+    assert float(sa["v"][0]) == pytest.approx(float(sb["v"][0]), rel=1e-6)
+    assert float(sa["v"][1]) == pytest.approx(float(sb["v"][1]), rel=1e-6)
+    assert float(sa["v_clamped"][0]) == float(sb["v_clamped"][0]) > 0
+    assert float(sa["v_clamped"][1]) == n
+    # through the collector: it reads the placement off the parameter
+    holder = torch.nn.Module()
+    holder.a = a
+    tel = TelemetryCollector(interval=1, opt_chunks=ALL)
+    tel.begin_step(holder, 1, optimizer=opts[0])
+    opts[0].step()
+    assert tel.end_step()["quant/optimizer/a/v/rel_err"] == pytest.approx(_ratio(sa["v"]), rel=1e-6)
+
+
+def test_ns_hook_uses_the_optimizers_ns_input_and_leaves_its_state_alone():
+    from fullstack_fp4.optim import Muon
+
+    torch.manual_seed(6)
+    mk = lambda: torch.nn.Parameter(torch.randn(32, 48) * 0.1)   # noqa: E731
+    w, w_ref = mk(), None
+    w_ref = torch.nn.Parameter(w.detach().clone())
+    kw = dict(lr=0.02, momentum=0.9, nesterov=True, ns_steps=2, ns_precision="nvfp4", ns_coefficients="muon")
+    opt, ref = Muon([w], **kw), Muon([w_ref], **kw)
+    g0, g1 = torch.randn(32, 48), torch.randn(32, 48)
+    for p, o in ((w, opt), (w_ref, ref)):
+        p.grad = g0.clone()
+        o.step()
+        p.grad = g1.clone()
+    buf = g0 * (1 - 0.9)                                     # Muon's momentum after step 1
+    buf = buf + (g1 - buf) * (1 - 0.9)                       # lerp(g, 1 - mu) at step 2
+    d = g1 + (buf - g1) * 0.9                                # Nesterov: g.lerp(buf, mu)
+    want = rs.ns_stats(d, steps=2, coefficients="muon", precision="nvfp4")
+    holder = torch.nn.Module()
+    holder.w = w
+    tel = TelemetryCollector(interval=1)
+    tel.begin_step(holder, 1, optimizer=opt)
+    opt.step()
+    ref.step()
+    out = tel.end_step()
+    for k in ("ns_step", "ns_orth", "ns_orth_fp32"):
+        assert out[f"quant/optimizer/w/{k}/rel_err"] == pytest.approx(float(want[k]), rel=1e-4), k
+    torch.testing.assert_close(w, w_ref, rtol=0, atol=0)    # the probe changed nothing
+    torch.testing.assert_close(opt.state[w]["momentum_buffer"], ref.state[w_ref]["momentum_buffer"],
+                               rtol=0, atol=0)
