@@ -169,3 +169,15 @@ def test_pieces_with_placement_equal_whole_tensor():
     import pytest
     with pytest.raises(ValueError, match="tile"):
         QAdamW([bad], min_numel=1).step()
+
+
+def test_zero_state_without_temporaries_equals_encoded_zeros():
+    """_init_state broadcasts one encoded zero chunk; the oracle encodes the zeros directly."""
+    from fullstack_fp4.optim.q_adamw.optimizer import _init_state, _init_state_by_encoding
+
+    for n in (1, 1000, 1024, 5000):
+        for phase in (0, 448, 992):
+            a, b = _init_state(n, "cpu", phase), _init_state_by_encoding(n, "cpu", phase)
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (n, phase, k)
