@@ -163,7 +163,18 @@ def _layout(wrapper) -> dict:
             "dp": ps.get_data_parallel_world_size(),
             "wrapper": type(wrapper).__name__,
             "inner": repr(inner) if isinstance(inner, SplitOptimizer) else type(inner).__name__,
-            "numels": [p.numel() for g in inner.param_groups for p in g["params"]]}
+            "numels": [p.numel() for g in inner.param_groups for p in g["params"]],
+            **_placements(inner)}
+
+
+def _placements(inner) -> dict:
+    """QAdamW placements of the inner params (distributed-optimizer shards), if any: a state
+    saved with other placements (another chunk grid / seed key) is not this run's state."""
+    places = [getattr(p, PLACE_ATTR, None) for g in inner.param_groups for p in g["params"]]
+    if not any(pl is not None for pl in places):
+        return {}
+    return {"q_adamw_places": [None if pl is None else [pl.key, pl.offset, pl.full_numel,
+                                                        pl.phase] for pl in places]}
 
 
 def parallel_layout(tp: int, pp: int, world: int, distopt: bool) -> str:

@@ -294,6 +294,15 @@ def test_q_adamw_distributed_optimizer_one_rank_step_equals_direct():
            min_numel=1024, seed=tr.cfg.train.seed).step()
     for a, c in zip(_inner_params(tr.optimizer), copies):
         assert torch.equal(a.detach(), c)
+    # the placements are part of the saved layout: a state saved before them (or with another
+    # chunk grid) is refused, not decoded with the wrong grid
+    from fullstack_fp4.integration.optimizers import OptimizerLayoutError
+    sd = copy.deepcopy(tr.optimizer.state_dict())
+    assert len(sd["fp4_state"]["layout"]["q_adamw_places"]) == len(copies)
+    tr.optimizer.load_state_dict(copy.deepcopy(sd))                  # same layout: fine
+    del sd["fp4_state"]["layout"]["q_adamw_places"]
+    with pytest.raises(OptimizerLayoutError, match="q_adamw_places"):
+        tr.optimizer.load_state_dict(sd)
 
 
 def test_changed_layout_refusal_names_both_layouts():
