@@ -32,12 +32,19 @@ from fullstack_fp4.optim.ns_coefficients import resolve_schedule
 SHAPES = {"3b proj": (3072, 3072), "3b fc1 block": (8192, 3072), "3b fc2": (3072, 8192),
           "3b qkv": (5120, 3072), "3b k/v block": (1024, 3072),
           "125m proj": (768, 768), "125m fc1": (2048, 768)}
-# name: (precision, nvfp4_form, coefficients, clip)
-METHODS = {"naive": ("nvfp4", "naive", "muon", None),
-           "naive+p99": ("nvfp4", "naive", "muon", 99.0),
-           "shifted": ("nvfp4", "shifted", "muon", None),
-           "ours": ("nvfp4", "shifted", "fp4", None),
-           "bf16": ("bf16", None, "muon", None)}
+# name: newton_schulz keyword arguments (precision, nvfp4_form, coefficients, clip_percentile,
+# nvfp4_terms, rounding, backend)
+_NV = dict(precision="nvfp4", clip_percentile=None, rounding="nearest", backend="auto")
+METHODS = {"naive": dict(_NV, nvfp4_form="naive", coefficients="muon", nvfp4_terms=1),
+           "naive+p99": dict(_NV, nvfp4_form="naive", coefficients="muon", nvfp4_terms=1,
+                             clip_percentile=99.0),
+           "shifted": dict(_NV, nvfp4_form="shifted", coefficients="muon", nvfp4_terms=1),
+           "ours-1term": dict(_NV, nvfp4_form="shifted", coefficients="fp4", nvfp4_terms=1),
+           "ours-1term-SR": dict(_NV, nvfp4_form="shifted", coefficients="fp4", nvfp4_terms=1,
+                                 rounding="stochastic", backend="reference"),
+           "ours": dict(_NV, nvfp4_form="shifted", coefficients="fp4", nvfp4_terms=2),
+           "bf16": dict(precision="bf16", coefficients="muon")}
+DEFAULT_METHODS = "naive,ours-1term,ours,bf16"
 
 
 def random_matrices(shape, seed):
@@ -54,7 +61,7 @@ def rel(x, y):
     return ((x.double() - y.double()).norm() / y.double().norm()).item()
 
 
-def iteration_error(G, schedule, form, clip):
+def iteration_error(G, schedule, form, clip, terms=1, rounding="nearest", backend="auto"):
     """Mean over steps of ‖nvfp4_step(X_k) − exact_step(X_k)‖ / ‖exact_step(X_k)‖."""
     X = G.float()
     if X.shape[0] > X.shape[1]:
@@ -62,27 +69,31 @@ def iteration_error(G, schedule, form, clip):
     X = X / (X.norm() + 1e-7)
     m, n = X.shape
     X = torch.nn.functional.pad(X, (0, -n % 16, 0, -m % 16))
-    P = _NVFP4Products("auto", clip, "nearest", None, X.device)
+    gen = torch.Generator(device=X.device).manual_seed(0) if rounding == "stochastic" else None
+    P = _NVFP4Products(backend, clip, rounding, gen, X.device)
     errs = []
     for abc in schedule:
         exact = ns_step(X.double(), abc)
-        X = _step_nvfp4(X, m, abc, P, form)
+        X = _step_nvfp4(X, m, abc, P, form, terms=terms)
         errs.append(rel(X, exact))
     return sum(errs) / len(errs)
 
 
 def evaluate(G, method):
-    precision, form, coefs, clip = METHODS[method]
-    sched = resolve_schedule(coefs, G.shape, 5)
-    out = newton_schulz(G, coefficients=sched, precision=precision,
-                        nvfp4_form=form or "shifted", clip_percentile=clip)
+    kw = dict(METHODS[method])
+    precision = kw["precision"]
+    sched = resolve_schedule(kw.pop("coefficients"), G.shape, 5)
+    if kw.get("rounding") == "stochastic":
+        kw["generator"] = torch.Generator(device=G.device).manual_seed(0)
+    out = newton_schulz(G, coefficients=sched, **kw)
     ref32 = newton_schulz(G, coefficients=sched, precision="fp32")
     U, _, Vh = torch.linalg.svd(G.double(), full_matrices=False)
     # Diverged = left the quintic's basin: non-finite, or spectral norm > 1.5 (every triple we
     # use maps [0, 1] below 1.31, so only an escaped singular value gets there).
     ok = bool(torch.isfinite(out).all()) and \
         torch.linalg.matrix_norm(out.double(), ord=2).item() <= 1.5
-    it = iteration_error(G, sched, form, clip) if precision == "nvfp4" else float("nan")
+    it = (iteration_error(G, sched, kw["nvfp4_form"], kw["clip_percentile"], kw["nvfp4_terms"],
+                          kw["rounding"], kw["backend"]) if precision == "nvfp4" else float("nan"))
     return it, (rel(out, ref32) if ok else float("inf")), (rel(out, U @ Vh) if ok else float("inf"))
 
 
@@ -95,14 +106,22 @@ def main():
     ap.add_argument("--scale", type=float, default=8.0)
     ap.add_argument("--matrices", default=None)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=DEFAULT_METHODS,
+                    help=f"comma list of {', '.join(METHODS)}")
+    ap.add_argument("--kinds", default="gauss,lowrank,heavy")
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help="comma list of preset shape names (see SHAPES); '' = none (real only)")
+    ap.add_argument("--no-random", action="store_true", help="only the --matrices ones")
     args = ap.parse_args()
     methods = args.methods.split(",")
     cases = []
-    for sname, shape in SHAPES.items():
+    kinds = args.kinds.split(",")
+    for sname in ([] if args.no_random else [s for s in args.shapes.split(",") if s]):
+        shape = SHAPES[sname]
         small = tuple(max(16, int(round(d / args.scale / 16)) * 16) for d in shape)
         for kind, G in random_matrices(small, seed=len(cases)).items():
-            cases.append((f"{sname} {kind}", G))
+            if kind in kinds:
+                cases.append((f"{sname} {kind}", G))
     if args.matrices:
         for name, G in torch.load(args.matrices, map_location="cpu").items():
             if G.ndim == 2:
@@ -110,23 +129,28 @@ def main():
     head = " | ".join(f"{m} (a) | {m} (b) | {m} vs UVᵀ" for m in methods)
     print(f"| matrix | shape | {head} |")
     print("| --- | --- |" + " --- |" * (3 * len(methods)))
-    sums = {m: [0.0, 0.0, 0] for m in methods}
+    sums = {m: [0.0, 0, 0.0, 0, 0] for m in methods}  # Σ(a), n(a), Σ(b), n(b), diverged
     for name, G in cases:
         G = G.to(args.device)
         cells = []
         for m in methods:
             it, fin, pol = evaluate(G, m)
             cells += [fmt(it) if m != "bf16" else "–", fmt(fin), fmt(pol)]
+            if it == it and it != float("inf"):   # (a): every matrix where it is finite
+                sums[m][0] += it
+                sums[m][1] += 1
             if fin != float("inf"):
-                sums[m][0] += it  # nan for bf16 (no iteration error there)
-                sums[m][1] += fin
-                sums[m][2] += 1
+                sums[m][2] += fin
+                sums[m][3] += 1
+            else:
+                sums[m][4] += 1
         print(f"| {name} | {tuple(G.shape)} | " + " | ".join(cells) + " |", flush=True)
     print()
-    for m, (si, sf, k) in sums.items():
-        if k:
-            print(f"- {m}: mean (a) {fmt(si / k)}, mean (b) {fmt(sf / k)} over {k} non-diverged "
-                  f"of {len(cases)} matrices")
+    print("| method | diverged | mean (a) (finite) | mean (b) (non-diverged) |")
+    print("| --- | --- | --- | --- |")
+    for m, (si, ki, sf, kf, nd) in sums.items():
+        print(f"| {m} | {nd} / {len(cases)} | {fmt(si / ki) if ki else '–'} ({ki}) | "
+              f"{fmt(sf / kf) if kf else '–'} ({kf}) |")
 
 
 if __name__ == "__main__":

@@ -63,13 +63,14 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
     Subclasses define ``_momentum``, ``_pre_ns`` and ``_scale``."""
 
     def __init__(self, params, *, lr, momentum, weight_decay, ns_steps, ns_precision,
-                 ns_coefficients, ns_clip_percentile, ns_backend, defaults_extra):
+                 ns_coefficients, ns_clip_percentile, ns_backend, defaults_extra,
+                 ns_nvfp4_terms=None):
         if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ValueError(f"bad lr={lr} / momentum={momentum} / weight_decay={weight_decay}")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
                         ns_precision=ns_precision, ns_coefficients=ns_coefficients,
                         ns_clip_percentile=ns_clip_percentile, ns_backend=ns_backend,
-                        **defaults_extra)
+                        ns_nvfp4_terms=ns_nvfp4_terms, **defaults_extra)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -91,7 +92,8 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         return newton_schulz(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
                              precision=group["ns_precision"],
                              clip_percentile=group["ns_clip_percentile"],
-                             backend=group["ns_backend"])
+                             backend=group["ns_backend"],
+                             nvfp4_terms=group.get("ns_nvfp4_terms"))
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None):
@@ -128,11 +130,12 @@ class Muon(OrthogonalOptimizer):
 
     def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
                  ns_steps=5, ns_precision="bf16", ns_coefficients="muon",
-                 ns_clip_percentile=None, ns_backend="auto"):
+                 ns_clip_percentile=None, ns_backend="auto", ns_nvfp4_terms=None):
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          ns_steps=ns_steps, ns_precision=ns_precision,
                          ns_coefficients=ns_coefficients, ns_clip_percentile=ns_clip_percentile,
-                         ns_backend=ns_backend, defaults_extra=dict(nesterov=nesterov))
+                         ns_backend=ns_backend, defaults_extra=dict(nesterov=nesterov),
+                         ns_nvfp4_terms=ns_nvfp4_terms)
 
     def _momentum(self, g, state, group):
         mu = group["momentum"]

@@ -154,6 +154,14 @@ class _NVFP4Products:
             x = x * scale
         return quantize(x.contiguous(), rounding=self.rounding, generator=self.generator)
 
+    def deq(self, t) -> torch.Tensor:
+        """FP32 value of an ``op`` result (what the product sees): the residual of a two-term
+        split is ``x − deq(op(x))``."""
+        if self.backend == "triton":
+            dec, ts = t
+            return dec.float() * ts
+        return t.dequantize(torch.float32)
+
     def amax(self, x: torch.Tensor):
         """max |x| (1-element FP32) for the triton backend, else None (reference recomputes)."""
         if self.backend == "triton" and self.clip is None:
@@ -225,10 +233,83 @@ def _repelling_point_sq(abc: Triple):
     return root if root > 1 else None
 
 
-def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: str,
-                guard: bool = True):
-    """One NVFP4 step on the padded ``X`` (``m`` = true row count; padding rows are zero)."""
+def _guard_scale(A: torch.Tensor, abc: Triple):
+    """The basin guard's factor s (0-dim device tensor) for ``A``, or None when the triple
+    has no repelling point. See ``_step_nvfp4``."""
+    edge2 = _repelling_point_sq(abc)
+    if edge2 is None:
+        return None
+    v = torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)
+    for _ in range(5):
+        v = A @ (A @ v)
+        v = v / (torch.linalg.vector_norm(v) + 1e-30)
+    lam = (v.mT @ (A @ v)).reshape(())
+    return torch.clamp((0.99 ** 2) * edge2 / (lam + 1e-30), max=1.0)
+
+
+def _split(P, x: torch.Tensor, terms: int) -> list:
+    """``terms`` NVFP4 operands whose dequantized sum approximates ``x``: q(x), then
+    q(x − deq(q(x))), ... (each with its own tensor and block scales). Two terms: the
+    residual's NVFP4 error is ~10 % of ~10 %, i.e. ~1 % of x."""
+    out, r = [], x
+    for i in range(terms):
+        t = P.op(r)
+        out.append(t)
+        if i + 1 < terms:
+            r = r - P.deq(t)
+    return out
+
+
+def _mm_terms(P, S: list, T: list, symmetric: bool = False) -> torch.Tensor:
+    """Σ_{i+j < terms} S_i·T_jᵀ (FP32): the split product to first order in the residuals
+    (the residual×residual terms, ~1 % of ~1 %, are dropped). ``symmetric`` (S is T, one
+    matrix on both sides): S₀S₀ᵀ + C + Cᵀ with C = S₀S₁ᵀ, 2 GEMMs instead of 3."""
+    n = max(len(S), len(T))
+    if symmetric and n == 2:
+        C = P.mm(S[0], T[1])
+        return P.mm(S[0], T[0]).add_(C).add_(C.mT)
+    out = None
+    for i, s_ in enumerate(S):
+        for j, t_ in enumerate(T):
+            if i + j < n:
+                y = P.mm(s_, t_)
+                out = y if out is None else out.add_(y)
+    return out
+
+
+def _step_nvfp4_split(X: torch.Tensor, m: int, abc: Triple, P, terms: int,
+                      guard: bool = True) -> torch.Tensor:
+    """Shifted step with every quantized operand split into ``terms`` NVFP4 operands
+    (``_split``): the same four operands (X rows, D, B', X columns), every GEMM still takes
+    NVFP4 operands with FP32 accumulation; two terms cost 2 GEMMs for each of the symmetric
+    products (A = X·Xᵀ, D²) and 3 for B'·X instead of 1."""
     a, b, c = abc
+    Xr = _split(P, X, terms)
+    A = _mm_terms(P, Xr, Xr, symmetric=True)
+    if guard:
+        s = _guard_scale(A, abc)
+        if s is not None:
+            A.mul_(s)
+            X = X * s.sqrt()
+    tau = torch.diagonal(A)[:m].sum() / m
+    D = A
+    torch.diagonal(D)[:m] -= tau
+    Dq = _split(P, D, terms)
+    DD = _mm_terms(P, Dq, Dq, symmetric=True)
+    Bp = D.mul_(tau * (2 * c) + b).add_(DD, alpha=c)          # (b + 2cτ)·D + c·D²
+    out = _mm_terms(P, _split(P, Bp, terms), _split(P, X.t(), terms))
+    return (X * (tau * (b + c * tau) + a)).add_(out)
+
+
+def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: str,
+                guard: bool = True, terms: int = 1):
+    """One NVFP4 step on the padded ``X`` (``m`` = true row count; padding rows are zero).
+    ``terms`` > 1 (shifted form only): two-term operands, ``_step_nvfp4_split``."""
+    a, b, c = abc
+    if terms > 1:
+        if form != "shifted":
+            raise ValueError("nvfp4_terms > 1 is implemented for the shifted form only")
+        return _step_nvfp4_split(X, m, abc, P, terms, guard)
     if form == "naive":
         Xr = P.op(X)                   # rows of X, K = n: both operands of X·Xᵀ
         A = P.mm(Xr, Xr)
@@ -258,14 +339,8 @@ def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: s
         # (max f on [0, 1] < 0.99·σ*, checked); ROOT's (2048, 2048) and (2048, 3072) triples
         # overshoot their own σ* even in exact arithmetic (max f 1.2246 > σ* 1.2236), so there
         # it also acts. No branch, no sync.
-        edge2 = _repelling_point_sq(abc)
-        if edge2 is not None:
-            v = torch.ones(A.shape[0], 1, dtype=A.dtype, device=A.device)
-            for _ in range(5):
-                v = A @ (A @ v)
-                v = v / (torch.linalg.vector_norm(v) + 1e-30)
-            lam = (v.mT @ (A @ v)).reshape(())
-            s = torch.clamp((0.99 ** 2) * edge2 / (lam + 1e-30), max=1.0)
+        s = _guard_scale(A, abc)
+        if s is not None:
             rs = s.sqrt().reshape(1)
             A.mul_(s)
     tau = torch.diagonal(A)[:m].sum() / m
@@ -304,6 +379,7 @@ def newton_schulz(
     nvfp4_form: str = "shifted",
     backend: str = "auto",
     eps: float = 1e-7,
+    nvfp4_terms: Union[None, int, Sequence[int]] = None,
 ) -> torch.Tensor:
     """Orthogonalise the 2-D ``G``; returns the same shape, dtype per ``precision``
     (fp64 → float64, bf16 → bfloat16, fp32 / nvfp4 → float32).
@@ -311,6 +387,10 @@ def newton_schulz(
     coefficients: "muon" | "root" (ROOT's shape table) | "fp4" (our fitted table) | a triple |
     a per-step list. The table lookup uses ``G``'s own shape (before transposition).
     generator / rounding: only for ``precision="nvfp4"`` with ``rounding="stochastic"``.
+    nvfp4_terms: NVFP4 operands per quantized matrix (1: q(x); 2: q(x) + q(x − q(x)), see
+    ``_split``), one int for every step or one per step; default 2 for the shifted form
+    (ours), 1 for the naive form. Two terms bring the error to the issue's targets at ~2.4×
+    the GEMM FLOPs of one term (ORTHOGONAL.md); 1 is the fast, less accurate choice.
     """
     if G.ndim != 2:
         raise ValueError(f"newton_schulz expects a 2-D matrix, got shape {tuple(G.shape)}")
@@ -318,7 +398,12 @@ def newton_schulz(
         raise ValueError(f"precision must be one of {sorted(_DTYPES)}, got {precision!r}")
     if nvfp4_form not in ("shifted", "naive"):
         raise ValueError(f"nvfp4_form must be shifted | naive, got {nvfp4_form!r}")
+    if nvfp4_terms is None:
+        nvfp4_terms = 2 if nvfp4_form == "shifted" else 1
     schedule = resolve_schedule(coefficients, G.shape, steps)
+    terms = [nvfp4_terms] * steps if isinstance(nvfp4_terms, int) else list(nvfp4_terms)
+    if len(terms) < steps or any(t not in (1, 2, 3) for t in terms[:steps]):
+        raise ValueError(f"nvfp4_terms must be 1, 2 or 3 (or one per step), got {nvfp4_terms!r}")
     X = G.to(_DTYPES[precision])
     transposed = X.shape[0] > X.shape[1]
     if transposed:
@@ -335,7 +420,7 @@ def newton_schulz(
         if pm or pn:
             X = torch.nn.functional.pad(X, (0, pn, 0, pm))
         P = _NVFP4Products(backend, clip_percentile, rounding, generator, X.device)
-        for abc in schedule:
-            X = _step_nvfp4(X, m, abc, P, nvfp4_form)
+        for abc, t in zip(schedule, terms):
+            X = _step_nvfp4(X, m, abc, P, nvfp4_form, terms=t)
         X = X[:m, :n]
     return X.mT.contiguous() if transposed else X.contiguous()

@@ -110,9 +110,42 @@ def test_nvfp4_products_use_quantized_operands():
     Dq = q(D.float())
     Bp = (b + 2 * c * tau) * D + c * (Dq @ Dq.T)
     want = (a + b * tau + c * tau * tau) * X.double() + q(Bp.float()) @ q(X.T).T
-    got = newton_schulz(G, steps=1, precision="nvfp4", backend="reference")
+    got = newton_schulz(G, steps=1, precision="nvfp4", backend="reference", nvfp4_terms=1)
     assert rel(got, want) < 1e-4
     assert rel(got, ns_fp64_reference(G, [MUON])) > 1e-3  # and it is really quantized
+
+
+def test_two_term_step_is_the_straightforward_composition():
+    """nvfp4_terms=2 (ours' default): each operand is q(x) + q(x − deq q(x)), every product
+    the first-order sum of NVFP4 products, composed here from quantize().dequantize()."""
+    from fullstack_fp4.nvfp4 import quantize
+    G = torch.randn(32, 96, generator=torch.Generator().manual_seed(5))
+    q = lambda t: quantize(t.float().contiguous()).dequantize().double()  # noqa: E731
+
+    def split(t):
+        t1 = q(t)
+        return t1, q(t.double() - t1)
+
+    def prod(p, r):  # p·rᵀ, residual×residual dropped
+        (p1, p2), (r1, r2) = split(p), split(r)
+        return p1 @ r1.T + p1 @ r2.T + p2 @ r1.T
+
+    X = G / (G.norm() + 1e-7)
+    a, b, c = MUON
+    A = prod(X, X)
+    tau = A.diagonal().mean()
+    D = A - tau * torch.eye(32, dtype=torch.float64)
+    Bp = (b + 2 * c * tau) * D + c * prod(D, D)
+    want = (a + b * tau + c * tau * tau) * X.double() + prod(Bp, X.T.contiguous())
+    got = newton_schulz(G, steps=1, precision="nvfp4", backend="reference")   # default: 2
+    assert rel(got, want) < 1e-4
+    one = newton_schulz(G, steps=1, precision="nvfp4", backend="reference", nvfp4_terms=1)
+    exact = ns_fp64_reference(G, [MUON])
+    assert 1e-4 < rel(got, exact) < rel(one, exact) / 4   # quantized, and ~10× closer
+    with pytest.raises(ValueError):
+        newton_schulz(G, precision="nvfp4", nvfp4_terms=[2, 2])      # one per step: 5 needed
+    with pytest.raises(ValueError):
+        newton_schulz(G, precision="nvfp4", nvfp4_form="naive", nvfp4_terms=2)
 
 
 def _lowrank_plus_noise(m, n, seed):
@@ -127,12 +160,20 @@ def test_nvfp4_shifted_stays_bounded(kind):
          else _lowrank_plus_noise(128, 384, 7))
     sched = resolve_schedule("fp4", G.shape, 5)  # ours: shifted form + fitted schedule
     ref = ns_fp64_reference(G, sched)
-    out = newton_schulz(G, coefficients="fp4", precision="nvfp4", backend="reference")
+    out = newton_schulz(G, coefficients="fp4", precision="nvfp4", backend="reference",
+                        nvfp4_terms=1)
     assert torch.isfinite(out).all()
     assert torch.linalg.matrix_norm(out.double(), ord=2) < 1.3  # converged, not escaped
-    # Measured 13 % (gaussian) / 30 % (lowrank: its small singular directions sit below the
-    # NVFP4 noise floor); the bound guards against regressions, not the issue's 5 % target.
+    # One term: measured 13 % (gaussian) / 30 % (lowrank: its small singular directions sit
+    # below the NVFP4 noise floor); the bound guards against regressions.
     assert rel(out, ref) < (0.2 if kind == "gaussian" else 0.4)
+    # Ours (two-term operands, the default): the issue's (b) target, final error ≤ 5 %, on the
+    # Gaussian (measured 1.8 %, BF16 1.7 %); on rank-8 + noise (measured 5.2 %) BF16 NS is 9.5 %
+    # off, so there the bound is: no worse than BF16.
+    out2 = newton_schulz(G, coefficients="fp4", precision="nvfp4", backend="reference")
+    assert torch.linalg.matrix_norm(out2.double(), ord=2) < 1.3
+    bf16 = rel(newton_schulz(G, coefficients="fp4", precision="bf16"), ref)
+    assert rel(out2, ref) < (0.05 if kind == "gaussian" else bf16)
 
 
 def test_naive_nvfp4_diverges_on_full_rank_gaussian():
