@@ -280,8 +280,103 @@ def _realign_generator(device, seed: int, iteration: int, name: str, tp_rank: in
     return gen
 
 
+def _distributed_optimizer_of(optimizer, param):
+    """The megatron-core `DistributedOptimizer` (inside a `ChainedOptimizer` or not) that owns
+    ``param``, or None."""
+    if optimizer is None:
+        return None
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        # not `model_param_gbuf_map`: it lists only the params this DP rank owns a piece of
+        if any(param in b.param_index_map for b in getattr(sub, "buffers", None) or ()) \
+                and hasattr(sub, "model_param_gbuf_map"):
+            return sub
+    return None
+
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@torch.no_grad()
+def _gather_sharded(dopt, param):
+    """Whole FP32 master and Adam moments of ``param`` from the DP shards of the distributed
+    optimizer: each rank writes the slice it owns into a zero buffer, one all-reduce (SUM) over
+    the DP group assembles it (``x + 0 = x``: bit-identical on every rank). Returns
+    ``(full [1 or 3, *shape], adam, (range, tensors) of this rank or None)``."""
+    import torch.distributed as dist
+
+    if getattr(dopt.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False):
+        raise NotImplementedError("LoRA-SVD realignment: the precision-aware distributed "
+                                  "optimizer keeps scaled states; not supported")
+    try:
+        rng = dopt._get_model_param_range_map(param)["param"]
+        tensors = dopt._get_main_param_and_optimizer_states(param)
+    except KeyError:  # this DP rank owns no piece of the parameter
+        rng, tensors = None, None
+    # moments are re-expressed only for AdamW's layout, decided identically on every rank
+    adam = torch.ones(1, dtype=torch.int32, device=param.device)
+    if tensors is not None and not (set(tensors) - {"param"} == {"step", *_MOMENTS}):
+        adam.zero_()
+    dist.all_reduce(adam, op=dist.ReduceOp.MIN, group=dopt.data_parallel_group)
+    keys = ("param", *_MOMENTS) if int(adam) else ("param",)
+    full = torch.zeros(len(keys), param.numel(), dtype=torch.float32, device=param.device)
+    if tensors is not None and rng.size > 0:
+        for i, k in enumerate(keys):
+            full[i, rng.start:rng.end] = tensors[k].detach().float().view(-1)
+    dist.all_reduce(full, group=dopt.data_parallel_group)
+    return full.view(len(keys), *param.shape), bool(int(adam)), (
+        (rng, tensors) if tensors is not None else None)
+
+
+@torch.no_grad()
+def _scatter_sharded(mine, values: dict) -> None:
+    """Write this rank's slices of the whole tensors ``values`` (key -> full) back."""
+    if mine is None:
+        return
+    rng, tensors = mine
+    for k, v in values.items():
+        tensors[k].copy_(v.reshape(-1)[rng.start:rng.end].to(tensors[k].dtype))
+
+
+@torch.no_grad()
+def _realign_module_distributed(mod, optimizer, generator) -> None:
+    """Realignment under megatron-core's distributed optimizer (masters sharded over DP).
+
+    Every DP rank gathers the whole FP32 masters and moments of W_res and L1 (one all-reduce
+    each), computes the same split (same inputs, same generator: identical on every rank),
+    writes the model parameters (whole, like the param all-gather after a step would) and its
+    own slices of the masters and moments. Same result as the non-distributed path."""
+    d_w = _distributed_optimizer_of(optimizer, mod.weight)
+    d_1 = _distributed_optimizer_of(optimizer, mod.lora_l1)
+    if d_w is None or d_1 is None:
+        raise NotImplementedError("LoRA-SVD: W_res and L1 must both be in the distributed optimizer")
+    full_w, adam_w, mine_w = _gather_sharded(d_w, mod.weight)
+    full_1, adam_1, mine_1 = _gather_sharded(d_1, mod.lora_l1)
+    l2_old = mod.lora_l2.detach().float().clone()
+    w = merge(full_w[0], full_1[0], mod.lora_l2, mod.lora_beta, torch.float32)
+    w_res, l2, l1 = lora_svd_split(w, mod.lora_rank, mod.lora_beta,
+                                   oversample=mod.lora_oversample,
+                                   power_iters=mod.lora_power_iters, generator=generator,
+                                   factor_dtype=mod.lora_l2.dtype)
+    mod.lora_l2.copy_(l2)
+    mod.weight.copy_(w_res)
+    mod.lora_l1.copy_(l1)
+    new_w, new_1 = {"param": w_res}, {"param": l1}
+    if adam_w and adam_1:
+        st_r = {k: full_w[i + 1] for i, k in enumerate(_MOMENTS)}
+        st_1 = {k: full_1[i + 1] for i, k in enumerate(_MOMENTS)}
+        st_r, st_1 = transfer_moments(st_r, st_1, l2_old, subspace_basis(l2_old),
+                                      mod.lora_l2.detach().float(),
+                                      subspace_basis(mod.lora_l2.detach()), mod.lora_beta)
+        new_w.update(st_r)
+        new_1.update(st_1)
+    _scatter_sharded(mine_w, new_w)
+    _scatter_sharded(mine_1, new_1)
+
+
 @torch.no_grad()
 def realign_module(mod, optimizer, generator) -> None:
+    if _distributed_optimizer_of(optimizer, mod.weight) is not None:
+        return _realign_module_distributed(mod, optimizer, generator)
     masters = {p: _master(p) for p in (mod.weight, mod.lora_l1)} if optimizer is not None else {}
     w_res = masters.get(mod.weight, mod.weight)
     l1 = masters.get(mod.lora_l1, mod.lora_l1)
@@ -345,8 +440,5 @@ def check_supported(cfg) -> None:
     """Refuse configurations the realignment cannot handle (a config error, before training)."""
     from megatron.training.errors import ConfigError
 
-    if cfg.parallel.use_distributed_optimizer:
-        raise ConfigError("fp4.linear=lora_svd does not support parallel.use_distributed_optimizer "
-                          "(realignment needs the whole FP32 master of each local matrix)")
     if cfg.fp4.lora_svd.beta <= 0:
         raise ConfigError("fp4.lora_svd.beta must be > 0")
