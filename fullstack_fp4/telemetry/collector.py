@@ -239,12 +239,14 @@ class TelemetryCollector:
             g = h // k.shape[2]
             bi = int(torch.randint(b, (1,), generator=self._gen))
             hi = int(torch.randint(h, (1,), generator=self._gen))
-            qh, kh, vh = q[:, bi, hi].detach(), k[:, bi, hi // g].detach(), v[:, bi, hi // g].detach()
+            # copies of one head (S×D each), not views: a view would keep the whole Q/K/V of
+            # every layer alive until its backward on a telemetry step
+            qh, kh, vh = (t.detach().clone() for t in (q[:, bi, hi], k[:, bi, hi // g], v[:, bi, hi // g]))
             with torch.no_grad():
                 rows = torch.randint(sq, (self.attn_rows,), generator=self._gen)
                 self._acc(f"quant/{path}/s/rel_err", *rs.attn_s_sums(qh, kh, rows, causal=causal))
             if output.requires_grad:
-                oh = output[:, bi, hi * d:(hi + 1) * d].detach()
+                oh = output[:, bi, hi * d:(hi + 1) * d].detach().clone()
                 tile_row = int(torch.randint(-(-sq // 64), (1,), generator=self._gen))
                 scale = float(module.softmax_scale)
 
