@@ -52,11 +52,10 @@ def test_nvfp4_qattn_qroot_metrics_appear(tmp_path):
 def test_lora_qattn_qmuon_fallback_per_recipe(tmp_path):
     d = str(tmp_path)
     thresholds = [f"fp4.fallback_threshold{s}=1e-6" for s in ("", "_lora_svd", "_attention", "_optimizer")]
-    r = helpers.run(helpers.base_config(d), [
-        "fp4.linear=lora_svd", "fp4.lora_svd.rank=8", "fp4.attention=q_attn", "optimizer.name=q_muon",
-        "train.eval_interval=100", "logging.quant_stats_interval=1", "fp4.fallback=bf16",
-        "fp4.fallback_intervals=1", *thresholds, "train.iters=2", f"checkpoint.save_dir={d}/ckpt",
-        f"logging.dir={d}/log"])
+    common = ["fp4.linear=lora_svd", "fp4.lora_svd.rank=8", "fp4.attention=q_attn", "optimizer.name=q_muon",
+              "train.eval_interval=100", "logging.quant_stats_interval=1", "fp4.fallback=bf16",
+              "fp4.fallback_intervals=1", *thresholds, f"checkpoint.save_dir={d}/ckpt", f"logging.dir={d}/log"]
+    r = helpers.run(helpers.base_config(d), common + ["train.iters=2"])
     assert r.returncode == 0, r.stderr[-3000:]
     q = _quant_records(f"{d}/log")
     lora = {f"decoder.layers.{i}.{m}" for i in range(LAYERS) for m in LINEARS}
@@ -78,3 +77,12 @@ def test_lora_qattn_qmuon_fallback_per_recipe(tmp_path):
     assert set(extra["fp4_fallback"]["bf16_modules"]) == lora | attn
     train, _ = helpers.read_metrics(f"{d}/log")
     assert math.isfinite(train[2]["loss"])     # the BF16 paths (lora_exact, SDPA) train
+
+    # resume: the switches are re-applied from the checkpoint (LoRA-SVD lora_exact, Q-Attn -> SDPA)
+    r = helpers.run(helpers.base_config(d), common + ["train.iters=3"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"[fp4.fallback] resumed with {len(lora | attn)} module(s) in BF16" in r.stdout, r.stdout[-3000:]
+    q = _quant_records(f"{d}/log")
+    assert q[3] and all(k.startswith("quant/optimizer/") for k in q[3]), sorted(q[3])
+    train, _ = helpers.read_metrics(f"{d}/log")
+    assert math.isfinite(train[3]["loss"])
