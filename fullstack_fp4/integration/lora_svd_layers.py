@@ -31,28 +31,41 @@ Realignment (`realign_model`, called by `recipes.after_optimizer_step` when
 ``iteration % realign_interval == 0``): per module, from the FP32 master copies,
 ``W = W_res + β L2 L1`` is rebuilt, re-split by randomized SVD (generator seeded from
 ``(train.seed, iteration, module name, TP rank)``: a resumed run repeats it exactly), and
-written back to the master copies *and* the model parameters. Optimizer state across it:
+written back to the master copies *and* the model parameters. Optimizer state across it
+(AdamW layout ``exp_avg``/``exp_avg_sq``/``step``; :func:`transfer_moments`):
 
-* ``W_res``: **moments kept.** W_res lives in the same (standard) basis before and after; it
-  changes only by the rank-≤2r difference of the old and new branch, and its moments are
-  statistics of the out-of-subspace gradient, which barely changes when the subspace is
-  re-detected. Resetting them would throw away the bulk of the optimizer state of the model.
-* ``L1``: **first moment zeroed, second moment replaced by its mean, step count kept.** The
-  new factors are expressed in a new basis of the subspace (the SVD may rotate, permute and
-  flip the singular vectors), so the elementwise moments of the old factors point in
-  meaningless directions. What survives an orthogonal change of basis is the gradient energy
-  ``Σ v`` (Frobenius norms are rotation-invariant), so every element of ``v`` gets the old
-  mean: the first updates after a realignment have the old step size, not a bias-corrected
-  ``sign(g)`` jump; ``m`` rebuilds from zero at rate ``1 − β1`` (keeping ``step`` keeps the
-  bias correction consistent with a warmed-up ``v``; megatron-core also requires one step
-  count shared by all parameters). An optimizer whose state has other fields (e.g. quantized
-  moments) keeps L1's state unchanged: not reset, a known limitation.
+* **First moments: re-routed exactly.** Adam's ``m`` is a linear EMA of the gradients, and
+  the routed gradients of every past step sum to that step's dense gradient of W, so
+  ``M = m_res + β L2_old m_L1`` *is* the first moment of the dense W (exactly, in the
+  unquantized limit; with NVFP4, W_res's part carries the quantized wgrad). The new split
+  routes ``M`` like a gradient: ``m_L1 ← (1/β) R⁻¹ QᵀM``, ``m_res ← (I − QQᵀ) M`` with the new
+  ``L2 = QR``. So the momentum of W is unchanged by the realignment and each piece is what it
+  would have been had the new subspace been used all along.
+* **Second moments: ``v_res`` kept, ``v_L1`` propagated.** ``v`` is not linear; treating the
+  elements of the dense gradient as independent, ``V = v_res + β²(L2_old∘L2_old) v_L1`` is
+  its elementwise variance and the new L1 gradient ``A G`` (``A = R⁻¹Qᵀ/β``) has variance
+  ``(A∘A) V``. This keeps the per-input-feature scale of ``v`` (what the old ``mean(v)``
+  reset lost). ``v_res`` keeps its elementwise statistics (same basis; the complement moved
+  by at most 2r directions).
+* **step** kept (megatron-core needs one count for all parameters; the bias corrections stay
+  consistent with the carried moments). No state for W_res yet: L1 falls back to
+  ``m ← 0, v ← mean(v)`` (:func:`reset_factor_moments`). Other layouts (e.g. quantized
+  moments of q_adamw) are left unchanged — a known limitation.
 * ``L2``: frozen, no optimizer state.
 
 Supported optimizer wrappers: megatron-core's `FP32Optimizer` (fp32 runs: the params are
-their own masters) and `Float16OptimizerWithFloat16Params` (bf16 runs: masters via
-``param.main_param``), also inside a `ChainedOptimizer`. The distributed optimizer shards the
-masters over DP ranks, and realignment needs whole local matrices: refused at build time.
+their own masters), `Float16OptimizerWithFloat16Params` (bf16 runs: masters via
+``param.main_param``), and the **distributed optimizer** (masters and moments sharded over DP
+ranks in flat buffers that ignore parameter boundaries), also inside a `ChainedOptimizer`.
+With the distributed optimizer every DP rank assembles the whole FP32 masters and moments of
+W_res and L1 of a module (each rank writes the slice it owns into a zero buffer, one
+all-reduce SUM over the DP group: bit-identical on every rank), computes the same split (same
+inputs, same generator), writes the whole model parameters and its own slices of masters and
+moments. Cost per realignment: all-reduces of 3× the FP32 size of every W_res and L1
+(master and two moments), i.e. about three FP32 gradient all-reduces of the model, once every
+``realign_interval`` steps. Tested with 2 gloo processes against the 1-process plain optimizer
+(tests/fullstack_fp4/integration/test_lora_svd_distributed.py). The precision-aware
+distributed optimizer (scaled states) is refused at the realignment.
 """
 from __future__ import annotations
 

@@ -195,3 +195,32 @@ def test_no_grad_for_l2_and_dtype_of_grads_bf16():
     y.float().square().mean().backward()
     assert x.grad.dtype == w_res.grad.dtype == l1.grad.dtype == torch.bfloat16
     assert l2.grad is None
+
+
+def test_basis_cache_recomputes_only_when_l2_changes_and_matches_uncached_backward():
+    from fullstack_fp4.linear.lora_svd import BasisCache
+
+    _, w_res, l2, l1 = _factors(seed=5)
+    l2 = l2.clone()
+    cache = BasisCache()
+    b1 = cache.get(l2)
+    assert cache.get(l2) is b1                      # same L2: no recomputation
+    q, rinv = b1
+    qh, rh = torch.linalg.qr(l2.double())           # oracle: Householder QR
+    sign = torch.sign(torch.diagonal(rh))
+    torch.testing.assert_close(q.double(), qh * sign, rtol=0, atol=1e-5)
+    torch.testing.assert_close(rinv.double(), torch.linalg.inv(rh * sign[:, None]), rtol=1e-4, atol=1e-5)
+    l2.mul_(2.0)                                    # in-place write (what a realignment does)
+    b2 = cache.get(l2)
+    assert b2 is not b1
+    torch.testing.assert_close(b2[1], b1[1] / 2, rtol=1e-5, atol=0)
+    # the backward with the cached basis is the backward without it, bit for bit
+    x = torch.randn(T, IN, generator=_gen(15))
+    dy = torch.randn(T, OUT, generator=_gen(16))
+    grads = []
+    for basis in (None, cache.get(l2)):
+        xx, wr, a = (t.clone().requires_grad_(True) for t in (x, w_res, l1))
+        lora_svd_linear(xx, wr, a, l2, BETA, exact=True, basis=basis).backward(dy)
+        grads.append((xx.grad, wr.grad, a.grad))
+    for g0, g1 in zip(*grads):
+        assert torch.equal(g0, g1)
