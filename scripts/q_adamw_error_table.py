@@ -79,7 +79,7 @@ def synthetic_moments(n: int = 1 << 16, steps: int = 100, seed: int = 0, structu
 def direct_nvfp4(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     npad = -(-n // 16) * 16
-    xp = torch.zeros(1, npad)
+    xp = torch.zeros(1, npad, device=x.device)
     xp[0, :n] = x.reshape(-1)
     return quantize(xp, backend="reference").dequantize().reshape(-1)[:n].float()
 
@@ -105,7 +105,7 @@ def metrics(m, v, m_hat, v_hat):
 
 
 def rows_for(m, v, variants: bool, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=m.device).manual_seed(seed)
     m_hat = decode_exp_avg(encode_exp_avg(m, generator=gen))
     out = [("direct NVFP4 (v itself, RTN)", metrics(m, v, direct_nvfp4(m), direct_nvfp4(v)),
             "")]
@@ -195,7 +195,7 @@ def train_moments(steps: int, device: str, seed: int = 1234, checkpoint=None) ->
     """Train with torch AdamW (optimizer.name=adamw, megatron-core's wrapper) for ``steps``
     steps on data/quickstart — or, ``checkpoint`` given, load that AdamW checkpoint (its own
     saved config) without training — and return {param name: (exp_avg, exp_avg_sq)} of the
-    inner AdamW (the FP32 main params' moments), on CPU."""
+    inner AdamW (the FP32 main params' moments), on ``device``."""
     os.chdir(REPO)
     from megatron.training.config import load_config
     from megatron.training.trainer import Trainer
@@ -250,8 +250,8 @@ def train_moments(steps: int, device: str, seed: int = 1234, checkpoint=None) ->
                     continue
                 model_p = main_to_model.get(id(p), p)
                 name = name_of.get(id(model_p), f"param{len(out)}")
-                out[name] = (st["exp_avg"].detach().float().cpu().clone(),
-                             st["exp_avg_sq"].detach().float().cpu().clone())
+                out[name] = (st["exp_avg"].detach().float().to(device).clone(),
+                             st["exp_avg_sq"].detach().float().to(device).clone())
     assert out, "no AdamW moments found"
     return out
 
@@ -273,23 +273,29 @@ def main(argv=None):
     ap.add_argument("--variants", action="store_true", help="also tile/guard alternatives")
     ap.add_argument("--n", type=int, default=1 << 16)
     args = ap.parse_args(argv)
+    real = None
     if args.train or args.from_checkpoint:
         moments = train_moments(args.train, args.device, checkpoint=args.from_checkpoint)
-        path = args.save_moments or os.path.join(REPO, "runs",
-                                                 f"q_adamw_moments_{args.device}.pt")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        torch.save(moments, path)
-        print(f"saved {len(moments)} moment pairs of an AdamW run to {path}")
-        args.moments = path
+        label = args.from_checkpoint or f"{args.train}-step AdamW run ({args.device})"
+        if args.save_moments or args.device == "cpu":
+            path = args.save_moments or os.path.join(REPO, "runs",
+                                                     f"q_adamw_moments_{args.device}.pt")
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            torch.save({k: (m.cpu(), v.cpu()) for k, (m, v) in moments.items()}, path)
+            print(f"saved {len(moments)} moment pairs of an AdamW run to {path}")
+        real = (label, [(n, m.reshape(-1), v.reshape(-1)) for n, (m, v) in moments.items()])
+    elif args.moments:
+        dev = args.device
+        real = (args.moments, [(n, m.to(dev), v.to(dev)) for n, m, v in load_moments(args.moments)])
     torch.manual_seed(0)
     for structured in (False, True):
         m, v = synthetic_moments(args.n, structured=structured)
         kind = "structured rows×cols×lognormal" if structured else "iid lognormal σ"
         print_table(f"synthetic ({kind}, t3 gradients, {args.n} entries)",
                     rows_for(m, v, args.variants))
-    if args.moments:
+    if real is not None:
         ms, vs = [], []
-        for name, m, v in load_moments(args.moments):
+        for name, m, v in real[1]:
             if m.numel() < args.min_numel:
                 continue
             ms.append(m)
@@ -306,7 +312,7 @@ def main(argv=None):
         for nm, _, b, acc in rows:
             pooled.append((nm, _pool(acc), b))
         n = sum(m.numel() for m in ms)
-        print_table(f"real moments ({os.path.basename(args.moments)}, {len(ms)} tensors "
+        print_table(f"real moments ({os.path.basename(str(real[0]))}, {len(ms)} tensors "
                     f">= {args.min_numel} entries, {n} entries; each tensor encoded on its own)",
                     pooled)
 
