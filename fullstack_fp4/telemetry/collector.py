@@ -112,11 +112,15 @@ def main_param_names(optimizer, model_chunks) -> Dict[int, str]:
             mp = getattr(p, "main_param", None)
             if mp is not None:
                 names[id(mp)] = module_path(n)
+    pairs = (("float16_groups", "fp32_from_float16_groups"),              # Float16 wrapper
+             ("model_float16_groups", "shard_fp32_from_float16_groups"),  # distributed optimizer:
+             ("model_fp32_groups", "shard_fp32_groups"))                  # shards keep the name
     for w in getattr(optimizer, "chained_optimizers", None) or ([optimizer] if optimizer else []):
-        for g16, g32 in zip(getattr(w, "float16_groups", []), getattr(w, "fp32_from_float16_groups", [])):
-            for p, m in zip(g16, g32):
-                if id(p) in names:
-                    names[id(m)] = names[id(p)]
+        for model_attr, main_attr in pairs:
+            for gm, gs in zip(getattr(w, model_attr, None) or [], getattr(w, main_attr, None) or []):
+                for p, m in zip(gm, gs):
+                    if id(p) in names and m is not None:
+                        names[id(m)] = names[id(p)]
     return names
 
 

@@ -8,6 +8,7 @@ also runs the pipeline when `pipeline_model_parallel_size > 1`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -260,9 +261,19 @@ class Trainer:
         Each pipeline stage decides for its own modules (and keeps them in its own extra file)."""
         if dist.get_world_size() == 1 or not stats:
             return stats
-        keys = sorted(stats)
-        vals = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.device)
-        for group in (ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()):
+        groups = (ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group())
+        # The name sets can differ between ranks (the distributed optimizer: a rank holds
+        # shards of some parameters only), so agree on their union first; a name a rank lacks
+        # enters the MAX as -inf. Only on telemetry steps: two small object all-gathers.
+        keys = set(stats)
+        for group in groups:
+            if dist.get_world_size(group) > 1:
+                lists = [None] * dist.get_world_size(group)
+                dist.all_gather_object(lists, sorted(keys), group=group)
+                keys = set().union(*map(set, lists))
+        keys = sorted(keys)
+        vals = torch.tensor([stats.get(k, -math.inf) for k in keys], dtype=torch.float64, device=self.device)
+        for group in groups:
             dist.all_reduce(vals, op=dist.ReduceOp.MAX, group=group)
         return dict(zip(keys, vals.tolist()))
 
