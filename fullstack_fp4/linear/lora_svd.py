@@ -22,14 +22,17 @@ projected matrix). The branch takes the top-r part with an **orthonormal** L2:
 Why orthonormal (and not the balanced ``L2 = U√(S/β)``, ``L1 = √(S/β)Vᵀ`` of the first
 version): the optimizer is Adam, which moves every element of L1 by about ``η`` per step
 whatever the gradient's scale. The induced change of W is ``β L2 ΔL1``: with L2 = U it is
-``β U ΔL1``, i.e. the coordinates of W's update in the principal directions move by ``β η`` —
-exactly the step of dense Adam on W when β = 1, for every direction, at every point of
-training. With the balanced split it is ``U diag(√(βσ_k)) ΔL1``: the effective learning
-rate in direction ``k`` is multiplied by ``√(βσ_k)``, non-uniform, tied to W's spectrum
-(≈ 0.02(√m+√n) at init, growing during training and jumping at each realignment).
-Measured (exact matmuls, so only the optimizer dynamics differ; 4 layers × 256, 200 steps
-on the quickstart corpus, see docs/lora-svd.md): the balanced split trained 0.70% worse than
-BF16. Also ``L2ᵀL2 = I`` up to L2's BF16 rounding, so the Gram matrix the backward factorises
+``β U ΔL1``, i.e. the coordinates of W's update in the principal directions move by ``β η``,
+for every direction, at every point of training, so β *is* the branch's learning-rate
+multiplier. With the balanced split it is ``U diag(√(βσ_k)) ΔL1``: a multiplier
+``√(βσ_k)``, non-uniform and tied to W's spectrum (≈ 0.02(√m+√n) at init, growing during
+training and jumping at each realignment). That step comes *on top of* W_res's own Adam
+update, which (normalised elementwise) already moves W inside the subspace by about what dense
+Adam would; so a large β over-steps the subspace. Measured in the unquantized limit (4 layers
+× 256, 200 steps on the quickstart corpus, docs/lora-svd.md): val-loss gap to BF16 +1.16% at
+β = 1, +0.83% at β = 0.5, +0.39% at β = 0.25; the balanced split at β = 1 (multiplier ≈
+0.5–0.9) gave +0.70%. Hence β well below 1 (0.25 recommended).
+Also ``L2ᵀL2 = I`` up to L2's BF16 rounding, so the Gram matrix the backward factorises
 has condition number ≈ 1 and ``R ≈ I``. L1 carries the dynamic range ``S``; it is a
 floating-point tensor, so that costs nothing. ``W_res`` is computed *after* L2 has been
 rounded to its storage dtype, so it absorbs that rounding: ``W_res + β L2 L1`` equals ``W``
