@@ -79,7 +79,7 @@ def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_inte
     tokens = cfg.train.global_batch_size * cfg.model.seq_length
     fb, opt, opt_peak, tel = [], [], 0, []
 
-    def fwd_bwd(i, it):
+    def fwd_bwd(tr, i, it):  # `tr` passed in: the closure must not outlive `del tr` below
         if quant_interval:  # as Trainer.train_step: hooks only when `it` is a multiple of N
             tr.telemetry.begin_step([tr.model], it, tr.optimizer)
         tr._run_schedule(tr.train_ds, i * cfg.train.global_batch_size, False)
@@ -91,7 +91,7 @@ def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_inte
         it = quant_interval * (i + 1) + (0 if tel_step else 1) if quant_interval else i + 1
         tr.model.zero_grad_buffer()
         tr.optimizer.zero_grad()
-        t_fb = cuda_time(lambda: fwd_bwd(i, it))
+        t_fb = cuda_time(lambda tr=tr: fwd_bwd(tr, i, it))
         torch.cuda.reset_peak_memory_stats()
         t_opt = cuda_time(tr.optimizer.step)
         t_end = cuda_time(tr.telemetry.end_step) if quant_interval else 0.0

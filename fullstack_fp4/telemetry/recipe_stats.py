@@ -18,7 +18,7 @@ tensor scale is per 64×64 tile).
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 import torch
 
