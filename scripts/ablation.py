@@ -2,7 +2,7 @@
 """The recipe ablation: train every arm at one-GPU scale on the real corpus, evaluate, tabulate.
 
     python scripts/ablation.py [--arms bf16,q_adamw,...] [--iters 1000] [--out runs/ablation]
-        [--data data/quickstart] [--time-budget SECONDS] [--dry] [--set key=value ...]
+        [--data data/quickstart] [--time-budget SECONDS] [--dry] [--report-only] [--set key=value ...]
 
 Every arm is `configs/ablation/base.yaml` (--config) + the arm's recipe switches (the same
 ARMS table as scripts/bench_blocks.py and configs/3b_64b/), trained by `pretrain_gpt.py` in a
@@ -65,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--cloze-items", type=int, default=500)
     p.add_argument("--no-eval", action="store_true", help="train only; the table shows no perplexity/cloze")
     p.add_argument("--dry", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: evaluate the complete arms found in --out and write the table "
+                        "(e.g. after arms were trained side by side on several GPUs into one --out)")
     return p.parse_args(argv)
 
 
@@ -354,6 +357,8 @@ def main(argv=None) -> int:
         elif meta and meta["iteration"] >= args.iters:
             status[arm] = "complete"
             print(f"[ablation] {arm}: complete ({meta['path']}), skipping", flush=True)
+        elif args.report_only:
+            status[arm] = "not run (--report-only)" + (f": checkpoint at step {meta['iteration']}" if meta else "")
         elif deadline is not None and time.time() >= deadline:
             status[arm] = "not run: time budget spent" + (f" (at step {meta['iteration']})" if meta else "")
         else:
@@ -385,7 +390,9 @@ def main(argv=None) -> int:
             break
         except (OSError, ValueError, KeyError):
             pass
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    # a copy without .git (the GPU machine) names its commit in FULLSTACK_COMMIT
+    commit = (subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+              or os.environ.get("FULLSTACK_COMMIT", "unknown"))
     m = cfg.model
     header = {"model": f"{m.num_layers} layers, hidden {m.hidden_size}, FFN {m.ffn_hidden_size}, "
                        f"{m.num_attention_heads} heads / {m.num_query_groups} KV groups, seq {m.seq_length}",

@@ -6,7 +6,8 @@
    eval.json (mean of the last k losses, validation loss at the last step, gap to bf16), and
    both arms saw the same first batch with the same initial weights (equal step-1 loss: the
    optimizers differ only from step 1 on);
-3. a third invocation trains and evaluates nothing (complete arms are skipped, evals cached).
+3. a third invocation trains and evaluates nothing (complete arms are skipped, evals cached);
+4. --report-only tabulates the complete arms and trains none, also an arm with no run yet.
 """
 from __future__ import annotations
 
@@ -90,6 +91,14 @@ def test_ablation_resumes_skips_and_tabulates(tmp_path):
     assert "evaluating" not in p.stdout
     assert sessions == {a: len(json.load(open(os.path.join(out, a, "ablation_run.json")))["sessions"]) for a in rows}
     assert json.load(open(os.path.join(out, "ablation.json")))["rows"][0]["val_loss"] == rows["bf16"]["val_loss"]
+
+    # --report-only: tabulates what is there, trains nothing (root has no run in OUT)
+    p = ablation(common + ["--arms", "bf16,q_adamw,root", "--report-only", "--set", *TINY])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "root: not run (--report-only)" in p.stdout and "evaluating" not in p.stdout
+    assert not os.path.exists(os.path.join(out, "root"))
+    rows2 = {r["arm"]: r for r in json.load(open(os.path.join(out, "ablation.json")))["rows"]}
+    assert rows2["q_adamw"]["val_gap_pct"] == rows["q_adamw"]["val_gap_pct"] and rows2["root"]["val_loss"] is None
 
 
 def test_ablation_dry_and_bad_arm(tmp_path):
