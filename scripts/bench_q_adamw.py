@@ -10,7 +10,10 @@ and a phased tensor, 3 steps; a config that differs is reported and not timed), 
 over the same ~1e9 parameters as the kernel rows, all in this one process; prints a table
 sorted by time with the ratio to torch fused AdamW (timed too) and the best configuration to
 set as ``triton_step.CPP`` / ``FAST_DEC`` (and ``maxnreg``). Default list: 5 likely configs
-(~5 min of compiles); ``--sweep-all`` all 24; ``--sweep-configs '1,none,1;2,128,1'`` a chosen few.
+(~5 min of compiles) plus two Philox-path options (``rounds=7``; ``u8``: 8-bit uniforms, one
+Philox call per block — SR bias bound 2^-8 instead of 2^-16 of a step; these change the
+uniforms, so their check only covers the rest of the kernel); ``--sweep-all`` 24 configs;
+``--sweep-configs 'cpp,maxnreg,fast_dec[,u8,rounds];…'`` a chosen few.
 
 1. Correctness first: on a small tensor (n = 100_003, odd on purpose) the fused Triton kernel
    with explicit uniforms vs ``q_adamw_step_reference`` on the same GPU, 3 steps: counts of
@@ -138,18 +141,27 @@ SWEEP = [dict(cpp=1, maxnreg=None, fast_dec=False),                  # v1 as mea
          dict(cpp=1, maxnreg=None, fast_dec=True),
          dict(cpp=2, maxnreg=None, fast_dec=True),
          dict(cpp=1, maxnreg=128, fast_dec=True),
-         dict(cpp=2, maxnreg=128, fast_dec=True)]
+         dict(cpp=2, maxnreg=128, fast_dec=True),
+         # Philox-path options (change the SR uniforms, not checkable bit for bit: the check
+         # runs with explicit uniforms): 7 rounds; 8-bit uniforms from one call per block
+         dict(cpp=1, maxnreg=None, fast_dec=True, rounds=7),
+         dict(cpp=1, maxnreg=None, fast_dec=True, u8=True, rounds=7)]
 SWEEP_ALL = [dict(cpp=c, maxnreg=r, fast_dec=f) for c in (1, 2, 4) for r in (None, 168, 128, 96)
              for f in (True, False)]
 
 
 def _parse_configs(text: str) -> list[dict]:
-    """'1,none,1;2,128,1' -> [{cpp: 1, maxnreg: None, fast_dec: True}, ...]"""
+    """'1,none,1;2,128,1;1,none,1,1,7' -> [{cpp, maxnreg, fast_dec[, u8, rounds]}, ...]"""
     out = []
     for item in text.split(";"):
-        c, r, f = item.split(",")
-        out.append(dict(cpp=int(c), maxnreg=None if r.lower() == "none" else int(r),
-                        fast_dec=bool(int(f))))
+        f = item.split(",")
+        kw = dict(cpp=int(f[0]), maxnreg=None if f[1].lower() == "none" else int(f[1]),
+                  fast_dec=bool(int(f[2])))
+        if len(f) > 3:
+            kw["u8"] = bool(int(f[3]))
+        if len(f) > 4:
+            kw["rounds"] = int(f[4])
+        out.append(kw)
     return out
 
 
@@ -184,16 +196,17 @@ def sweep(args, gd, res):
     res["sweep"] = {"torch_fused_ms": t_fused, "params": n, "rows": rows}
     timed = sorted((r for r in rows if r.get("exact")), key=lambda r: r["ms"])
     print(f"\nsweep: {n / 1e9:.3f}B params, torch AdamW(fused=True) {t_fused:.2f} ms\n")
-    print("| cpp | warps | maxnreg | fast_dec | bit-exact | ms/step | × torch fused |")
-    print("|---|---|---|---|---|---|---|")
+    print("| cpp | warps | maxnreg | fast_dec | u8 | Philox rounds | bit-exact | ms/step | "
+          "× torch fused |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in timed + [r for r in rows if not r.get("exact")]:
         ms = f"{r['ms']:.2f} | {r['x_fused']:.2f}" if r.get("exact") else "– | –"
         print(f"| {r['cpp']} | {2 * r['cpp']} | {r['maxnreg']} | {r['fast_dec']} | "
-              f"{r['exact']} | {ms} |")
+              f"{r.get('u8', False)} | {r.get('rounds', 10)} | {r['exact']} | {ms} |")
     if timed:
         b = timed[0]
-        print(f"\nbest: cpp={b['cpp']} maxnreg={b['maxnreg']} fast_dec={b['fast_dec']} "
-              f"{b['ms']:.2f} ms = {b['x_fused']:.2f}x torch fused (target <= 0.75x)")
+        print(f"\nbest: {', '.join(f'{k}={b[k]}' for k in b if k not in ('exact', 'ms', 'all_ms', 'x_fused'))}"
+              f" {b['ms']:.2f} ms = {b['x_fused']:.2f}x torch fused (target <= 0.75x)")
     del params, states
     torch.cuda.empty_cache()
 

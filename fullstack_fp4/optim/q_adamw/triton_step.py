@@ -432,12 +432,23 @@ def _u16(r):
 
 
 @triton.jit
+def _u8(r):
+    """Four uniforms k / 2^8 from the bytes of a uint32 (exact: 1.k - 1 on the bits)."""
+    a = (((r & 0xFF) << 15) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    b = (((r << 7) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    c = (((r >> 1) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    d = (((r >> 9) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    return a, b, c, d
+
+
+@triton.jit
 def q_adamw_kernel(p_ptr, g_ptr,
                    mc_ptr, ms_ptr, mcs_ptr,
                    vc_ptr, vs_ptr, vcs_ptr, vmean_ptr,
                    u_ptr, n, npad, seed, ph_rows, row0,
                    decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
-                   HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr):
+                   HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr,
+                   U8: tl.constexpr, ROUNDS: tl.constexpr):
     R: tl.constexpr = CPP_C * 64          # rows (16-blocks) per program
     pid = tl.program_id(0).to(tl.int64)
     # Rows on the chunk grid; the tensor starts ph_rows (= phase / 16, even) rows into it, so
@@ -508,16 +519,23 @@ def q_adamw_kernel(p_ptr, g_ptr,
             u_ptr, rows, npad, 0.0)
     else:
         off = ((rows + row0) * 2).to(tl.int32)
-        k0, k1, k2, k3 = tl.randint4x(seed, off)
-        k4, k5, k6, k7 = tl.randint4x(seed, off + 1)
-        u0, u1 = _u16(k0)
-        u2, u3 = _u16(k1)
-        u4, u5 = _u16(k2)
-        u6, u7 = _u16(k3)
-        u8, u9 = _u16(k4)
-        u10, u11 = _u16(k5)
-        u12, u13 = _u16(k6)
-        u14, u15 = _u16(k7)
+        if U8:      # one Philox call per row: 16 uniforms of 8 bits (SR bias <= 2^-8 step)
+            k0, k1, k2, k3 = tl.randint4x(seed, off, ROUNDS)
+            u0, u1, u2, u3 = _u8(k0)
+            u4, u5, u6, u7 = _u8(k1)
+            u8, u9, u10, u11 = _u8(k2)
+            u12, u13, u14, u15 = _u8(k3)
+        else:       # two calls per row: 16 uniforms of 16 bits (SR bias <= 2^-16 step)
+            k0, k1, k2, k3 = tl.randint4x(seed, off, ROUNDS)
+            k4, k5, k6, k7 = tl.randint4x(seed, off + 1, ROUNDS)
+            u0, u1 = _u16(k0)
+            u2, u3 = _u16(k1)
+            u4, u5 = _u16(k2)
+            u6, u7 = _u16(k3)
+            u8, u9 = _u16(k4)
+            u10, u11 = _u16(k5)
+            u12, u13 = _u16(k6)
+            u14, u15 = _u16(k7)
     y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _rht16(
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
     w0, w1, sc, dec_c = _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13,
@@ -551,7 +569,8 @@ def q_adamw_kernel(p_ptr, g_ptr,
 
 
 def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2,
-           eps, step_size, rand=None, cpp=None, phase=0, row0=0, fast_dec=None, maxnreg=None):
+           eps, step_size, rand=None, cpp=None, phase=0, row0=0, fast_dec=None, maxnreg=None,
+           u8=False, rounds=10):
     """Run the fused step in place on the flat FP32 ``p_flat`` and the state tensors ``st``.
 
     ``st``: dict of the optimizer's state tensors (codes uint8, scales uint8 = E4M3 bits, chunk
@@ -560,7 +579,11 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     (codecs.num_chunks; a multiple of the 32-tile here); ``row0``: the piece's first 16-block
     in the whole tensor (Philox counter base). ``fast_dec``: the nibble decode variant
     (default ``FAST_DEC``; both are bit-identical); ``maxnreg``: register cap per thread (GPU
-    only; None = Triton's choice). ``scripts/bench_q_adamw.py --sweep`` times the combinations.
+    only; None = Triton's choice). ``u8`` / ``rounds`` (Philox path only, i.e. ``rand`` None):
+    8-bit uniforms from one Philox call per 16-block instead of 16-bit ones from two (SR bias
+    bound 2^-8 instead of 2^-16 of an E2M1 step), and Philox rounds (10 = Triton's default;
+    7 passes BigCrush per Salmon et al. 2011) — speed options for the sweep, not defaults.
+    ``scripts/bench_q_adamw.py --sweep`` times the combinations.
     """
     if phase % TILE or not 0 <= phase < CHUNK:
         raise ValueError(f"kernel chunk phase {phase} must be a multiple of {TILE} in [0, {CHUNK})")
@@ -576,5 +599,6 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
         st["exp_avg_sq_means"],
         u, n, npad, seed, phase // BLOCK, row0,
         decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
-        HAS_U=rand is not None, CPP_C=cpp, FAST_DEC=bool(fast_dec), num_warps=2 * cpp,
+        HAS_U=rand is not None, CPP_C=cpp, FAST_DEC=bool(fast_dec), U8=bool(u8), ROUNDS=rounds,
+        num_warps=2 * cpp,
         enable_fp_fusion=False, **extra)
