@@ -4,14 +4,16 @@ Part 1, NS on the 3b shapes 3072×3072, 3072×8192, 8192×3072 (5 steps): time (
 timings after warm-up) and relative Frobenius error against FP64 NS with the same coefficients,
 for: bf16 (Muon's triple, the anchor: 3.1 ms / 2.1 % at 3072×8192), nvfp4 naive (every operand
 quantized, Muon's triple: the anchors' 59–62 % case), nvfp4 shifted + Muon's triple, nvfp4 ours
-(shifted + fitted "fp4" schedule), each on the fused Triton operand path, plus ours on the
-reference path (``fullstack_fp4.nvfp4.quantize`` + ``nvfp4_matmul``) to show what fusing buys.
+(shifted + fitted "fp4" schedule) with one-term operands and with two-term operands (the default,
+``nvfp4_terms=2``: ~2.4× the GEMM FLOPs of one term), each on the fused Triton operand path,
+plus ours on the reference path (``fullstack_fp4.nvfp4.quantize`` + ``nvfp4_matmul``) to show what fusing buys.
 
 Part 2, optimizer step over the 2-D weights of 4 decoder blocks of the 3b preset (hidden 3072,
 ffn 8192, 24 heads, 8 kv groups of 128): QKV [5120, 3072] split [3072, 1024, 1024], proj
 [3072, 3072], fc1 [16384, 3072] split [8192, 8192] (gate / up), fc2 [3072, 8192]; FP32 params
 and grads (megatron's main params). muon / q_muon and root / q_root (q_* = NVFP4 NS with the
-"fp4" table, Triton path). Target: q_root step ≤ 1.5× the root step.
+"fp4" table, Triton path; q_root also with one-term operands). Prints each q_* step time over
+the BF16 step (target: q_root ≤ 1.5× root).
 
 Prints a markdown table; writes $OUT/bench_newton_schulz.json when $OUT is set.
 Usage (GPU): python scripts/bench_newton_schulz.py [--iters 20]
@@ -30,12 +32,13 @@ from fullstack_fp4.optim.ns_coefficients import resolve_schedule
 from fullstack_fp4.optim.root import Root
 
 SHAPES = [(3072, 3072), (3072, 8192), (8192, 3072)]
-NS_METHODS = {  # name: (precision, form, coefficients, backend)
-    "bf16": ("bf16", "shifted", "muon", "auto"),
-    "nvfp4 naive (muon)": ("nvfp4", "naive", "muon", "triton"),
-    "nvfp4 shifted (muon)": ("nvfp4", "shifted", "muon", "triton"),
-    "nvfp4 ours (fp4)": ("nvfp4", "shifted", "fp4", "triton"),
-    "nvfp4 ours, reference path": ("nvfp4", "shifted", "fp4", "reference"),
+NS_METHODS = {  # name: (precision, form, coefficients, backend, nvfp4_terms)
+    "bf16": ("bf16", "shifted", "muon", "auto", 1),
+    "nvfp4 naive (muon)": ("nvfp4", "naive", "muon", "triton", 1),
+    "nvfp4 shifted (muon), 1 term": ("nvfp4", "shifted", "muon", "triton", 1),
+    "nvfp4 ours 1-term (fp4)": ("nvfp4", "shifted", "fp4", "triton", 1),
+    "nvfp4 ours (fp4, 2-term operands)": ("nvfp4", "shifted", "fp4", "triton", 2),
+    "nvfp4 ours, reference path": ("nvfp4", "shifted", "fp4", "reference", 2),
 }
 
 
@@ -62,13 +65,13 @@ def bench_ns(iters):
     for shape in SHAPES:
         G = torch.randn(*shape, device="cuda")
         refs = {}
-        for name, (prec, form, coefs, backend) in NS_METHODS.items():
+        for name, (prec, form, coefs, backend, terms) in NS_METHODS.items():
             sched = resolve_schedule(coefs, shape, 5)
             key = tuple(sched)
             if key not in refs:
                 refs[key] = newton_schulz(G, coefficients=sched, precision="fp64")
             fn = lambda: newton_schulz(G, coefficients=sched, precision=prec,  # noqa: E731
-                                       nvfp4_form=form, backend=backend)
+                                       nvfp4_form=form, backend=backend, nvfp4_terms=terms)
             out = fn()
             err = rel(out, refs[key]) if torch.isfinite(out).all() else float("inf")
             n_it = iters if backend != "reference" else max(3, iters // 4)
@@ -97,7 +100,9 @@ def bench_steps(iters):
     opts = {"muon": lambda ps: Muon(ps, ns_precision="bf16"),
             "q_muon": lambda ps: Muon(ps, ns_precision="nvfp4", ns_coefficients="fp4"),
             "root": lambda ps: Root(ps, ns_precision="bf16"),
-            "q_root": lambda ps: Root(ps, ns_precision="nvfp4", ns_coefficients="fp4")}
+            "q_root": lambda ps: Root(ps, ns_precision="nvfp4", ns_coefficients="fp4"),
+            "q_root 1-term": lambda ps: Root(ps, ns_precision="nvfp4", ns_coefficients="fp4",
+                                             ns_nvfp4_terms=1)}
     rows = []
     for name, make in opts.items():
         ps = block_params()
@@ -108,8 +113,10 @@ def bench_steps(iters):
         del opt, ps
         torch.cuda.empty_cache()
     base = {r["optimizer"]: r["ms"] for r in rows}
-    for q, b in (("q_muon", "muon"), ("q_root", "root")):
-        print(f"- {q} / {b} step time: {base[q] / base[b]:.2f}× (target ≤ 1.5×)")
+    for q, b in (("q_muon", "muon"), ("q_root", "root"), ("q_root 1-term", "root")):
+        print(f"- {q} / {b} (BF16) step time: {base[q] / base[b]:.2f}× (target ≤ 1.5×)")
+    for r in rows:
+        r["ratio_vs_bf16_root"] = r["ms"] / base["root"]
     return rows
 
 

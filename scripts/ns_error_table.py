@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES),
                     help="comma list of preset shape names (see SHAPES); '' = none (real only)")
     ap.add_argument("--no-random", action="store_true", help="only the --matrices ones")
+    ap.add_argument("--match", default="", help="with --matrices: only names containing this "
+                    "(e.g. ns_input: what the optimizer passes to the NS)")
     args = ap.parse_args()
     methods = args.methods.split(",")
     cases = []
@@ -124,7 +126,7 @@ def main():
                 cases.append((f"{sname} {kind}", G))
     if args.matrices:
         for name, G in torch.load(args.matrices, map_location="cpu").items():
-            if G.ndim == 2:
+            if G.ndim == 2 and args.match in name:
                 cases.append((f"real {name}", G.float()))
     head = " | ".join(f"{m} (a) | {m} (b) | {m} vs UVᵀ" for m in methods)
     print(f"| matrix | shape | {head} |")
