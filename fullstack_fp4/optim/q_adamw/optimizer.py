@@ -68,7 +68,8 @@ class Placement:
     ``key``: the whole tensor's seed key (the same on every rank holding a piece of it);
     ``offset``: index of the piece's first element in the whole (flat) tensor, a multiple of
     TILE; ``full_numel``: the whole tensor's numel; ``phase``: the chunk-grid phase of the whole
-    tensor (its element 0 sits at entry ``phase`` of its first 1024-chunk), a multiple of 16."""
+    tensor (its element 0 sits at entry ``phase`` of its first 1024-chunk), a multiple of 32
+    (the kernel pairs 16-blocks into 32-tiles on the grid)."""
 
     key: int
     offset: int
