@@ -74,9 +74,8 @@ Why this routing:
   as for a dense weight; decaying L2 too would decay the principal part twice.)
   Freezing L2 does not restrict what W can learn: W_res receives the whole out-of-subspace
   gradient, so the sum of the routed updates reaches every direction a dense W could. L2 only
-  decides *which* part of W is carried in BF16, which is why the realignment must run often
-  enough to follow W's dominant directions (the ablation's 300-step runs never realigned at
-  the default interval 2048, so the BF16 subspace stayed the top-r of the random init).
+  decides *which* part of W is carried in BF16; the realignment makes it follow W's dominant
+  directions (in short runs it cost more than it brought, see docs/lora-svd.md).
 * **Why ``R⁻¹`` (and not the plain LoRA gradient ``β L2ᵀ G``).** The plain gradient induces
   ``ΔW = β² L2 L2ᵀ G = β² Q R Rᵀ QᵀG``: the in-subspace update is distorted by the
   singular values of the branch (directions with large σ learn σ-times faster). Solving
