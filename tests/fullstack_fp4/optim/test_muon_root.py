@@ -183,3 +183,38 @@ def test_sampled_abs_quantile_large_matrix():
     small = x[:100]                                   # 51200 entries: exact
     assert torch.allclose(abs_quantile(small, 0.9), torch.quantile(small.abs().flatten(), 0.9),
                           rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("terms", [None, 1])
+def test_q_root_step_equals_reference_with_nvfp4_ns(terms):
+    """q_root (Root, nvfp4 NS, "fp4" table) = the straightforward Root step whose NS is
+    ``newton_schulz(..., precision="nvfp4", nvfp4_terms=terms)`` (None: ours' default, two
+    terms); ``ns_nvfp4_terms`` reaches the NS."""
+    from fullstack_fp4.optim.newton_schulz import newton_schulz
+    model = _model(3)
+    ref = copy.deepcopy(model)
+    opt = Root(model.parameters(), lr=0.01, ns_precision="nvfp4", ns_coefficients="fp4",
+               ns_backend="reference", ns_nvfp4_terms=terms)
+    grads = _grads(model, 1)
+    opt.step()
+    with torch.no_grad():
+        for p, g in zip(ref.parameters(), grads):
+            buf = g.clone()                                  # first step: M = G
+            # 0.9 quantile, linear interpolation written out (torch.quantile's lerp differs by
+            # 1 ulp, and an NVFP4 rounding boundary can turn 1 ulp into a visible difference)
+            srt = g.abs().flatten().sort().values
+            pos = 0.9 * (srt.numel() - 1)
+            lo = int(pos)
+            eps = srt[lo] + (pos - lo) * (srt[lo + 1] - srt[lo])
+            b = torch.maximum(torch.minimum(buf, eps), -eps)
+            u = newton_schulz(b, coefficients="fp4", precision="nvfp4", backend="reference",
+                              nvfp4_terms=terms) * 0.2 * math.sqrt(max(p.shape))
+            p.sub_(0.01 * u)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-7, rtol=0)
+    if terms == 1:  # and one term is really a different (noisier) NS than the default
+        other = _model(3)
+        _grads(other, 1)
+        Root(other.parameters(), lr=0.01, ns_precision="nvfp4", ns_coefficients="fp4",
+             ns_backend="reference").step()
+        assert not torch.equal(other[0].weight, model[0].weight)
