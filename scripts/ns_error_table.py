@@ -18,7 +18,16 @@ so that the CPU can run it; ``--scale 1`` is the real size (use a GPU). Random m
 full-rank Gaussian, rank-8 + noise, heavy-tailed (log-normal row/col scales).
 ``--matrices FILE.pt``: a {name: 2-D tensor} dict of real gradients / momenta, run at full size.
 
-Usage: python scripts/ns_error_table.py [--scale 8] [--matrices FILE.pt] [--device cpu]
+Methods: naive (Muon triple, one term, no clip) | naive+p99 | shifted (Muon triple, one term) |
+ours-1term | ours-1term-SR | ours (shifted + "fp4" + two-term operands: the default NS) | bf16.
+
+Usage: python scripts/ns_error_table.py [--scale 16] [--shapes "3b proj,3b fc2"]
+           [--kinds gauss,lowrank,heavy] [--methods naive,ours-1term,ours,bf16]
+           [--matrices FILE.pt [--match ns_input] [--no-random]] [--device cpu|cuda]
+Real matrices: FILE.pt from scripts/ns_dump_momentum.py (``--match ns_input``: exactly what the
+optimizer passes to the NS). GPU, 3b sizes:
+    python scripts/ns_error_table.py --device cuda --scale 1 --kinds gauss,lowrank \
+        --shapes "3b proj,3b fc2,3b fc1 block,3b k/v block" --matrices DUMP.pt --match ns_input
 """
 
 import argparse
