@@ -86,7 +86,7 @@ class OptimizerConfig:
 @dataclass
 class LoRASVDConfig:
     rank: int = 64  # r of the BF16 branch L2 L1
-    beta: float = 1.0  # scale of the BF16 branch: W = W_res + beta L2 L1
+    beta: float = 0.25  # W = W_res + beta L2 L1, L2 orthonormal: beta = the branch's extra in-subspace step (docs/lora-svd.md)
     realign_interval: int = 2048  # re-split W by randomized SVD every N steps
     oversample: int = 8  # randomized SVD oversampling
     power_iters: int = 2  # randomized SVD power iterations

@@ -20,7 +20,7 @@ from megatron.training.config import load_config
 from tests.megatron.training import helpers
 
 RANK, INTERVAL = 4, 3
-BETA_CFG = 1.0  # the default fp4.lora_svd.beta
+BETA_CFG = 0.25  # the default fp4.lora_svd.beta
 LORA = ["fp4.linear=lora_svd", f"fp4.lora_svd.rank={RANK}", f"fp4.lora_svd.realign_interval={INTERVAL}"]
 
 
@@ -227,6 +227,6 @@ def test_merged_export_loads_in_a_bf16_model_with_the_same_loss(runs):
     assert loss_q != loss_exact and loss_q == pytest.approx(loss_exact, rel=2e-2)
     # the merged weights are the merge of the factors, bit for bit
     lsd, dsd = lora.gpt.state_dict(), dense.gpt.state_dict()
-    w = lsd["decoder.layers.1.mlp.linear_fc2.weight"].float() + \
-        lsd["decoder.layers.1.mlp.linear_fc2.lora_l2"].float() @ lsd["decoder.layers.1.mlp.linear_fc2.lora_l1"].float()
+    w = lsd["decoder.layers.1.mlp.linear_fc2.weight"].float() + BETA_CFG * (
+        lsd["decoder.layers.1.mlp.linear_fc2.lora_l2"].float() @ lsd["decoder.layers.1.mlp.linear_fc2.lora_l1"].float())
     assert torch.equal(dsd["decoder.layers.1.mlp.linear_fc2.weight"], w)
