@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a 4-GPU machine (nvidia-h200-x4), four jobs side by side, one GPU each:
 #   GPU 0: the 4-block 3b efficiency table for every arm (with the telemetry overhead), then the
-#          kernel benchmarks ($BENCHES: each a "script args..." entry, ';'-separated);
+#          kernel benchmarks ($BENCHES: each a "script args..." entry, '|'-separated);
 #   GPU 1-2 (and 3 if $ABL2 is set and MG_SNAP is not): the convergence ablation, arms split over
 #          the GPUs (GPU 1 $ABL1, GPU 2 $ABL3, GPU 3 $ABL2), all
 #          with telemetry on (logging.quant_stats_interval=$QSI), so every arm also gives its
@@ -9,14 +9,14 @@
 #   bash scripts/gpu/four_gpus.sh
 #   GPU 3 with MG_SNAP=DIR: the 1-GPU references and repeats of scripts/multi_gpu_check.sh
 #          (MG_PARTS=refs) run from DIR, a copy of an older commit (that of an earlier multi-GPU run)
-#          whose layouts they complete.
+#          whose layouts they complete; then $G3_BENCHES on GPU 3.
 # Carry .whl and data/quickstart. Everything comes back as $OUT/results.tgz + $OUT/log.txt (the
 # device tool returns at most 8 files). FULLSTACK_COMMIT names the commit (no .git there).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-R=/tmp/results; mkdir -p $R/g0 $R/abl $R/abl_g1 $R/abl_g2 $R/abl_g3
+R=/tmp/results; mkdir -p $R/g0 $R/g3 $R/abl $R/abl_g1 $R/abl_g2 $R/abl_g3
 BUDGET=${BUDGET:-500}                 # seconds of training per ablation GPU
 ITERS=${ITERS:-300}
 QSI=${QSI:-25}
@@ -24,14 +24,15 @@ ARMS=${ARMS:-bf16,nvfp4_linear,lora_svd,q_adamw,muon,q_muon,root,q_root,q_attn,f
 ABL1=${ABL1:-q_root,full_stack_root}
 ABL2=${ABL2:-}
 ABL3=${ABL3:-bf16,nvfp4_linear,lora_svd,q_adamw,q_attn,full_stack}
-BENCHES=${BENCHES:-"bench_nvfp4_quantize.py;bench_newton_schulz.py;bench_q_adamw.py --cpp 1"}
-BLOCKS_TIMEOUT=${BLOCKS_TIMEOUT:-300}
+BENCHES=${BENCHES:-"bench_nvfp4_quantize.py|bench_newton_schulz.py|bench_q_adamw.py --cpp 1"}
+BLOCKS_TIMEOUT=${BLOCKS_TIMEOUT:-330}
+BENCH_QSI=${BENCH_QSI:-100}           # telemetry interval of the overhead measurement (target: <= 2% at 100)
 t0=$SECONDS
 g0() {
   export CUDA_VISIBLE_DEVICES=0
   timeout "$BLOCKS_TIMEOUT" python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 \
-    --quant-stats-interval "$QSI" --out $R/g0
-  IFS=';' read -ra B <<< "$BENCHES"
+    --quant-stats-interval "$BENCH_QSI" --out $R/g0
+  IFS='|' read -ra B <<< "$BENCHES"
   for b in "${B[@]}"; do
     left=$((BUDGET + 60 - (SECONDS - t0)))
     [ $left -lt 20 ] && { echo "===== $b: skipped (time)"; continue; }
@@ -50,6 +51,16 @@ mg_refs() {
        MG_WORK=/tmp/mg_refs OUT=$R/mg_refs bash scripts/multi_gpu_check.sh)
   mkdir -p $R/mg_refs/runs
   for d in /tmp/mg_refs/*/log; do n=$(basename "$(dirname "$d")"); cp "$d/metrics.jsonl" "$R/mg_refs/runs/$n.jsonl"; done
+  g3_after
+}
+g3_after() {  # $G3_BENCHES ('|'-separated "script args...") on GPU 3 after the references, time permitting
+  export CUDA_VISIBLE_DEVICES=3
+  IFS='|' read -ra B <<< "${G3_BENCHES:-}"
+  for b in "${B[@]}"; do
+    left=$((BUDGET + 60 - (SECONDS - t0)))
+    [ $left -lt 20 ] && { echo "===== $b: skipped (time)"; continue; }
+    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g3 timeout $left python3 scripts/$b
+  done
 }
 g0 > $R/g0/log.txt 2>&1 &
 abl 1 "$ABL1" > $R/abl_g1/log.txt 2>&1 &
@@ -72,6 +83,7 @@ done
   grep -v -i warn $R/g0/log.txt | grep -E "^\||=====|error|Error|Telemetry" | head -150
   echo "-------- ablation"; cat $R/abl/ablation.md 2>/dev/null; tail -4 $R/abl_g*/log.txt
   echo "-------- multi-GPU references"; sed -n '/## Runs/,/## 4-block/p' $R/mg_refs/summary.md 2>/dev/null
+  echo "-------- GPU 3 benches"; grep -v -i warn $R/mg_refs.log 2>/dev/null | grep -E "^\||=====|error|Error" | head -60
 } > "$OUT/log.txt"
 rm -rf $R/abl/*/checkpoints $R/g0/*.tmp
 tar czf "$OUT/results.tgz" -C /tmp results
