@@ -36,7 +36,7 @@ g0() {
   for b in "${B[@]}"; do
     left=$((BUDGET + 60 - (SECONDS - t0)))
     [ $left -lt 20 ] && { echo "===== $b: skipped (time)"; continue; }
-    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g0 timeout $left python3 scripts/$b
+    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g0 eval "timeout $left python3 scripts/$b"
   done
 }
 abl() {  # abl GPU ARMS
@@ -59,7 +59,7 @@ g3_after() {  # $G3_BENCHES ('|'-separated "script args...") on GPU 3 after the 
   for b in "${B[@]}"; do
     left=$((BUDGET + 60 - (SECONDS - t0)))
     [ $left -lt 20 ] && { echo "===== $b: skipped (time)"; continue; }
-    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g3 timeout $left python3 scripts/$b
+    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g3 eval "timeout $left python3 scripts/$b"
   done
 }
 g0 > $R/g0/log.txt 2>&1 &
@@ -85,6 +85,6 @@ done
   echo "-------- multi-GPU references"; sed -n '/## Runs/,/## 4-block/p' $R/mg_refs/summary.md 2>/dev/null
   echo "-------- GPU 3 benches"; grep -v -i warn $R/mg_refs.log 2>/dev/null | grep -E "^\||=====|error|Error" | head -60
 } > "$OUT/log.txt"
-rm -rf $R/abl/*/checkpoints $R/g0/*.tmp
+rm -rf $R/abl/*/checkpoints $R/g0/*.tmp; find $R -name "*.pt" -size +5M -delete   # big dumps stay there
 tar czf "$OUT/results.tgz" -C /tmp results
 cat "$OUT/log.txt"
