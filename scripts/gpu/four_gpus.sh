@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on a 4-GPU machine (nvidia-h200-x4), four jobs side by side, one GPU each:
+# One call on a 4-GPU machine (nvidia-h200-x4), four jobs side by side, one GPU each (on a 2-GPU
+# machine: GPU 0 as below, GPU 1 trains all ablation arms, $ABL3 then $ABL1):
 #   GPU 0: the 4-block 3b efficiency table for every arm (with the telemetry overhead), then the
 #          kernel benchmarks ($BENCHES: each a "script args..." entry, '|'-separated);
 #   GPU 1-2 (and 3 if $ABL2 is set and MG_SNAP is not): the convergence ablation, arms split over
@@ -62,10 +63,17 @@ g3_after() {  # $G3_BENCHES ('|'-separated "script args...") on GPU 3 after the 
     echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g3 eval "timeout $left python3 scripts/$b"
   done
 }
+NGPU=$(nvidia-smi -L | grep -c GPU)
 g0 > $R/g0/log.txt 2>&1 &
-abl 1 "$ABL1" > $R/abl_g1/log.txt 2>&1 &
-abl 2 "$ABL3" > $R/abl_g2/log.txt 2>&1 &
-if [ -n "${MG_SNAP:-}" ]; then
+if [ "$NGPU" -lt 4 ]; then   # 2 GPUs: GPU 1 trains every ablation arm in order (time-boxed); no GPU 2-3 jobs
+  abl 1 "$ABL3,$ABL1" > $R/abl_g1/log.txt 2>&1 &
+  MG_SNAP=""; ABL2=""
+else
+  abl 1 "$ABL1" > $R/abl_g1/log.txt 2>&1 &
+  abl 2 "$ABL3" > $R/abl_g2/log.txt 2>&1 &
+fi
+if [ "$NGPU" -lt 4 ]; then :
+elif [ -n "${MG_SNAP:-}" ]; then
   mg_refs > $R/mg_refs.log 2>&1 &
 elif [ -n "$ABL2" ]; then
   abl 3 "$ABL2" > $R/abl_g3/log.txt 2>&1 &
