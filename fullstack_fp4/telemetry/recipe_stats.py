@@ -134,7 +134,13 @@ def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=
     g = g.reshape(-1).float()
     m = beta1 * m_prev + (1.0 - beta1) * g
     v = beta2 * v_prev + (1.0 - beta2) * g * g
-    mq = decode_exp_avg(encode_exp_avg(m, generator=generator, **kw))
+    rand = None
+    if generator is not None and generator.device != m.device:
+        # the collector's generator lives on the CPU; the codec would draw on m's device with it
+        from fullstack_fp4.optim.q_adamw.codecs import padded_numel
+
+        rand = torch.rand(padded_numel(m.numel()), generator=generator).to(m.device)
+    mq = decode_exp_avg(encode_exp_avg(m, rand=rand, generator=None if rand is not None else generator, **kw))
     vs = encode_exp_avg_sq(v, **kw)
     vq = decode_exp_avg_sq(vs)
     v_raw = decode_exp_avg_sq(vs, guard="none")
