@@ -362,7 +362,8 @@ def _orthogonal(groups, cfg):
     kw = dict(momentum=oc.momentum, ns_steps=oc.ns_steps,
               ns_precision="nvfp4" if name.startswith("q_") else "bf16",
               ns_coefficients=_coefficients(name, oc.coefficients),
-              ns_clip_percentile=oc.clip_percentile, weight_decay=cfg.optimizer.weight_decay)
+              ns_clip_percentile=oc.clip_percentile, weight_decay=cfg.optimizer.weight_decay,
+              ns_nvfp4_terms=oc.nvfp4_terms if name.startswith("q_") else None)
     cls = Muon if name.endswith("muon") else Root
     return cls(groups, lr=cfg.optimizer.lr * oc.lr_scale, **kw)
 

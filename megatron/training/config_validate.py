@@ -92,6 +92,8 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     if not 0 < o.wsd_decay_fraction <= 1:
         raise ConfigError("optimizer.wsd_decay_fraction must lie in (0, 1]")
     _choice("optimizer.orthogonal.coefficients", o.orthogonal.coefficients, ("auto", "muon", "root", "fitted"))
+    if o.orthogonal.nvfp4_terms not in (1, 2, 3):
+        raise ConfigError(f"optimizer.orthogonal.nvfp4_terms must be 1, 2 or 3; got {o.orthogonal.nvfp4_terms}")
 
     _choice("fp4.linear", f.linear, recipes.LINEAR)
     _choice("fp4.attention", f.attention, recipes.ATTENTION)

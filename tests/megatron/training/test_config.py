@@ -13,7 +13,7 @@ from megatron.training.config import load_config
 from megatron.training.config_validate import validate_config
 from megatron.training.errors import ConfigError
 
-OK = ["model.preset=tiny", "data.mock=true", "model.vocab_size=256"]
+OK = ["model.preset=tiny", "data.mock=true", "model.vocab_size=256", "model.vocab_size=256"]
 
 
 def write(path, text: str) -> str:
@@ -232,3 +232,18 @@ def test_missing_base_and_bad_yaml(tmp_path):
 def test_malformed_override():
     config_error(overrides=OK + ["train.iters"])
     config_error(overrides=OK + ["train.iters.deeper=3"])
+
+
+def test_orthogonal_nvfp4_terms_is_validated_and_reaches_the_optimizer():
+    import torch
+
+    from fullstack_fp4.integration.optimizers import _orthogonal
+
+    with pytest.raises(ConfigError, match="nvfp4_terms must be 1, 2 or 3; got 4"):
+        load_config(None, ["model.preset=tiny", "data.mock=true", "model.vocab_size=256", "optimizer.name=q_root", "optimizer.orthogonal.nvfp4_terms=4"])
+    w = torch.nn.Parameter(torch.randn(32, 16))
+    for name, terms, expect in (("q_root", 1, 1), ("q_muon", 3, 3), ("root", 1, None)):
+        cfg = load_config(None, ["model.preset=tiny", "data.mock=true", "model.vocab_size=256", f"optimizer.name={name}",
+                                 f"optimizer.orthogonal.nvfp4_terms={terms}"])
+        opt = _orthogonal([{"params": [w]}], cfg)
+        assert opt.param_groups[0]["ns_nvfp4_terms"] == expect, name
