@@ -22,9 +22,9 @@ from typing import Dict, Optional
 
 import torch
 
-from .stats import nvfp4_qdq, sampled_sums
+from .stats import nvfp4_qdq, rht_signs_on, to_device
 
-__all__ = ["wgrad_operand_sums", "lora_svd_sums", "q_adamw_chunk_sums", "q_adamw_sample_sums",
+__all__ = ["wgrad_operand_sums", "rht16_tokens_amax", "wgrad_operand_blocks", "lora_svd_sums", "q_adamw_chunk_sums", "q_adamw_sample_sums",
            "ns_stats", "attn_s_sums", "attn_ds_sums", "sample_indices"]
 
 
@@ -36,29 +36,94 @@ def sample_indices(n_total: int, n: int, generator: Optional[torch.Generator]) -
 
 
 # ----------------------------------------------------------------------------- NVFP4 wgrad
+_AMAX_CHUNK = 1 << 24      # FP32 elements per pass of rht16_tokens_amax (64 MiB per temporary)
+
+
+def rht16_tokens_amax(m: torch.Tensor, *, chunk_elems: int = _AMAX_CHUNK) -> torch.Tensor:
+    """``hadamard16(pad(m)ᵀ, DEFAULT_SIGNS).abs().amax()`` of ``m [T, C]`` (any float dtype, or
+    ``[..., C]`` flattened to tokens), without the FP32 copy of ``m``, the padding copy, the
+    transpose or the full transformed tensor: ``m`` is viewed as ``[T/16, 16, C]`` and the
+    RHT-16 is applied along dim 1 in FP32 chunks of about ``chunk_elems`` entries.
+
+    Bit-identical to the reference: per element the same FP32 operations in the same order
+    (``× signs`` exact, the butterfly's ``a ± b`` at strides 1, 2, 4 (``wht16``), ``× ¼`` exact
+    up to underflow and monotone). The last stride-8 stage is folded into the reduction:
+    ``max(|fl(a + b)|, |fl(a − b)|) = fl(|a| + |b|)`` (round-to-nearest is symmetric and
+    monotone), so the maximum is the same number. The zero tokens of the padding are
+    zero-filled in a separate ``[16, C]`` tail (only when ``T % 16``).
+    """
+    m2 = m.detach().reshape(-1, m.shape[-1])
+    t, c = m2.shape
+    s = rht_signs_on(m2.device).view(1, 16, 1)
+    amax = torch.zeros((), dtype=torch.float32, device=m2.device)
+
+    def part(blk):                                   # blk [nb, 16, c] -> max |RHT| (unscaled)
+        y = blk.float() * s
+        for h in (1, 2, 4):
+            y = y.reshape(y.shape[0], 16 // (2 * h), 2, h, c)
+            a, b = y[:, :, 0], y[:, :, 1]
+            y = torch.stack((a + b, a - b), dim=2).reshape(-1, 16, c)
+        return (y[:, :8].abs() + y[:, 8:].abs()).amax()
+
+    t16 = t - t % 16
+    nb = t16 // 16
+    if nb:
+        mv = m2[:t16].view(nb, 16, c) if m2.is_contiguous() else m2[:t16].reshape(nb, 16, c)
+        step = max(1, chunk_elems // (16 * c))
+        for i in range(0, nb, step):
+            amax = torch.maximum(amax, part(mv[i:i + step]))
+    if t16 < t:
+        tail = m2.new_zeros(16, c)
+        tail[: t - t16] = m2[t16:]
+        amax = torch.maximum(amax, part(tail[None]))
+    return amax * 0.25
+
+
+def wgrad_operand_blocks(m: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Blocks ``idx`` (row-major over ``[C, T_pad/16]``) of the wgrad operand *before* the
+    RHT, i.e. of ``pad(m)ᵀ``: ``[n, 16]`` FP32, block ``i`` = tokens ``16·(i mod T_pad/16) + 0..15``
+    of channel ``i div (T_pad/16)`` (zero for padding tokens). Only ``n·16`` entries are read."""
+    m2 = m.detach().reshape(-1, m.shape[-1])
+    t = m2.shape[0]
+    nb_col = -(-t // 16)
+    ch = idx // nb_col
+    rows = (idx % nb_col)[:, None] * 16 + torch.arange(16, device=idx.device)[None, :]
+    vals = m2[rows.clamp(max=t - 1), ch[:, None]].float()
+    if t % 16:
+        vals = torch.where(rows < t, vals, torch.zeros((), device=vals.device))
+    return vals
+
+
 def wgrad_operand_sums(m: torch.Tensor, *, rounding: str, blocks: int = 64,
                        generator: Optional[torch.Generator] = None):
     """(Σ err², Σ x²) of the wgrad operand ``RHT16(pad(m)ᵀ)`` (fullstack_fp4.linear's
     ``quantize_wgrad_operand``): ``m [T, C]`` (x or dY) transposed to ``[C, T_pad]``, RHT-16 and
     1×16 blocks along the tokens, ``rounding`` nearest (x) or stochastic (dY).
 
-    The tensor scale is that of the *transformed* operand (one Hadamard pass over ``m`` for its
-    amax, as the recipe does); the error is compared in the original basis, equal to the
-    transformed one because the RHT is orthogonal.
+    The tensor scale is that of the *transformed* operand (``rht16_tokens_amax``: one pass over
+    ``m`` in its own layout, bit-identical to the amax of ``hadamard16(pad(m)ᵀ)``); only the
+    ``blocks`` sampled 16-token blocks are gathered (``wgrad_operand_blocks``) and quantized
+    with the recipe's quantizer (RHT fused). The error is compared in the original basis, equal
+    to the transformed one because the RHT is orthogonal. Same draws, in the same order, from
+    ``generator`` as ``sampled_sums`` over the transposed operand (block indices, then the
+    stochastic-rounding draw): the same numbers as that composition.
     """
-    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS
 
-    m2 = m.detach().reshape(-1, m.shape[-1]).float()
-    pad = (-m2.shape[0]) % 16
-    if pad:
-        m2 = torch.nn.functional.pad(m2, (0, 0, 0, pad))   # zero tokens, as the recipe pads
-    mt = m2.t().contiguous()
-    gamax = hadamard16(mt, DEFAULT_SIGNS).abs().amax()
+    c = m.shape[-1]
+    t = m.numel() // c if c else 0
+    gamax = rht16_tokens_amax(m)
     qdq = nvfp4_qdq(global_amax=gamax, tile=(1, 16), rounding=rounding,
                     generator=generator if rounding == "stochastic" else None,
                     rht_signs=DEFAULT_SIGNS)
-    e2, x2, _, _ = sampled_sums(mt, qdq, blocks=blocks, generator=generator, tile=(1, 16))
-    return e2, x2
+    n_total = c * (-(-t // 16))
+    if blocks >= n_total:
+        idx = torch.arange(n_total, device=m.device)
+    else:
+        idx = to_device(torch.randint(n_total, (blocks,), generator=generator, device="cpu"), m.device)
+    sblk = wgrad_operand_blocks(m, idx)
+    e = sblk - qdq(sblk)
+    return e.pow(2).sum(), sblk.pow(2).sum()
 
 
 # ----------------------------------------------------------------------------- LoRA-SVD
@@ -78,7 +143,7 @@ def lora_svd_sums(w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, beta:
     if out_f % 16 or in_f % 16:
         raise ValueError(f"W_res shape {tuple(wr.shape)} is not a multiple of 16×16")
     nb_col = in_f // 16
-    idx = sample_indices((out_f // 16) * nb_col, tiles, generator).to(wr.device)
+    idx = to_device(sample_indices((out_f // 16) * nb_col, tiles, generator), wr.device)
     r0, c0 = (idx // nb_col) * 16, (idx % nb_col) * 16
     ar = torch.arange(16, device=wr.device)
     rows = r0[:, None] + ar[None, :]                              # [n, 16]
@@ -139,7 +204,7 @@ def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=
         # the collector's generator lives on the CPU; the codec would draw on m's device with it
         from fullstack_fp4.optim.q_adamw.codecs import padded_numel
 
-        rand = torch.rand(padded_numel(m.numel()), generator=generator).to(m.device)
+        rand = to_device(torch.rand(padded_numel(m.numel()), generator=generator), m.device)
     mq = decode_exp_avg(encode_exp_avg(m, rand=rand, generator=None if rand is not None else generator, **kw))
     vs = encode_exp_avg_sq(v, **kw)
     vq = decode_exp_avg_sq(vs)
@@ -149,7 +214,21 @@ def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=
     uq = mq / (vq.sqrt() * ibc2 + eps)
     s = lambda a, b: ((a - b).pow(2).sum(), a.pow(2).sum())     # noqa: E731
     return {"m": s(m, mq), "v": s(v, vq), "update": s(u, uq),
-            "v_clamped": ((vq != v_raw).sum().float(), torch.tensor(float(v.numel()), device=v.device))}
+            "v_clamped": ((vq != v_raw).sum().float(),
+                          torch.full((), float(v.numel()), device=v.device))}   # a fill, not a copy
+
+
+def _step_count(state: dict) -> int:
+    """Steps taken so far. QAdamW keeps ``state["step"]`` as a CPU tensor (its own ``.item()``
+    each step is then free), and ``Optimizer.load_state_dict`` leaves a ``step`` tensor where
+    it is: reading it is no device sync. (A device tensor would cost one sync; QAdamW's own
+    ``.item()`` would cost the same each step.) The state is never modified."""
+    st = state.get("step")
+    if st is None:
+        return 0
+    if not torch.is_tensor(st):
+        return int(st)
+    return int(st.item())
 
 
 def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2: float,
@@ -163,7 +242,7 @@ def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2:
 
     n = grad.numel()
     g = grad.detach().reshape(-1)
-    step = int(state["step"].item()) + 1 if "step" in state else 1
+    step = _step_count(state) + 1
     n_chunks = -(-(phase + n) // CHUNK)
     acc: Dict[str, list] = {}
     packed = "exp_avg_codes" in state
@@ -257,7 +336,7 @@ def attn_s_sums(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, *, causal:
     qf, kf = q.detach().float(), k.detach().float()
     if smooth:
         kf = kf - kf.mean(dim=0, keepdim=True)
-    rows = rows.to(q.device)
+    rows = to_device(rows, q.device)
     s = qf[rows] @ kf.T
     sq = _head_qdq(qf, rows) @ _head_qdq(kf).T
     if causal:

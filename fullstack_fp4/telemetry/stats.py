@@ -28,7 +28,8 @@ uniform on ``{1..N}`` (with replacement). Then
 
 Cost per call: one amax pass over ``x`` (if the quantizer needs it), a gather of ``n·16``
 (1×16) or ``n·256`` (16×16) elements and a quantize-dequantize of that sample; no host sync
-unless the caller converts the result (``float``).
+unless the caller converts the result (``float``): the indices are drawn on the (CPU) generator
+and moved with one non-blocking copy from pinned memory (``to_device``).
 """
 from __future__ import annotations
 
@@ -38,9 +39,66 @@ from typing import Callable, Optional
 import torch
 
 __all__ = ["rel_err", "snr_db", "sampled_sums", "sampled_rel_err", "nvfp4_qdq", "rel_err_from_sums",
-           "snr_db_from_rel_err"]
+           "snr_db_from_rel_err", "to_device", "rht_signs_on", "wht16", "inverse_rht16"]
 
 QDQ = Callable[[torch.Tensor], torch.Tensor]
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A CPU tensor (e.g. sample indices drawn on the collector's CPU generator) on ``device``
+    without a host sync: on CUDA one ``non_blocking`` copy from pinned memory (a copy from
+    pageable memory would synchronise the stream, i.e. wait for all queued GPU work). The
+    caching host allocator keeps the pinned buffer alive until the copy has run."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+_SIGNS: dict = {}
+
+
+def rht_signs_on(device, signs=None) -> torch.Tensor:
+    """The RHT-16 sign vector (default ``fullstack_fp4.nvfp4.DEFAULT_SIGNS``) as an FP32 tensor
+    on ``device``, cached: one host-to-device copy per device and process, not one per call
+    (``hadamard16`` builds and checks it on the device each call: a copy and a sync)."""
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS
+
+    signs = tuple(float(v) for v in (DEFAULT_SIGNS if signs is None else signs))
+    if len(signs) != 16 or any(v not in (1.0, -1.0) for v in signs):
+        raise ValueError("signs must be 16 values of +-1")
+    key = (str(torch.device(device)), signs)
+    t = _SIGNS.get(key)
+    if t is None:
+        t = torch.tensor(signs, dtype=torch.float32).to(device)
+        _SIGNS[key] = t
+    return t
+
+
+def wht16(y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Unnormalised Walsh–Hadamard (Sylvester order) on ``y``'s dimension ``dim`` of size 16,
+    with ``fullstack_fp4.nvfp4.hadamard._butterfly``'s arithmetic: pairs at strides 1, 2, 4, 8,
+    ``(a + b, a - b)`` each. Elementwise the same FP operations in the same order, so the result
+    is bit-identical to the butterfly along the last dim of the transposed tensor."""
+    dim = dim % y.dim()
+    if y.shape[dim] != 16:
+        raise ValueError(f"dimension {dim} must have size 16, got {tuple(y.shape)}")
+    shape, pre, post = y.shape, y.shape[:dim], y.shape[dim + 1:]
+    h = 1
+    while h < 16:
+        y = y.reshape(*pre, 16 // (2 * h), 2, h, *post)
+        a, b = y.select(dim + 1, 0), y.select(dim + 1, 1)
+        y = torch.stack((a + b, a - b), dim=dim + 1)
+        h *= 2
+    return y.reshape(shape)
+
+
+def inverse_rht16(y: torch.Tensor, signs=None) -> torch.Tensor:
+    """``fullstack_fp4.nvfp4.inverse_hadamard16`` (same arithmetic, bit-identical) with the
+    cached device sign vector: no per-call host-to-device copy or sync."""
+    s = rht_signs_on(y.device, signs)
+    z = wht16(y.float().reshape(*y.shape[:-1], -1, 16), -1) * 0.25
+    return (z * s).reshape(y.shape)
 
 
 def rel_err(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
@@ -76,8 +134,7 @@ def nvfp4_qdq(*, global_amax: Optional[torch.Tensor] = None, tile=(1, 16), round
                      generator=generator, rht_signs=rht_signs, check_finite=False)
         out = dequantize(q)
         if rht_signs is not None:   # compare in the original basis (the RHT is orthogonal)
-            from fullstack_fp4.nvfp4 import inverse_hadamard16
-            out = inverse_hadamard16(out, rht_signs)
+            out = inverse_rht16(out, rht_signs)
         return out.float()
 
     return qdq
@@ -109,7 +166,7 @@ def sampled_sums(x: torch.Tensor, xq_fn: QDQ, *, blocks: int = 64, generator=Non
     if blocks >= n_total:
         idx = torch.arange(n_total, device=x2.device)
     else:
-        idx = torch.randint(n_total, (blocks,), generator=generator, device="cpu").to(x2.device)
+        idx = to_device(torch.randint(n_total, (blocks,), generator=generator, device="cpu"), x2.device)
     s = _gather_blocks(x2, idx, tile).float()
     e = s - xq_fn(s)
     return e.pow(2).sum(), s.pow(2).sum(), idx.numel(), n_total
