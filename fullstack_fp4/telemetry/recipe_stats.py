@@ -345,6 +345,43 @@ def attn_s_sums(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, *, causal:
     return (s - sq).pow(2).sum(), s.pow(2).sum()
 
 
+def ds_row_tile_dequant(ds: torch.Tensor, *, zero_from: Optional[int] = None) -> torch.Tensor:
+    """``tile_dequant(ds[None, None], "keys", "nearest")[0, 0]`` of one tile row ``ds [≤64, N]``
+    (fullstack_fp4.attention.quant), without its host syncs: ``tile_dequant`` tests every
+    64×64 tile's amax on the host (``if amax == 0``) and quantizes it with the reference
+    quantizer (finite checks: more syncs), i.e. several syncs per tile. Here the tiles' amaxes
+    are one reduction, each tile goes through ``fullstack_fp4.nvfp4.quantize`` (the Triton
+    kernel on CUDA, bit-identical to the reference; ``check_finite=False``: no sync) with its
+    own amax, the same ``codes · block scale · tensor scale`` dequantization, and an all-zero
+    tile is set to zero on the device (``torch.where``) instead of being skipped on the host.
+    ``zero_from``: tiles from this key on are known to be zero (above the causal diagonal);
+    they are not quantized at all. Nearest rounding only (a stochastic draw per tile would
+    depend on which tiles the host skips)."""
+    from fullstack_fp4.attention.quant import DS_TILE
+    from fullstack_fp4.nvfp4 import quantize
+    from fullstack_fp4.nvfp4.e2m1 import e2m1_decode
+
+    r, n = ds.shape
+    T = DS_TILE
+    npad = -(-n // T) * T
+    xp = torch.nn.functional.pad(ds.float(), (0, npad - n, 0, T - r))            # [T, npad]
+    nt = npad // T if zero_from is None else min(npad // T, -(-zero_from // T))
+    out = torch.zeros_like(xp)
+    if nt == 0:
+        return out[:r, :n]
+    tiles = xp[:, : nt * T].reshape(T, nt, T).permute(1, 0, 2).contiguous()     # [nt, T, T]
+    amax = tiles.abs().amax(dim=(1, 2))                                           # one reduction
+    deq = []
+    for i in range(nt):
+        q = quantize(tiles[i], global_amax=amax[i], rounding="nearest", check_finite=False)
+        vals = e2m1_decode(q.codes()).reshape(T, -1, 16) * q.block_scale.to(torch.float32).unsqueeze(-1)
+        deq.append(vals.reshape(T, T) * q.tensor_scale)
+    deq = torch.stack(deq)
+    deq = torch.where((amax == 0)[:, None, None], torch.zeros((), device=deq.device), deq)
+    out[:, : nt * T] = deq.permute(1, 0, 2).reshape(T, nt * T)
+    return out[:r, :n]
+
+
 def attn_ds_sums(q, k, v, o, do, tile_row: int, *, scale: float, causal: bool = True,
                  smooth: bool = True, ds_rounding: str = "nearest", generator=None):
     """(Σ err², Σ dS²) of dS on one head, for the 64 query rows of ``tile_row``.
@@ -352,7 +389,8 @@ def attn_ds_sums(q, k, v, o, do, tile_row: int, *, scale: float, causal: bool = 
     dS = P ⊙ (dP − D) with P the softmax of the (quantized-view) scores as Q-Attn's backward
     forms it, dP = dO Vᵀ (BF16 operands) and D = rowsum(dO ⊙ O); then dS quantized as Q-Attn
     feeds it to the dQ GEMM: 1×16 blocks along the keys, one tensor scale per aligned 64×64
-    tile (``tile_dequant``). A 64-row tile row depends only on its own rows: a valid unit.
+    tile (``tile_dequant``; for nearest rounding its sync-free equivalent
+    ``ds_row_tile_dequant``). A 64-row tile row depends only on its own rows: a valid unit.
     """
     from fullstack_fp4.attention.quant import DS_TILE, tile_dequant
 
@@ -371,5 +409,8 @@ def attn_ds_sums(q, k, v, o, do, tile_row: int, *, scale: float, causal: bool = 
     dp = bf(dof) @ bf(v.detach().float()).T
     delta = (dof * o.detach().float()[lo:hi]).sum(-1, keepdim=True)
     ds = p * (dp - delta)
-    dsq = tile_dequant(ds[None, None], "keys", ds_rounding, generator)[0, 0]
+    if ds_rounding == "nearest":   # the same numbers as tile_dequant, without its host syncs
+        dsq = ds_row_tile_dequant(ds, zero_from=hi if causal else None)
+    else:
+        dsq = tile_dequant(ds[None, None], "keys", ds_rounding, generator)[0, 0]
     return (ds - dsq).pow(2).sum(), ds.pow(2).sum()

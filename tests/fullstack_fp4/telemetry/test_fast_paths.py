@@ -118,3 +118,35 @@ def test_to_device_keeps_cpu_tensors_and_values():
     if torch.cuda.is_available():
         d = stats.to_device(t, "cuda")
         assert d.is_cuda and torch.equal(d.cpu(), t)
+
+
+@pytest.mark.parametrize("rows,n,zero_from", [(64, 256, None), (64, 200, 128), (17, 130, None), (64, 256, 64)])
+def test_ds_row_tile_dequant_is_tile_dequant(rows, n, zero_from):
+    from fullstack_fp4.attention.quant import tile_dequant
+
+    ds = _wide((rows, n), 7) * 1e-20                      # tiny values: dS-like magnitudes
+    ds[:, 64:128] = 0                                      # an all-zero tile in the middle
+    if zero_from is not None:
+        ds[:, zero_from:] = 0                              # above the causal diagonal
+    want = tile_dequant(ds[None, None], "keys", "nearest")[0, 0]
+    got = rs.ds_row_tile_dequant(ds, zero_from=zero_from)
+    assert torch.equal(got, want)
+
+
+def test_attn_ds_sums_fast_path_equals_tile_dequant_path():
+    from fullstack_fp4.attention.quant import tile_dequant
+
+    g = torch.Generator().manual_seed(8)
+    q, k, v, o, do = (torch.randn(150, 32, generator=g) for _ in range(5))
+    for causal in (True, False):
+        for tile_row in (0, 1, 2):
+            got = rs.attn_ds_sums(q, k, v, o, do, tile_row, scale=32 ** -0.5, causal=causal)
+            # the same statistic with tile_dequant itself (stochastic=False path forced by hand)
+            import fullstack_fp4.telemetry.recipe_stats as mod
+            orig = mod.ds_row_tile_dequant
+            mod.ds_row_tile_dequant = lambda ds, zero_from=None: tile_dequant(ds[None, None], "keys", "nearest")[0, 0]
+            try:
+                want = rs.attn_ds_sums(q, k, v, o, do, tile_row, scale=32 ** -0.5, causal=causal)
+            finally:
+                mod.ds_row_tile_dequant = orig
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
