@@ -369,13 +369,35 @@ def _orthogonal(groups, cfg):
 
 
 def tag_fused_matrices(named: Iterable[tuple[str, torch.nn.Parameter]], main_of: dict,
-                       model_config, tp_size: int) -> None:
+                       model_config, tp_size: int, tp_mode: str = "blockwise",
+                       tp_group=None) -> None:
     """Set `ns_split_sizes` (and `ns_row_perm` for QKV) on the main params of fused weights,
-    for the local TP shard (per-shard orthogonalisation)."""
+    for the local TP shard. With `tp_mode="duplicated"` and TP > 1, also set `ns_tp_axis`
+    (megatron's `partition_dim`: 0 column-parallel QKV/fc1, 1 row-parallel proj/fc2) and
+    `ns_tp_group` on the main params of the TP-split matrices: the optimizer then gathers each
+    logical block over TP and orthogonalises the whole 1-GPU block (fullstack_fp4/optim/muon.py).
+    The local blocks concatenated in TP-rank order are the 1-GPU blocks: megatron gives each
+    rank whole query groups (QKV) and its own slice of gate and of up (SwiGLU fc1)."""
+    if tp_mode not in ("duplicated", "blockwise"):
+        raise ValueError(f"tp_mode must be duplicated | blockwise, got {tp_mode!r}")
     for name, p in named:
         main = main_of.get(id(p))
         if main is None:
             continue
+        if tp_mode == "duplicated" and tp_size > 1 and is_orthogonal_matrix(name, p):
+            if not getattr(p, "tensor_model_parallel", False):
+                raise ValueError(f"{name}: not marked tensor_model_parallel at TP={tp_size}; "
+                                 "cannot gather it (optimizer.orthogonal.tp_mode=blockwise "
+                                 "orthogonalises the local weight)")
+            axis = getattr(p, "partition_dim", None)
+            if axis not in (0, 1):
+                raise ValueError(f"{name}: tensor-parallel weight with partition_dim={axis}")
+            if not getattr(p, "allreduce", True):
+                raise NotImplementedError(f"{name}: expert-parallel weights with "
+                                          "optimizer.orthogonal.tp_mode=duplicated")
+            main.ns_tp_axis = axis
+            main.ns_tp_group = tp_group if tp_group is not None \
+                else ps.get_tensor_model_parallel_group()
         if name.endswith("linear_qkv.weight"):
             ng, nh = model_config.num_query_groups or model_config.num_attention_heads, \
                 model_config.num_attention_heads
@@ -438,7 +460,8 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
         if not mats:
             raise RuntimeError(f"optimizer.name={name}: no transformer-layer matrices found")
         mc = model_chunks[0].config if hasattr(model_chunks[0], "config") else None
-        tag_fused_matrices(named, main_of, mc, ps.get_tensor_model_parallel_world_size())
+        tag_fused_matrices(named, main_of, mc, ps.get_tensor_model_parallel_world_size(),
+                           tp_mode=cfg.optimizer.orthogonal.tp_mode)
         subs = [_orthogonal(mats, cfg)]
         if rest:
             subs.append(_q_adamw(rest, cfg) if name == "q_root" else _same_kind(old, rest))

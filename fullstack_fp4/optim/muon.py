@@ -18,6 +18,16 @@ Blocks that are interleaved rather than contiguous (megatron's fused QKV stores 
 group's q, k, v rows together) also carry ``ns_row_perm``: the rows are regrouped by that
 permutation before the blocks are cut, and the update is scattered back.
 
+Tensor parallelism ("duplicated", megatron-LM Muon's ``tp_mode``): a parameter that is one TP
+rank's shard of a larger matrix may carry ``ns_tp_axis`` (0: column-parallel, split along the
+rows; 1: row-parallel, split along the columns) and ``ns_tp_group`` (the TP process group).
+Each logical block (after the row permutation / split above, which on every rank yields its
+own slice of each 1-GPU block) is then all-gathered over the group in rank order along that
+axis; ``_pre_ns``, NS and the shape scale run on the FULL block (every rank computes the same
+thing) and the rank keeps its slice, so the update equals the 1-GPU update. Momentum stays
+local (element-wise). Without these attributes (plain tensors, TP=1, ``tp_mode=blockwise``)
+each block is orthogonalised as stored.
+
 Only 2-D parameters are accepted; ``split_params_for_orthogonal`` separates them from the
 rest (embeddings, output layer, norms, biases), which go to AdamW / QAdamW.
 """
@@ -88,6 +98,10 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
     def _scale(self, rows, cols, group) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _pre_ns_reads_grad(self, group) -> bool:
+        """Whether ``_pre_ns`` reads its gradient block (then TP gathers that block too)."""
+        return False
+
     def orthogonalize(self, d: torch.Tensor, group) -> torch.Tensor:
         return newton_schulz(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
                              precision=group["ns_precision"],
@@ -113,16 +127,45 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
                     perm = perm.to(d.device)
                     d, g = d.index_select(0, perm), g.index_select(0, perm)
                 update = torch.empty_like(d, dtype=p.dtype)
+                tp_axis, tp_group = getattr(p, "ns_tp_axis", None), getattr(p, "ns_tp_group", None)
                 for d_b, g_b, u_b in zip(split_blocks(d, p), split_blocks(g, p),
                                          split_blocks(update, p)):
-                    o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
-                    u_b.copy_(o.to(p.dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
+                    if tp_axis is None:
+                        o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
+                        o = o.to(p.dtype) * self._scale(d_b.shape[0], d_b.shape[1], group)
+                    else:
+                        o = self._orthogonalize_tp(d_b, g_b, tp_axis, tp_group, group, p.dtype)
+                    u_b.copy_(o)
                 if perm is not None:  # scatter the update back to the stored row order
                     update = torch.empty_like(update).index_copy_(0, perm, update)
                 if wd:
                     p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr)
         return loss
+
+    def _orthogonalize_tp(self, d_b, g_b, axis, tp_group, group, dtype):
+        """Duplicated TP: gather the block over ``tp_group`` along ``axis``, pre-process,
+        orthogonalise and scale the whole block, return this rank's slice (see the module
+        docstring)."""
+        import torch.distributed as dist
+
+        rank = dist.get_rank(group=tp_group)
+        d_f = _all_gather_along(d_b, axis, tp_group)
+        g_f = _all_gather_along(g_b, axis, tp_group) if self._pre_ns_reads_grad(group) else None
+        o = self.orthogonalize(self._pre_ns(d_f, g_f, group), group)
+        o = o.to(dtype) * self._scale(d_f.shape[0], d_f.shape[1], group)
+        n = d_b.shape[axis]
+        return o.narrow(axis, rank * n, n)
+
+
+def _all_gather_along(t: torch.Tensor, axis: int, group) -> torch.Tensor:
+    """The TP ranks' ``t`` (equal shapes) concatenated in rank order along ``axis``."""
+    import torch.distributed as dist
+
+    t = t.contiguous()
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group=group))]
+    dist.all_gather(parts, t, group=group)
+    return torch.cat(parts, dim=axis)
 
 
 class Muon(OrthogonalOptimizer):

@@ -57,6 +57,9 @@ class Root(OrthogonalOptimizer):
         buf.mul_(group["momentum"]).add_(g)
         return buf
 
+    def _pre_ns_reads_grad(self, group) -> bool:
+        return group["eps_source"] == "grad"
+
     def _pre_ns(self, m_block, g_block, group):
         src = g_block if group["eps_source"] == "grad" else m_block
         eps = _quantile_abs(src, group["eps_quantile"]).to(m_block.dtype)

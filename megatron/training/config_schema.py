@@ -65,6 +65,7 @@ class OrthogonalConfig:
     clip_percentile: Optional[float] = None  # None: the recipe's default
     lr_scale: float = 1.0  # multiplies optimizer.lr for the orthogonalised matrices
     nvfp4_terms: int = 2  # q_root / q_muon: NVFP4 operands per NS matrix (1: faster, ~9% final error; 2: ~1%)
+    tp_mode: str = "duplicated"  # TP>1: duplicated (gather each TP-split matrix, every rank runs NS on the whole: same numbers as 1 GPU) | blockwise (NS on the local shard only: cheaper, a different algorithm)
 
 
 @dataclass

@@ -94,6 +94,8 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     _choice("optimizer.orthogonal.coefficients", o.orthogonal.coefficients, ("auto", "muon", "root", "fitted"))
     if o.orthogonal.nvfp4_terms not in (1, 2, 3):
         raise ConfigError(f"optimizer.orthogonal.nvfp4_terms must be 1, 2 or 3; got {o.orthogonal.nvfp4_terms}")
+    if o.orthogonal.tp_mode not in ("duplicated", "blockwise"):
+        raise ConfigError(f"optimizer.orthogonal.tp_mode must be duplicated or blockwise; got {o.orthogonal.tp_mode!r}")
 
     _choice("fp4.linear", f.linear, recipes.LINEAR)
     _choice("fp4.attention", f.attention, recipes.ATTENTION)
