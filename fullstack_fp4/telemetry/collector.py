@@ -280,8 +280,12 @@ class TelemetryCollector:
 
     @torch.no_grad()
     def _q_adamw_hook(self, opt, args, kwargs):
+        # one batched call per param group (rs.q_adamw_group_sums): the sampled chunks of every
+        # quantized parameter are decoded / encoded together; no host sync (the step counts are
+        # QAdamW's CPU tensors, the chunk draws come from the CPU generator)
         for gi, group in enumerate(opt.param_groups):
             b1, b2 = group["betas"]
+            items, names = [], []
             for pi, p in enumerate(group["params"]):
                 st = opt.state.get(p, {})
                 place = getattr(p, "q_adamw_place", None)   # a piece of a larger tensor
@@ -289,10 +293,13 @@ class TelemetryCollector:
                 if p.grad is None or "exp_avg" in st or (not st and full < group["min_numel"]):
                     continue   # FP32 moments: nothing is quantized
                 phase = place.chunk_phase() if place is not None else 0
-                sums = rs.q_adamw_sample_sums(st, p.grad, beta1=b1, beta2=b2, eps=group["eps"],
-                                              chunks=self.opt_chunks, generator=self._gen,
-                                              phase=phase)
-                name = self._pname(p, gi, pi)
+                items.append((st, p.grad, phase))
+                names.append(self._pname(p, gi, pi))
+            if not items:
+                continue
+            all_sums = rs.q_adamw_group_sums(items, beta1=b1, beta2=b2, eps=group["eps"],
+                                             chunks=self.opt_chunks, generator=self._gen)
+            for name, sums in zip(names, all_sums):
                 for t in ("m", "v", "update"):
                     self._acc(f"quant/optimizer/{name}/{t}/rel_err", *sums[t])
                 self._acc(f"quant/optimizer/{name}/v_clamped/frac", *sums["v_clamped"])

@@ -24,7 +24,7 @@ import torch
 
 from .stats import nvfp4_qdq, rht_signs_on, to_device
 
-__all__ = ["wgrad_operand_sums", "rht16_tokens_amax", "wgrad_operand_blocks", "lora_svd_sums", "q_adamw_chunk_sums", "q_adamw_sample_sums",
+__all__ = ["q_adamw_group_sums", "wgrad_operand_sums", "rht16_tokens_amax", "wgrad_operand_blocks", "lora_svd_sums", "q_adamw_chunk_sums", "q_adamw_sample_sums",
            "ns_stats", "attn_s_sums", "attn_ds_sums", "sample_indices"]
 
 
@@ -183,7 +183,8 @@ def _chunk_state(ms, j: int, n: int, phase: int, chunk: int, block: int):
                        ms.chunk_scale[j: j + 1], hi - lo, tile_mean=tm, tile=tile, **kw)
 
 
-def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=None, phase: int = 0):
+def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=None, phase: int = 0,
+                       rand=None, per_chunk: bool = False):
     """Sums for one self-contained chunk given its decoded previous moments and gradient.
 
     m = β1 m̂ + (1−β1) g, v = β2 v̂ + (1−β2) g² (FP32, the step's fresh moments), then the
@@ -191,6 +192,11 @@ def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=
     u = m / (sqrt(v)/sqrt(1−β2^t) + eps) against ũ from (m̃, ṽ). ``clamped`` counts entries of
     ṽ raised by the decode guard (the relative floor μ/4), i.e. where the guarded and the
     unguarded decodes differ.
+
+    ``rand``: the first moment's stochastic-rounding uniforms (else drawn from ``generator``).
+    ``per_chunk``: the inputs are several whole chunks back to back (phase 0; the codecs are
+    chunk-local, so each chunk is encoded exactly as alone) and every sum is returned per
+    chunk, a ``[n_chunks]`` tensor (``q_adamw_group_sums``).
     """
     from fullstack_fp4.optim.q_adamw import (decode_exp_avg, decode_exp_avg_sq, encode_exp_avg,
                                              encode_exp_avg_sq)
@@ -199,8 +205,9 @@ def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=
     g = g.reshape(-1).float()
     m = beta1 * m_prev + (1.0 - beta1) * g
     v = beta2 * v_prev + (1.0 - beta2) * g * g
-    rand = None
-    if generator is not None and generator.device != m.device:
+    if rand is not None:
+        rand = to_device(rand, m.device)
+    elif generator is not None and generator.device != m.device:
         # the collector's generator lives on the CPU; the codec would draw on m's device with it
         from fullstack_fp4.optim.q_adamw.codecs import padded_numel
 
@@ -212,6 +219,14 @@ def q_adamw_chunk_sums(m_prev, v_prev, g, *, beta1, beta2, eps, step, generator=
     ibc2 = 1.0 / math.sqrt(1.0 - beta2 ** step)
     u = m / (v.sqrt() * ibc2 + eps)
     uq = mq / (vq.sqrt() * ibc2 + eps)
+    if per_chunk:
+        from fullstack_fp4.optim.q_adamw.codecs import CHUNK
+
+        r = lambda a: a.reshape(-1, CHUNK)                    # noqa: E731
+        s = lambda a, b: ((r(a) - r(b)).pow(2).sum(1), r(a).pow(2).sum(1))   # noqa: E731
+        return {"m": s(m, mq), "v": s(v, vq), "update": s(u, uq),
+                "v_clamped": ((r(vq) != r(v_raw)).sum(1).float(),
+                              torch.full((m.numel() // CHUNK,), float(CHUNK), device=v.device))}
     s = lambda a, b: ((a - b).pow(2).sum(), a.pow(2).sum())     # noqa: E731
     return {"m": s(m, mq), "v": s(v, vq), "update": s(u, uq),
             "v_clamped": ((vq != v_raw).sum().float(),
@@ -265,6 +280,102 @@ def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2:
             else:
                 acc[k] = [a, b]
     return {k: tuple(v) for k, v in acc.items()}
+
+
+def _cat_states(states: list):
+    """Whole-chunk MomentStates back to back: a valid state of their total length (the layout is
+    chunk-aligned); FP8 scales concatenated as bytes."""
+    from fullstack_fp4.optim.q_adamw import MomentState
+
+    bs = torch.cat([st.block_scale.view(torch.uint8) for st in states]).view(torch.float8_e4m3fn)
+    tm = None if states[0].tile_mean is None else torch.cat([st.tile_mean for st in states])
+    return MomentState(torch.cat([st.codes for st in states]), bs,
+                       torch.cat([st.chunk_scale for st in states]),
+                       sum(st.numel for st in states), tile_mean=tm, tile=states[0].tile)
+
+
+def q_adamw_group_sums(items: list, *, beta1: float, beta2: float, eps: float, chunks: int = 2,
+                       generator: Optional[torch.Generator] = None) -> list:
+    """``[q_adamw_sample_sums(state, grad, phase=phase, ...) for state, grad, phase in items]``
+    (one optimizer param group), with the sampled chunks of *all* parameters decoded, encoded
+    and reduced together: the public codecs run a fixed number of times per group and step
+    size instead of seven times per sampled chunk (each codec call costs host work, kernel
+    launches and, through ``hadamard16``'s sign check, host syncs on the GPU).
+
+    The same draws from ``generator`` in the same order (per parameter: its chunk indices, then
+    per chunk its stochastic-rounding uniforms), the same per-element FP32 arithmetic (the
+    codecs are chunk-local; whole chunks are batched, a chunk cut by the tensor's end or by the
+    grid phase goes through ``q_adamw_chunk_sums`` alone), so the same quantized values; a
+    chunk's Σ is a row sum of the ``[n_chunks, 1024]`` batch instead of a flat sum, which can
+    differ from it in the last bits (FP32 summation order: relative ≤ 1023·2⁻²⁴, in practice
+    ~1e-7). Parameters with a different step count are batched separately (bias correction).
+    """
+    from fullstack_fp4.optim.q_adamw import decode_exp_avg, decode_exp_avg_sq
+    from fullstack_fp4.optim.q_adamw.codecs import BLOCK, CHUNK, padded_numel
+    from fullstack_fp4.optim.q_adamw.optimizer import _unpack_state
+
+    out: list = [dict() for _ in items]
+    batches: Dict[int, list] = {}                   # step -> [(item index, m state, v state, g piece, rand)]
+
+    def add(i, k, a, b):
+        acc = out[i]
+        if k in acc:
+            acc[k] = (acc[k][0] + a, acc[k][1] + b)
+        else:
+            acc[k] = (a, b)
+
+    for i, (state, grad, phase) in enumerate(items):
+        n = grad.numel()
+        g = grad.detach().reshape(-1)
+        step = _step_count(state) + 1
+        packed = "exp_avg_codes" in state
+        if packed:
+            ms, vs = _unpack_state(state, n, phase) if phase else _unpack_state(state, n)
+        for j in sample_indices(-(-(phase + n) // CHUNK), chunks, generator).tolist():
+            lo, hi = _chunk_bounds(j, n, phase, CHUNK)
+            ph = phase if j == 0 else 0
+            rand = None if generator is None else torch.rand(padded_numel(hi - lo), generator=generator)
+            if hi - lo == CHUNK and ph == 0 and rand is not None:
+                cm = _chunk_state(ms, j, n, phase, CHUNK, BLOCK) if packed else None
+                cv = _chunk_state(vs, j, n, phase, CHUNK, BLOCK) if packed else None
+                batches.setdefault(step, []).append((i, cm, cv, g[lo:hi], rand))
+                continue
+            if packed:
+                m_prev = decode_exp_avg(_chunk_state(ms, j, n, phase, CHUNK, BLOCK))
+                v_prev = decode_exp_avg_sq(_chunk_state(vs, j, n, phase, CHUNK, BLOCK))
+            else:
+                m_prev = v_prev = torch.zeros(hi - lo, dtype=torch.float32, device=g.device)
+            part = q_adamw_chunk_sums(m_prev, v_prev, g[lo:hi], beta1=beta1, beta2=beta2, eps=eps,
+                                      step=step, generator=generator, phase=ph, rand=rand)
+            for k, (a, b) in part.items():
+                add(i, k, a, b)
+    for step, units in batches.items():
+        dev = units[0][3].device
+        m_prev = torch.zeros(len(units) * CHUNK, dtype=torch.float32, device=dev)
+        v_prev = torch.zeros_like(m_prev)
+        pk = [u_i for u_i, u in enumerate(units) if u[1] is not None]
+        if pk:
+            rows = to_device(torch.tensor(pk), dev)
+            m_prev.view(-1, CHUNK)[rows] = decode_exp_avg(_cat_states([units[u][1] for u in pk])).view(-1, CHUNK)
+            v_prev.view(-1, CHUNK)[rows] = decode_exp_avg_sq(_cat_states([units[u][2] for u in pk])).view(-1, CHUNK)
+        g = torch.cat([u[3].float() for u in units])
+        rand = torch.cat([u[4] for u in units])
+        part = q_adamw_chunk_sums(m_prev, v_prev, g, beta1=beta1, beta2=beta2, eps=eps, step=step,
+                                  rand=rand, per_chunk=True)
+        # per parameter: the sum of its chunks' rows (a parameter's units are consecutive);
+        # a padded gather, not index_add (deterministic on the GPU too), one per sum
+        owners = [u[0] for u in units]
+        present = list(dict.fromkeys(owners))
+        rows_of = {i: [r for r, o in enumerate(owners) if o == i] for i in present}
+        width = max(len(v) for v in rows_of.values())
+        gidx = to_device(torch.tensor([rows_of[i] + [len(units)] * (width - len(rows_of[i]))
+                                       for i in present]), dev)
+        pad = torch.zeros(1, dtype=torch.float32, device=dev)
+        for k, (a, b) in part.items():
+            sa, sb = torch.cat([a, pad])[gidx].sum(1), torch.cat([b, pad])[gidx].sum(1)
+            for pi, i in enumerate(present):
+                add(i, k, sa[pi], sb[pi])
+    return out
 
 
 # ----------------------------------------------------------------------------- Newton–Schulz

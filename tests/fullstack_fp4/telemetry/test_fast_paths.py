@@ -4,6 +4,7 @@ the recipe's own ``quantize_wgrad_operand``): bit-for-bit, not to a tolerance.""
 from __future__ import annotations
 
 import collections
+import math
 
 import pytest
 import torch
@@ -150,3 +151,70 @@ def test_attn_ds_sums_fast_path_equals_tile_dequant_path():
             finally:
                 mod.ds_row_tile_dequant = orig
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def _qadamw_params(shapes, steps=1):
+    from fullstack_fp4.optim import QAdamW
+
+    g = torch.Generator().manual_seed(11)
+    ps = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    opt = QAdamW(ps, lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    for _ in range(steps):
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=g) * 1e-3
+    return opt, ps
+
+
+@pytest.mark.parametrize("phase", [0, 512])
+def test_q_adamw_group_sums_equal_the_per_parameter_sums(phase):
+    """Batched chunks (whole ones) and lone ones (cut by the tensor's end or the grid phase):
+    the per-parameter path with the same generator gives the same numbers, up to the FP32
+    order of a 1024-entry sum (rel 1e-6; the v_clamped counts exactly)."""
+    opt, ps = _qadamw_params([(64, 64), (48, 40), (32, 96), (16, 16)])
+    items = [(opt.state[p], p.grad, phase if i == 1 else 0) for i, p in enumerate(ps)]
+    items.append(({}, torch.randn(3000), 0))                          # fresh state: zero moments
+    for chunks in (2, ALL):
+        g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        want = [rs.q_adamw_sample_sums(st, gr, beta1=0.9, beta2=0.99, eps=1e-8, chunks=chunks,
+                                       generator=g1, phase=ph) for st, gr, ph in items]
+        got = rs.q_adamw_group_sums(items, beta1=0.9, beta2=0.99, eps=1e-8, chunks=chunks, generator=g2)
+        assert torch.equal(g1.get_state(), g2.get_state())
+        for w, o in zip(want, got):
+            assert set(w) == set(o)
+            for k in w:
+                for a, b in zip(w[k], o[k]):
+                    if k == "v_clamped":
+                        assert float(a) == float(b)
+                    else:
+                        assert float(b) == pytest.approx(float(a), rel=1e-6, abs=0.0), k
+
+
+def test_q_adamw_hook_runs_the_codecs_once_per_group():
+    """The hook's codec calls do not grow with the number of parameters."""
+    from fullstack_fp4.optim.q_adamw import codecs
+    from fullstack_fp4.telemetry import TelemetryCollector
+
+    counts = []
+    for n_params in (2, 6):
+        opt, ps = _qadamw_params([(64, 64)] * n_params)
+        holder = torch.nn.Module()
+        for i, p in enumerate(ps):
+            holder.register_parameter(f"p{i}", p)
+        tel = TelemetryCollector(interval=1, opt_chunks=2)
+        tel.begin_step(holder, 1, optimizer=opt)
+        calls = collections.Counter()
+        orig = {f: getattr(codecs, f) for f in ("_quantize_chunked", "_dequantize_chunked")}
+        try:
+            for f, fn in orig.items():
+                setattr(codecs, f, (lambda fn, f: lambda *a, **k: (calls.update([f]), fn(*a, **k))[1])(fn, f))
+            tel._q_adamw_hook(opt, (), {})
+        finally:
+            for f, fn in orig.items():
+                setattr(codecs, f, fn)
+        out = tel.end_step()
+        assert len(out) == 4 * n_params and all(math.isfinite(v) for v in out.values())
+        counts.append(dict(calls))
+    assert counts[0] == counts[1], counts
