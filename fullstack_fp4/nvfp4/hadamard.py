@@ -66,11 +66,23 @@ def _butterfly(x: torch.Tensor, size: int) -> torch.Tensor:
     return y.reshape(*lead, x.shape[-1])
 
 
+_SIGNS_CACHE: dict = {}
+
+
 def _signs(signs, n: int, dtype, device) -> torch.Tensor:
-    s = torch.as_tensor(signs, dtype=dtype, device=device)
-    if s.shape != (n,) or not bool(((s == 1) | (s == -1)).all()):
+    """The sign vector as a ``dtype`` tensor on ``device``, validated on the host and cached per
+    (values, dtype, device): checking it on the device, or building a fresh device tensor, would
+    cost a host sync on every call (the Q-AdamW codecs and the telemetry call this per chunk)."""
+    if isinstance(signs, torch.Tensor):
+        signs = signs.detach().to("cpu", torch.float64).reshape(-1).tolist()
+    vals = tuple(float(v) for v in signs)
+    if len(vals) != n or any(v not in (1.0, -1.0) for v in vals):
         raise ValueError(f"signs must be {n} values of +-1")
-    return s
+    key = (vals, dtype, str(device))
+    t = _SIGNS_CACHE.get(key)
+    if t is None:
+        t = _SIGNS_CACHE[key] = torch.tensor(vals, dtype=dtype).to(device)
+    return t
 
 
 def hadamard16(x: torch.Tensor, signs=DEFAULT_SIGNS) -> torch.Tensor:

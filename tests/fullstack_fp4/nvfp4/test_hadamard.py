@@ -58,6 +58,13 @@ def test_custom_signs_and_errors():
         hadamard16(x, [1.0] * 15)
     with pytest.raises(ValueError):
         hadamard16(x, [2.0] * 16)
+    # signs given as a tensor: same transform as the tuple; a bad tensor is refused too (the
+    # check runs on the host and the device copy is cached, so a repeat must still validate)
+    t = torch.tensor(DEFAULT_SIGNS)
+    assert torch.equal(hadamard16(x, t), hadamard16(x, DEFAULT_SIGNS))
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            hadamard16(x, torch.full((16,), 0.5))
 
 
 @pytest.mark.parametrize("size", [1, 2, 4, 32, 128])
