@@ -28,7 +28,9 @@ per rank, `optimizer.fullstack_fp4.inner_state`, holding:
     saved under `model`), the grad scaler, and the layout it was saved with.
 Plain optimizer: global shape (PP, TP), replicated over DP (DP rank 0 writes).
 Distributed optimizer: global shape (PP, TP, DP) — every DP rank owns a different flat shard.
-Resume is exact; a changed parallel layout (TP/PP/DP size, distributed optimizer on/off,
+Resume is exact. The plain optimizer may resume at another DP size (same TP and PP: its state
+is replicated over DP). Any other changed parallel layout (TP/PP size, distributed optimizer on/off,
+DP size with the distributed optimizer,
 parameter shards) is refused with an error naming both layouts (no resharding: QAdamW's codec
 chunks and the per-parameter seeds follow the local shard, so a resharded 4-bit state would
 not be the state of any run).
@@ -199,6 +201,10 @@ def resume_layout_error(meta: dict, optimizer, path: str):
            world, any(isinstance(w, DistributedOptimizer) for w in _wrappers(optimizer)))
     if saved == now:
         return None
+    if saved[:2] == now[:2] and not saved[3] and not now[3]:
+        # Plain optimizer, same TP and PP: every DP rank holds the whole state of its (TP, PP)
+        # shard (saved once, replicated over DP), so a changed DP size reads the same objects.
+        return None
     name = meta.get("config", {}).get("optimizer", {}).get("name", "?")
     return (f"checkpoint {path} could not be read: its {name} optimizer state was saved with "
             f"{parallel_layout(*saved)}, this run has {parallel_layout(*now)}; the 4-bit "
@@ -233,9 +239,12 @@ class _ConvertedMixin:
             raise OptimizerLayoutError(f"optimizer state format {payload.get('format')} is not "
                                        f"{FORMAT}")
         now = _layout(self)
-        if payload["layout"] != now:
-            diff = {k: (payload["layout"].get(k), now[k]) for k in now
-                    if payload["layout"].get(k) != now[k]}
+        # The DP size matters only to the distributed optimizer (its flat shards); the plain
+        # optimizer's state is replicated over DP, so it may resume at another DP size.
+        ignore = () if isinstance(self, DistributedOptimizer) else ("dp",)
+        diff = {k: (payload["layout"].get(k), now[k]) for k in now
+                if k not in ignore and payload["layout"].get(k) != now[k]}
+        if diff:
             raise OptimizerLayoutError(
                 "the FP4 optimizer state was saved with another parallel layout / parameter "
                 f"sharding (saved vs now: {diff}); it cannot be resharded — resume with the "

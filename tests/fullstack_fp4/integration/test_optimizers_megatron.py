@@ -326,3 +326,9 @@ def test_changed_layout_refusal_names_both_layouts():
     assert "distributed optimizer on, this run has" in resume_layout_error(dist_on, tr.optimizer,
                                                                           "/ck")
     assert resume_layout_error(meta, _trainer("adamw").optimizer, "/ck") is None
+    # plain optimizer, same TP and PP, another DP size: the state is replicated over DP
+    dp2 = {"world_size": 2, "config": {"parallel": {**par, "tensor_model_parallel_size": 1}}}
+    assert resume_layout_error(dp2, tr.optimizer, "/ck") is None
+    dp2_dist = {"world_size": 2, "config": {"parallel": {**par, "tensor_model_parallel_size": 1,
+                                                         "use_distributed_optimizer": True}}}
+    assert "DP=2 (world 2), distributed optimizer on" in resume_layout_error(dp2_dist, tr.optimizer, "/ck")

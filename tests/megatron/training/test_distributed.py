@@ -117,3 +117,29 @@ def test_pipeline_parallel_trains_and_resumes_exactly(tmp_path):
     for it in (3, 4):
         assert second[it]["loss"] == straight[it]["loss"], f"iteration {it}"
     assert val_second[4] == val_straight[4]
+
+
+def test_q_adamw_plain_checkpoint_resumes_at_another_dp_size(tmp_path):
+    """A q_adamw checkpoint of 1 process (plain optimizer: 4-bit state replicated over DP)
+    resumes with 2 processes (DP=2): steps 3-4 give the losses of the uninterrupted 1-process
+    run (the same 4-bit state is loaded, the gradient reduction differs only by its order)."""
+    d = str(tmp_path)
+    cfg = helpers.base_config(d)
+    common = ["optimizer.name=q_adamw", "optimizer.q_adamw.min_numel=1024", "train.iters=4",
+              "train.eval_interval=4"]
+    r = helpers.run(cfg, common + [f"logging.dir={d}/straight", "checkpoint.load=none"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    r = helpers.run(cfg, common + ["train.exit_interval=2", f"checkpoint.save_dir={d}/ckpt",
+                                   f"logging.dir={d}/first"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    p = helpers.start(cfg, common + [f"checkpoint.save_dir={d}/ckpt", f"logging.dir={d}/second"], nproc=2,
+                      log=os.path.join(d, "second.txt"))
+    rc, out = helpers.finish(p, timeout=300)
+    assert rc == 0, out[-4000:]
+    assert "resumed from" in out
+    straight, _ = helpers.read_metrics(os.path.join(d, "straight"))
+    second, _ = helpers.read_metrics(os.path.join(d, "second"))
+    assert sorted(second) == [3, 4]
+    for it in (3, 4):
+        assert second[it]["loss"] == pytest.approx(straight[it]["loss"], rel=RTOL), f"iteration {it}"
+    assert straight[4]["loss"] != straight[1]["loss"]
