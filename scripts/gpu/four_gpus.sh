@@ -33,11 +33,15 @@ g0() {
   export CUDA_VISIBLE_DEVICES=0
   timeout "$BLOCKS_TIMEOUT" python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 \
     --quant-stats-interval "$BENCH_QSI" --out $R/g0
-  IFS='|' read -ra B <<< "$BENCHES"
+  benches $R/g0 "$BENCHES"
+}
+benches() {  # benches OUTDIR LIST: each '|'-separated "script args..." entry, while time is left
+  local out=$1 b left
+  IFS='|' read -ra B <<< "$2"
   for b in "${B[@]}"; do
     left=$((BUDGET + 60 - (SECONDS - t0)))
     [ $left -lt 20 ] && { echo "===== $b: skipped (time)"; continue; }
-    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g0 eval "timeout $left python3 scripts/$b"
+    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$out eval "timeout $left python3 scripts/$b"
   done
 }
 abl() {  # abl GPU ARMS
@@ -56,12 +60,7 @@ mg_refs() {
 }
 g3_after() {  # $G3_BENCHES ('|'-separated "script args...") on GPU 3 after the references, time permitting
   export CUDA_VISIBLE_DEVICES=3
-  IFS='|' read -ra B <<< "${G3_BENCHES:-}"
-  for b in "${B[@]}"; do
-    left=$((BUDGET + 60 - (SECONDS - t0)))
-    [ $left -lt 20 ] && { echo "===== $b: skipped (time)"; continue; }
-    echo "===== $b ($(date +%T), ${left}s left)"; OUT=$R/g3 eval "timeout $left python3 scripts/$b"
-  done
+  benches $R/g3 "${G3_BENCHES:-}"
 }
 NGPU=$(nvidia-smi -L | grep -c GPU)
 g0 > $R/g0/log.txt 2>&1 &
