@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
 from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _init_state,  # noqa: E402
                                                    _kernel_views, q_adamw_step_reference)
-from fullstack_fp4.optim.q_adamw import triton_step as ts  # noqa: E402
+from fullstack_fp4.optim.q_adamw import triton_rows as ts  # noqa: E402
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),

@@ -1,0 +1,418 @@
+"""Per-row register arithmetic of the fused Q-AdamW step (``triton_step.py``).
+
+A *row* is one NVFP4 block of 16 entries, owned by one thread and held in 16 scalar registers
+(x0 … x15), so every function here takes and returns its 16 values one by one: loads and
+stores of rows, the 16-point Hadamard butterflies with Transformer Engine's signs, E4M3 and
+E2M1 rounding without comparison ladders (exact in IEEE FP32, so the interpreter and the GPU
+agree), nibble packing and decoding, the m / v row encoders, the AdamW update of one entry and
+the Philox uniforms. ``triton_step.py`` holds the kernel that strings them together and its
+launch; its docstring gives the design and the byte budget.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .codecs import REL_FLOOR
+
+FP32_MAX = 3.4028234663852886e38
+FP32_MAX_C = tl.constexpr(FP32_MAX)
+REL_FLOOR_C = tl.constexpr(REL_FLOOR)
+# Transformer Engine's sign vector (fullstack_fp4.nvfp4.hadamard); negative at 3, 5-10, 12, 14, 15
+# — written out in _rht16/_irht16 below, checked against this tuple by the tests.
+_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+
+
+# ----------------------------------------------------------------------------- rows of 16
+@triton.jit
+def _ld4(ptr, rows, Q: tl.constexpr, lim, other):
+    """Entries 4Q..4Q+3 of each row (one 16-byte load per thread), as 4 row vectors."""
+    idx = rows[:, None] * 16 + (Q * 4 + tl.arange(0, 4))[None, :]
+    x = tl.load(ptr + idx, mask=(idx < lim) & (idx >= 0),
+                other=other).to(tl.float32)   # bf16 grads too
+    a, b = tl.split(tl.reshape(x, (rows.shape[0], 2, 2)))
+    x0, x2 = tl.split(a)
+    x1, x3 = tl.split(b)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _ld16(ptr, rows, lim, other):
+    x0, x1, x2, x3 = _ld4(ptr, rows, 0, lim, other)
+    x4, x5, x6, x7 = _ld4(ptr, rows, 1, lim, other)
+    x8, x9, x10, x11 = _ld4(ptr, rows, 2, lim, other)
+    x12, x13, x14, x15 = _ld4(ptr, rows, 3, lim, other)
+    return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
+
+
+@triton.jit
+def _st4(ptr, rows, Q: tl.constexpr, lim, x0, x1, x2, x3):
+    idx = rows[:, None] * 16 + (Q * 4 + tl.arange(0, 4))[None, :]
+    x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
+    tl.store(ptr + idx, tl.reshape(x, (rows.shape[0], 4)), mask=(idx < lim) & (idx >= 0))
+
+
+@triton.jit
+def _st16(ptr, rows, lim, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    _st4(ptr, rows, 0, lim, x0, x1, x2, x3)
+    _st4(ptr, rows, 1, lim, x4, x5, x6, x7)
+    _st4(ptr, rows, 2, lim, x8, x9, x10, x11)
+    _st4(ptr, rows, 3, lim, x12, x13, x14, x15)
+
+
+@triton.jit
+def _bf(a, b):
+    return a + b, a - b
+
+
+@triton.jit
+def _fwht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    """Unnormalized Walsh-Hadamard butterfly, stages H = 1, 2, 4, 8 (nvfp4's order)."""
+    x0, x1 = _bf(x0, x1)
+    x2, x3 = _bf(x2, x3)
+    x4, x5 = _bf(x4, x5)
+    x6, x7 = _bf(x6, x7)
+    x8, x9 = _bf(x8, x9)
+    x10, x11 = _bf(x10, x11)
+    x12, x13 = _bf(x12, x13)
+    x14, x15 = _bf(x14, x15)
+    x0, x2 = _bf(x0, x2)
+    x1, x3 = _bf(x1, x3)
+    x4, x6 = _bf(x4, x6)
+    x5, x7 = _bf(x5, x7)
+    x8, x10 = _bf(x8, x10)
+    x9, x11 = _bf(x9, x11)
+    x12, x14 = _bf(x12, x14)
+    x13, x15 = _bf(x13, x15)
+    x0, x4 = _bf(x0, x4)
+    x1, x5 = _bf(x1, x5)
+    x2, x6 = _bf(x2, x6)
+    x3, x7 = _bf(x3, x7)
+    x8, x12 = _bf(x8, x12)
+    x9, x13 = _bf(x9, x13)
+    x10, x14 = _bf(x10, x14)
+    x11, x15 = _bf(x11, x15)
+    x0, x8 = _bf(x0, x8)
+    x1, x9 = _bf(x1, x9)
+    x2, x10 = _bf(x2, x10)
+    x3, x11 = _bf(x3, x11)
+    x4, x12 = _bf(x4, x12)
+    x5, x13 = _bf(x5, x13)
+    x6, x14 = _bf(x6, x14)
+    x7, x15 = _bf(x7, x15)
+    return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
+
+
+@triton.jit
+def _rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    """fwht(x · signs) · 0.25 (x · −1 is −x exactly, so the signs fold into the adds)."""
+    y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _fwht16(
+        x0, x1, x2, -x3, x4, -x5, -x6, -x7, -x8, -x9, -x10, x11, -x12, x13, -x14, -x15)
+    return (y0 * 0.25, y1 * 0.25, y2 * 0.25, y3 * 0.25, y4 * 0.25, y5 * 0.25, y6 * 0.25,
+            y7 * 0.25, y8 * 0.25, y9 * 0.25, y10 * 0.25, y11 * 0.25, y12 * 0.25, y13 * 0.25,
+            y14 * 0.25, y15 * 0.25)
+
+
+@triton.jit
+def _irht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    """(fwht(y) · 0.25) · signs; (z · 0.25) · −1 == z · −0.25 exactly."""
+    y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _fwht16(
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
+    return (y0 * 0.25, y1 * 0.25, y2 * 0.25, y3 * -0.25, y4 * 0.25, y5 * -0.25, y6 * -0.25,
+            y7 * -0.25, y8 * -0.25, y9 * -0.25, y10 * -0.25, y11 * 0.25, y12 * -0.25,
+            y13 * 0.25, y14 * -0.25, y15 * -0.25)
+
+
+@triton.jit
+def _hsum16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    """codecs._halving_sum on 16 entries: (x[:8] + x[8:]), then 4, 2, 1."""
+    a0 = x0 + x8
+    a1 = x1 + x9
+    a2 = x2 + x10
+    a3 = x3 + x11
+    a4 = x4 + x12
+    a5 = x5 + x13
+    a6 = x6 + x14
+    a7 = x7 + x15
+    b0 = a0 + a4
+    b1 = a1 + a5
+    b2 = a2 + a6
+    b3 = a3 + a7
+    c0 = b0 + b2
+    c1 = b1 + b3
+    return c0 + c1
+
+
+@triton.jit
+def _max16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    a = tl.maximum(tl.maximum(tl.maximum(x0, x1), tl.maximum(x2, x3)),
+                   tl.maximum(tl.maximum(x4, x5), tl.maximum(x6, x7)))
+    b = tl.maximum(tl.maximum(tl.maximum(x8, x9), tl.maximum(x10, x11)),
+                   tl.maximum(tl.maximum(x12, x13), tl.maximum(x14, x15)))
+    return tl.maximum(a, b)
+
+
+# ----------------------------------------------------------------------------- E4M3 / E2M1
+@triton.jit
+def _e4m3_rne(x):
+    """FP32 x in [0, 448] -> (value of the nearest-even E4M3 as FP32, its 8-bit code).
+
+    One rounding add: M = 2^(E+20) for x in [2^E, 2^(E+1)) (E >= -6; the subnormals share
+    E = -6) has ulp 2^(E-3) = E4M3's spacing there, so fl(x + M) - M is x rounded to nearest
+    even on E4M3's grid (a carry into the next binade included), and the code is the number of
+    ulps k plus 8·(E + 6)."""
+    mb = tl.maximum(x.to(tl.int32, bitcast=True) & 0x7F800000, 0x3C800000) + (20 << 23)
+    mf = mb.to(tl.float32, bitcast=True)
+    t = x + mf
+    k = t.to(tl.int32, bitcast=True) - mb
+    return t - mf, k + 8 * (mb >> 23) - 1128
+
+
+@triton.jit
+def _e4m3_decode(c):
+    c = c.to(tl.int32)
+    e = c >> 3
+    mm = c & 7
+    nrm = (((e + 120) << 23) | (mm << 20)).to(tl.float32, bitcast=True)
+    return tl.where(e == 0, mm.to(tl.float32) * 0.001953125, nrm)
+
+
+@triton.jit
+def _candidate(bamax, enc, dec, inv_target):
+    s, code = _e4m3_rne(tl.minimum(bamax * (enc * inv_target), 448.0))
+    f = tl.minimum(tl.div_rn(1.0, s * dec), FP32_MAX_C)
+    return s, code, f
+
+
+@triton.jit
+def _rtn_magic(a):
+    """a in [0, 6] -> (t, M): fl(a + M) with M = 2^22, 2^23, 2^24 for a < 2, < 4, < 8, whose ulp
+    (0.5, 1, 2) is E2M1's spacing there: t - M is a rounded to nearest even on the E2M1 grid —
+    the thresholds 0.25 (down), 0.75 (up), 1.25, 1.75, 2.5, 3.5, 5 of nvfp4.e2m1 exactly."""
+    mb = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + (22 << 23)
+    mf = mb.to(tl.float32, bitcast=True)
+    return a + mf, mf, mb
+
+
+@triton.jit
+def _rtn_val(a):
+    """Value of the nearest-even E2M1 to a in [0, 6]."""
+    t, mf, mb = _rtn_magic(a)
+    return t - mf
+
+
+@triton.jit
+def _rtn_code(a):
+    """Magnitude code (0..7) of the nearest-even E2M1 to a in [0, 6]: ulps of M + 2·region."""
+    t, mf, mb = _rtn_magic(a)
+    return (t.to(tl.int32, bitcast=True) - mb) + 2 * (mb >> 23) - 298
+
+
+@triton.jit
+def _sr_code(a, u):
+    """Stochastic E2M1 code of a in [0, 6]: lo + (u < (a - lo) / step), nvfp4.e2m1's rule.
+
+    lo = a truncated to 1 mantissa bit (a >= 1) or 0 / 0.5; step is a power of two, so
+    (a - lo) · (1 / step) equals the reference's correctly rounded division bit for bit."""
+    b = a.to(tl.int32, bitcast=True)
+    bl = b & -4194304
+    inv_n = ((255 << 23) - (b & 0x7F800000)).to(tl.float32, bitcast=True)   # 1 / 2^(e-1)
+    half = a >= 0.5
+    is_n = a >= 1.0
+    vlo = tl.where(is_n, bl.to(tl.float32, bitcast=True), tl.where(half, 0.5, 0.0))
+    frac = (a - vlo) * tl.where(is_n, inv_n, 2.0)
+    code = tl.where(is_n, (bl >> 22) - 252, tl.where(half, 1, 0))
+    return code + tl.where(u < frac, 1, 0)
+
+
+@triton.jit
+def _nib(w, J: tl.constexpr, s, dec, FAST: tl.constexpr):
+    """Decode nibble J of word w: (q · s) · dec (q = ±E2M1 value; code 8 is −0).
+
+    FAST: the 3 magnitude bits k placed at bits 22-24 of an FP32 word are exactly
+    E2M1(k) · 2^-126 (k = 0, 1: subnormals 0, 2^-127; k >= 2: exponent field k >> 1 with the
+    top mantissa bit k & 1), so q = fl(bits · 2^126) exactly (sm_90 FMUL keeps subnormals:
+    Triton emits mul.f32 without .ftz) — two shifts, one LOP3 and one FMUL instead of the
+    select chain."""
+    if FAST:
+        if 4 * J <= 22:
+            mag = (w << (22 - 4 * J)) & 0x01C00000
+        else:
+            mag = (w >> (4 * J - 22)) & 0x01C00000
+        bits = mag | ((w << (28 - 4 * J)) & -2147483648)
+        q = bits.to(tl.float32, bitcast=True) * 8.507059173023462e37          # 2^126
+        return (q * s) * dec
+    else:
+        k = (w >> (4 * J)) & 7
+        bits = tl.where(k >= 2, (k + 252) << 22, k * 0x3F000000)
+        bits = bits | ((w << (28 - 4 * J)) & -2147483648)
+        return (bits.to(tl.float32, bitcast=True) * s) * dec
+
+
+@triton.jit
+def _err46(y, f6, s6, f4, s4, dec):
+    """|y − q6·s6·dec|, |y − q4·s4·dec| (RTN candidates; sign-symmetric, so on |y|)."""
+    ay = tl.abs(y)
+    e6 = tl.abs(ay - (_rtn_val(tl.minimum(ay * f6, 6.0)) * s6) * dec)
+    e4 = tl.abs(ay - (_rtn_val(tl.minimum(ay * f4, 6.0)) * s4) * dec)
+    return e6, e4
+
+
+@triton.jit
+def _q(y, f, u, STOCH: tl.constexpr):
+    """Signed 4-bit code of y · f (sign from y · f, as nvfp4.e2m1's _with_sign)."""
+    t = y * f
+    a = tl.minimum(tl.abs(t), 6.0)
+    if STOCH:
+        c = _sr_code(a, u)
+    else:
+        c = _rtn_code(a)
+    return c | tl.where(t < 0.0, 8, 0)
+
+
+@triton.jit
+def _pack8(c0, c1, c2, c3, c4, c5, c6, c7):
+    return (c0 | (c1 << 4) | (c2 << 8) | (c3 << 12) | (c4 << 16) | (c5 << 20) | (c6 << 24)
+            | (c7 << 28))
+
+
+# ----------------------------------------------------------------------------- chunk codec
+@triton.jit
+def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.constexpr):
+    """Decoded Hadamard-domain values of each row (16 vectors), before the inverse RHT.
+    ``rows``: the local 16-block index (< 0 before the tensor: phase); ``vrows``: the row on the
+    chunk grid (``rows + phase / 16``)."""
+    wp = codes_ptr.to(tl.pointer_type(tl.int32))
+    widx = rows[:, None] * 2 + tl.arange(0, 2)[None, :]
+    w0, w1 = tl.split(tl.load(wp + widx, mask=(widx < nrows * 2) & (widx >= 0), other=0))
+    live = (rows < nrows) & (rows >= 0)
+    s = _e4m3_decode(tl.load(scale_ptr + rows, mask=live, other=0))
+    dec = tl.load(cs_ptr + vrows // 64, mask=live, other=0.0)
+    return (_nib(w0, 0, s, dec, FAST), _nib(w0, 1, s, dec, FAST), _nib(w0, 2, s, dec, FAST),
+            _nib(w0, 3, s, dec, FAST), _nib(w0, 4, s, dec, FAST), _nib(w0, 5, s, dec, FAST),
+            _nib(w0, 6, s, dec, FAST), _nib(w0, 7, s, dec, FAST), _nib(w1, 0, s, dec, FAST),
+            _nib(w1, 1, s, dec, FAST), _nib(w1, 2, s, dec, FAST), _nib(w1, 3, s, dec, FAST),
+            _nib(w1, 4, s, dec, FAST), _nib(w1, 5, s, dec, FAST), _nib(w1, 6, s, dec, FAST),
+            _nib(w1, 7, s, dec, FAST))
+
+
+@triton.jit
+def _chunk_scales(bamax, M6: tl.constexpr, R: tl.constexpr):
+    """Per-chunk (enc, dec) from the rows' block amax; returns (enc_rows, dec_rows, dec_chunks)."""
+    NCH: tl.constexpr = R // 64
+    amax = tl.max(tl.reshape(bamax, (NCH, 64)), axis=1)
+    enc = tl.minimum(tl.div_rn(M6, amax), FP32_MAX_C)
+    enc = tl.where(enc == 0.0, 1.0, enc)
+    dec = tl.div_rn(1.0, enc)
+    enc_r = tl.reshape(tl.broadcast_to(enc[:, None], (NCH, 64)), (R,))
+    dec_r = tl.reshape(tl.broadcast_to(dec[:, None], (NCH, 64)), (R,))
+    return enc_r, dec_r, dec
+
+
+@triton.jit
+def _store_rows(codes_ptr, scale_ptr, cs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c,
+                R: tl.constexpr):
+    wp = codes_ptr.to(tl.pointer_type(tl.int32))
+    widx = rows[:, None] * 2 + tl.arange(0, 2)[None, :]
+    tl.store(wp + widx, tl.join(w0, w1), mask=(widx < nrows * 2) & (widx >= 0))
+    tl.store(scale_ptr + rows, sc.to(tl.uint8), mask=(rows < nrows) & (rows >= 0))
+    ch = pid * (R // 64) + tl.arange(0, R // 64)
+    tl.store(cs_ptr + ch, dec_c, mask=ch < nch)
+
+
+@triton.jit
+def _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+              u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15,
+              R: tl.constexpr):
+    """NVFP4, 4/6 scale rule, stochastic rounding: (word0, word1, scale code, dec per chunk)."""
+    bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
+                   tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
+                   tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
+    enc, dec, dec_c = _chunk_scales(bamax, 1536.0, R)          # 256 · 6
+    s6, sc6, f6 = _candidate(bamax, enc, dec, 0.1666666716337204)   # fp32(1/6)
+    s4, sc4, f4 = _candidate(bamax, enc, dec, 0.25)
+    a0, b0 = _err46(y0, f6, s6, f4, s4, dec)
+    a1, b1 = _err46(y1, f6, s6, f4, s4, dec)
+    a2, b2 = _err46(y2, f6, s6, f4, s4, dec)
+    a3, b3 = _err46(y3, f6, s6, f4, s4, dec)
+    a4, b4 = _err46(y4, f6, s6, f4, s4, dec)
+    a5, b5 = _err46(y5, f6, s6, f4, s4, dec)
+    a6, b6 = _err46(y6, f6, s6, f4, s4, dec)
+    a7, b7 = _err46(y7, f6, s6, f4, s4, dec)
+    a8, b8 = _err46(y8, f6, s6, f4, s4, dec)
+    a9, b9 = _err46(y9, f6, s6, f4, s4, dec)
+    a10, b10 = _err46(y10, f6, s6, f4, s4, dec)
+    a11, b11 = _err46(y11, f6, s6, f4, s4, dec)
+    a12, b12 = _err46(y12, f6, s6, f4, s4, dec)
+    a13, b13 = _err46(y13, f6, s6, f4, s4, dec)
+    a14, b14 = _err46(y14, f6, s6, f4, s4, dec)
+    a15, b15 = _err46(y15, f6, s6, f4, s4, dec)
+    e6 = _hsum16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
+    e4 = _hsum16(b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15)
+    use4 = e4 < e6
+    sc = tl.where(use4, sc4, sc6)
+    f = tl.where(use4, f4, f6)
+    w0 = _pack8(_q(y0, f, u0, True), _q(y1, f, u1, True), _q(y2, f, u2, True),
+                _q(y3, f, u3, True), _q(y4, f, u4, True), _q(y5, f, u5, True),
+                _q(y6, f, u6, True), _q(y7, f, u7, True))
+    w1 = _pack8(_q(y8, f, u8, True), _q(y9, f, u9, True), _q(y10, f, u10, True),
+                _q(y11, f, u11, True), _q(y12, f, u12, True), _q(y13, f, u13, True),
+                _q(y14, f, u14, True), _q(y15, f, u15, True))
+    return w0, w1, sc, dec_c
+
+
+@triton.jit
+def _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+              R: tl.constexpr):
+    """NVFP4, 6 scale rule, nearest rounding: (word0, word1, scale code, dec per chunk)."""
+    bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
+                   tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
+                   tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
+    enc, dec, dec_c = _chunk_scales(bamax, 2688.0, R)          # 448 · 6
+    s6, sc, f = _candidate(bamax, enc, dec, 0.1666666716337204)
+    w0 = _pack8(_q(y0, f, y0, False), _q(y1, f, y1, False), _q(y2, f, y2, False),
+                _q(y3, f, y3, False), _q(y4, f, y4, False), _q(y5, f, y5, False),
+                _q(y6, f, y6, False), _q(y7, f, y7, False))
+    w1 = _pack8(_q(y8, f, y8, False), _q(y9, f, y9, False), _q(y10, f, y10, False),
+                _q(y11, f, y11, False), _q(y12, f, y12, False), _q(y13, f, y13, False),
+                _q(y14, f, y14, False), _q(y15, f, y15, False))
+    return w0, w1, sc, dec_c
+
+
+# ----------------------------------------------------------------------------- per element
+@triton.jit
+def _vhat(r, mean, floor):
+    sh = tl.maximum(r + mean, floor)
+    return tl.minimum(sh * sh, FP32_MAX_C)
+
+
+@triton.jit
+def _adam(p, g, m, v, live, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size):
+    """AdamW on one entry, the reference's FP32 order: (p', m', v', sqrt(v'))."""
+    p = p * decay
+    m = m * beta1 + g * omb1
+    v = v * beta2 + (g * g) * omb2
+    m = tl.where(live, m, 0.0)
+    v = tl.where(live, v, 0.0)
+    s = tl.sqrt_rn(v)
+    upd = tl.div_rn(m, s * inv_sqrt_bc2 + eps)
+    return p - step_size * upd, m, v, s
+
+
+@triton.jit
+def _u16(r):
+    """Two uniforms k / 2^16 from the halves of a uint32 (exact: 1.k - 1 on the bits)."""
+    lo = (((r & 0xFFFF) << 7) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    hi = (((r >> 9) & 0x7FFF80) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    return lo, hi
+
+
+@triton.jit
+def _u8(r):
+    """Four uniforms k / 2^8 from the bytes of a uint32 (exact: 1.k - 1 on the bits)."""
+    a = (((r & 0xFF) << 15) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    b = (((r << 7) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    c = (((r >> 1) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    d = (((r >> 9) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    return a, b, c, d
