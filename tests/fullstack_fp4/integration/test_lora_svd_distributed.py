@@ -12,12 +12,12 @@ FP64 oracles in test_lora_svd_megatron.py.
 from __future__ import annotations
 
 import os
-import socket
 import zlib
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.megatron.training import helpers
 
 STEPS, INTERVAL = 5, 2   # realignments after steps 2 and 4; steps 3 and 5 use the moved moments
 LR, WD = 2e-3, 0.1
@@ -60,26 +60,10 @@ def _worker(rank: int, world: int, port: int, out: str, distributed: bool):
     shutdown()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("lora_dp"))
-    ctx = mp.get_context("spawn")
-    procs = []
-    for world, distributed in ((1, False), (2, True)):
-        port = _port()
-        procs += [ctx.Process(target=_worker, args=(r, world, port, out, distributed))
-                  for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+    helpers.spawn_gloo(_worker, [(1, (out, False)), (2, (out, True))])
     return {k: torch.load(os.path.join(out, f"{k}.pt"))
             for k in ("plain_w1_r0", "dist_w2_r0", "dist_w2_r1")}
 

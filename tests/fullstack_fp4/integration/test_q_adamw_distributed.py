@@ -11,20 +11,20 @@ all-gathers the shards into the params) and the 4-bit states — DP=2's pieces, 
 parameter order, must be the 1-process state byte for byte (codes, E4M3 scales, chunk scales,
 tile means).
 
-The DDP buffers are built with `pad_buckets_for_high_nccl_busbw=True` (buckets a multiple of
-2^16, so every DP shard boundary lies on QAdamW's 1024-entry chunk grid); see
-fullstack_fp4/integration/optimizers.py `place_distributed_shards`.
+The trainer builds the DDP buffers of a q_adamw run with the distributed optimizer with
+`pad_buckets_for_high_nccl_busbw=True` (buckets a multiple of 2^16, so every DP shard boundary
+lies on QAdamW's 1024-entry chunk grid); the test runs the trainer's own config, so it checks
+that too. See fullstack_fp4/integration/optimizers.py `place_distributed_shards`.
 """
 from __future__ import annotations
 
-import functools
 import os
-import socket
 import zlib
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.megatron.training import helpers
 
 STEPS = 3
 LR, WD = 2e-3, 0.1
@@ -41,19 +41,14 @@ def _grad(name: str, shape, step: int) -> torch.Tensor:
     return x * torch.exp(1.5 * torch.randn(shape, generator=g)) * 1e-2
 
 
-def _worker(rank: int, world: int, port: int, out: str, pad: bool):
+def _worker(rank: int, world: int, port: int, out: str):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from megatron.core.distributed import DistributedDataParallelConfig
-
     import megatron.training.trainer as trainer_mod
     from megatron.training.config import load_config
     from megatron.training.optimizer import apply_schedule
 
-    if pad:  # what the trainer's DDP config needs for DP-invariant Q-AdamW states
-        trainer_mod.DistributedDataParallelConfig = functools.partial(
-            DistributedDataParallelConfig, pad_buckets_for_high_nccl_busbw=True)
     cfg = load_config(None, TINY)
     cfg.logging.dir = None
     tr = trainer_mod.Trainer(cfg, verbose=False)
@@ -90,26 +85,6 @@ def _worker(rank: int, world: int, port: int, out: str, pad: bool):
     shutdown()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_all(out: str, pad: bool):
-    ctx = mp.get_context("spawn")
-    procs = []
-    for world in (1, 2):
-        port = _port()
-        procs += [ctx.Process(target=_worker, args=(r, world, port, out, pad))
-                  for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-        assert p.exitcode == 0, f"worker exit code {p.exitcode}"
-
-
 def _assemble(pieces: list[dict]) -> dict:
     """key -> (concatenated state tensors, decoded m, decoded v) over the pieces by offset."""
     by = {}
@@ -128,7 +103,7 @@ def _assemble(pieces: list[dict]) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("qadamw_dp"))
-    _run_all(out, pad=True)
+    helpers.spawn_gloo(_worker, [(1, (out,)), (2, (out,))], timeout=240)
     return {k: torch.load(os.path.join(out, f"{k}.pt")) for k in ("w1_r0", "w2_r0", "w2_r1")}
 
 

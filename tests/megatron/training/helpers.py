@@ -100,6 +100,35 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+def read_quant_records(logdir: str) -> dict[int, dict]:
+    """iteration -> {quant/... name: value} of the telemetry records in metrics.jsonl."""
+    out = {}
+    for line in open(os.path.join(logdir, "metrics.jsonl")):
+        rec = json.loads(line)
+        q = {k: v for k, v in rec.items() if k.startswith("quant/")}
+        if q:
+            out[rec["iter"]] = q
+    return out
+
+
+def spawn_gloo(target, runs, timeout: float = 300) -> None:
+    """In-process multi-rank runs: for each ``(world, args)`` of ``runs``, ``world`` spawned
+    processes ``target(rank, world, port, *args)`` sharing a fresh port (the target sets up
+    torch.distributed from it); all runs start together and every process must exit 0."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = []
+    for world, args in runs:
+        port = free_port()
+        procs += [ctx.Process(target=target, args=(r, world, port, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+        assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+
+
 # ----------------------------------------------------------------- the shared baseline run
 STRAIGHT_ITERS = 8
 STRAIGHT = ["train.iters=8", "train.eval_interval=4"]

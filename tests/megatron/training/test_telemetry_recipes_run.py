@@ -1,7 +1,6 @@
 """Per-recipe telemetry and fallback in real (tiny, CPU, mock data) runs: every recipe's metrics
 appear in metrics.jsonl under the documented names (docs/telemetry.md), and the per-recipe
 fallback switches LoRA-SVD and Q-Attn modules to BF16 while optimizer statistics only warn."""
-import json
 import math
 import os
 
@@ -14,23 +13,13 @@ LINEARS = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linea
 OPERANDS = ("x", "dy", "wgrad_x", "wgrad_dy")
 
 
-def _quant_records(logdir):
-    out = {}
-    for line in open(os.path.join(logdir, "metrics.jsonl")):
-        rec = json.loads(line)
-        q = {k: v for k, v in rec.items() if k.startswith("quant/")}
-        if q:
-            out[rec["iter"]] = q
-    return out
-
-
 def test_nvfp4_qattn_qroot_metrics_appear(tmp_path):
     d = str(tmp_path)
     r = helpers.run(helpers.base_config(d), [
         "fp4.linear=nvfp4", "fp4.attention=q_attn", "optimizer.name=q_root", "train.eval_interval=100",
         "logging.quant_stats_interval=1", "train.iters=1", f"logging.dir={d}/log", "checkpoint.load=none"])
     assert r.returncode == 0, r.stderr[-3000:]
-    q = _quant_records(f"{d}/log")[1]
+    q = helpers.read_quant_records(f"{d}/log")[1]
     want = {f"quant/decoder.layers.{i}.{m}/{t}/rel_err" for i in range(LAYERS) for m in LINEARS
             for t in OPERANDS + ("w",)}
     want |= {f"quant/decoder.layers.{i}.self_attention.core_attention/{t}/rel_err"
@@ -57,7 +46,7 @@ def test_lora_qattn_qmuon_fallback_per_recipe(tmp_path):
               "fp4.fallback_intervals=1", *thresholds, f"checkpoint.save_dir={d}/ckpt", f"logging.dir={d}/log"]
     r = helpers.run(helpers.base_config(d), common + ["train.iters=2"])
     assert r.returncode == 0, r.stderr[-3000:]
-    q = _quant_records(f"{d}/log")
+    q = helpers.read_quant_records(f"{d}/log")
     lora = {f"decoder.layers.{i}.{m}" for i in range(LAYERS) for m in LINEARS}
     attn = {f"decoder.layers.{i}.self_attention.core_attention" for i in range(LAYERS)}
     for p in lora:
@@ -82,7 +71,7 @@ def test_lora_qattn_qmuon_fallback_per_recipe(tmp_path):
     r = helpers.run(helpers.base_config(d), common + ["train.iters=3"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[fp4.fallback] resumed with {len(lora | attn)} module(s) in BF16" in r.stdout, r.stdout[-3000:]
-    q = _quant_records(f"{d}/log")
+    q = helpers.read_quant_records(f"{d}/log")
     assert q[3] and all(k.startswith("quant/optimizer/") for k in q[3]), sorted(q[3])
     train, _ = helpers.read_metrics(f"{d}/log")
     assert math.isfinite(train[3]["loss"])

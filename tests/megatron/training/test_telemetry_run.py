@@ -1,5 +1,4 @@
 """Quantization telemetry and the BF16 fallback inside real (tiny, CPU) NVFP4 runs."""
-import json
 import os
 
 import torch
@@ -10,22 +9,12 @@ NVFP4 = ["fp4.linear=nvfp4", "train.eval_interval=100"]
 N_LINEARS = 4 * 4  # tiny preset: 4 layers x (qkv, proj, fc1, fc2)
 
 
-def _quant_records(logdir):
-    out = {}
-    for line in open(os.path.join(logdir, "metrics.jsonl")):
-        rec = json.loads(line)
-        q = {k: v for k, v in rec.items() if k.startswith("quant/")}
-        if q:
-            out[rec["iter"]] = q
-    return out
-
-
 def test_quant_stats_logged_every_interval(tmp_path):
     d = str(tmp_path)
     r = helpers.run(helpers.base_config(d), NVFP4 + [
         "logging.quant_stats_interval=2", "train.iters=4", f"logging.dir={d}/log", "checkpoint.load=none"])
     assert r.returncode == 0, r.stderr[-3000:]
-    q = _quant_records(f"{d}/log")
+    q = helpers.read_quant_records(f"{d}/log")
     assert sorted(q) == [2, 4]
     for it, stats in q.items():
         assert len(stats) == 5 * N_LINEARS, sorted(stats)
@@ -44,7 +33,7 @@ def test_forced_fallback_switches_saves_and_survives_resume(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[fp4.fallback]")]
     assert len(lines) == N_LINEARS and all("-> BF16" in ln and "iteration 2" in ln for ln in lines), lines
-    q = _quant_records(f"{d}/log")
+    q = helpers.read_quant_records(f"{d}/log")
     assert sorted(q) == [2]  # the interval that triggered the switch was measured in NVFP4
     extra = torch.load(os.path.join(d, "ckpt", "iter_0000002", "extra", "rank_00000.pt"), weights_only=False)
     switched = extra["fp4_fallback"]["bf16_modules"]
@@ -58,7 +47,7 @@ def test_forced_fallback_switches_saves_and_survives_resume(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[fp4.fallback] resumed with {N_LINEARS} module(s) in BF16" in r.stdout, r.stdout[-3000:]
     assert not [ln for ln in r.stdout.splitlines() if ln.startswith("[fp4.fallback] iteration")]
-    q = _quant_records(f"{d}/log")
+    q = helpers.read_quant_records(f"{d}/log")
     assert sorted(q) == [2], sorted(q)
     train, _ = helpers.read_metrics(f"{d}/log")
     assert 4 in train and train[4]["loss"] == train[4]["loss"]  # finite: the BF16 path trains
@@ -105,6 +94,6 @@ def test_two_rank_fallback_agrees(tmp_path):
     mods = [torch.load(os.path.join(d, "ckpt", "iter_0000001", "extra", f"rank_{k:05d}.pt"),
                        weights_only=False)["fp4_fallback"]["bf16_modules"] for k in (0, 1)]
     assert mods[0] == mods[1] and len(lines) == len(mods[0]) > 0, (lines, mods)
-    q = _quant_records(f"{d}/log")[1]
+    q = helpers.read_quant_records(f"{d}/log")[1]
     worst = {k[len("quant/"):].rsplit("/", 2)[0] for k, v in q.items() if v > 0.12}
     assert worst == set(mods[0])
