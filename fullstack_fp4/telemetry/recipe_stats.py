@@ -246,13 +246,25 @@ def _step_count(state: dict) -> int:
     return int(st.item())
 
 
+def _chunk_prev_moments(ms, vs, j: int, n: int, phase: int, length: int, device):
+    """Decoded FP32 (m, v) of chunk ``j`` before this step (``ms``/``vs``: the parameter's
+    unpacked MomentStates; None before the first step: zero moments of ``length`` entries)."""
+    from fullstack_fp4.optim.q_adamw import decode_exp_avg, decode_exp_avg_sq
+    from fullstack_fp4.optim.q_adamw.codecs import BLOCK, CHUNK
+
+    if ms is None:
+        z = torch.zeros(length, dtype=torch.float32, device=device)
+        return z, z
+    return (decode_exp_avg(_chunk_state(ms, j, n, phase, CHUNK, BLOCK)),
+            decode_exp_avg_sq(_chunk_state(vs, j, n, phase, CHUNK, BLOCK)))
+
+
 def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2: float,
                         eps: float, chunks: int = 2, generator=None, phase: int = 0) -> Dict[str, tuple]:
     """Sampled sums over ``chunks`` uniformly drawn 1024-entry chunks of one QAdamW parameter
     (``state``: its optimizer state *before* this step; empty = zero moments, step 1;
     ``phase``: the chunk-grid phase of a piece of a larger tensor, QAdamW's placement)."""
-    from fullstack_fp4.optim.q_adamw import decode_exp_avg, decode_exp_avg_sq
-    from fullstack_fp4.optim.q_adamw.codecs import BLOCK, CHUNK
+    from fullstack_fp4.optim.q_adamw.codecs import CHUNK
     from fullstack_fp4.optim.q_adamw.optimizer import _unpack_state
 
     n = grad.numel()
@@ -260,17 +272,13 @@ def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2:
     step = _step_count(state) + 1
     n_chunks = -(-(phase + n) // CHUNK)
     acc: Dict[str, list] = {}
-    packed = "exp_avg_codes" in state
-    if packed:
+    ms = vs = None
+    if "exp_avg_codes" in state:
         ms, vs = _unpack_state(state, n, phase) if phase else _unpack_state(state, n)
     for j in sample_indices(n_chunks, chunks, generator).tolist():
         lo, hi = _chunk_bounds(j, n, phase, CHUNK)
         ph = phase if j == 0 else 0
-        if packed:
-            m_prev = decode_exp_avg(_chunk_state(ms, j, n, phase, CHUNK, BLOCK))
-            v_prev = decode_exp_avg_sq(_chunk_state(vs, j, n, phase, CHUNK, BLOCK))
-        else:
-            m_prev = v_prev = torch.zeros(hi - lo, dtype=torch.float32, device=g.device)
+        m_prev, v_prev = _chunk_prev_moments(ms, vs, j, n, phase, hi - lo, g.device)
         part = q_adamw_chunk_sums(m_prev, v_prev, g[lo:hi], beta1=beta1, beta2=beta2, eps=eps,
                                   step=step, generator=generator, phase=ph)
         for k, (a, b) in part.items():
@@ -328,23 +336,19 @@ def q_adamw_group_sums(items: list, *, beta1: float, beta2: float, eps: float, c
         n = grad.numel()
         g = grad.detach().reshape(-1)
         step = _step_count(state) + 1
-        packed = "exp_avg_codes" in state
-        if packed:
+        ms = vs = None
+        if "exp_avg_codes" in state:
             ms, vs = _unpack_state(state, n, phase) if phase else _unpack_state(state, n)
         for j in sample_indices(-(-(phase + n) // CHUNK), chunks, generator).tolist():
             lo, hi = _chunk_bounds(j, n, phase, CHUNK)
             ph = phase if j == 0 else 0
             rand = None if generator is None else torch.rand(padded_numel(hi - lo), generator=generator)
             if hi - lo == CHUNK and ph == 0 and rand is not None:
-                cm = _chunk_state(ms, j, n, phase, CHUNK, BLOCK) if packed else None
-                cv = _chunk_state(vs, j, n, phase, CHUNK, BLOCK) if packed else None
+                cm = None if ms is None else _chunk_state(ms, j, n, phase, CHUNK, BLOCK)
+                cv = None if vs is None else _chunk_state(vs, j, n, phase, CHUNK, BLOCK)
                 batches.setdefault(step, []).append((i, cm, cv, g[lo:hi], rand))
                 continue
-            if packed:
-                m_prev = decode_exp_avg(_chunk_state(ms, j, n, phase, CHUNK, BLOCK))
-                v_prev = decode_exp_avg_sq(_chunk_state(vs, j, n, phase, CHUNK, BLOCK))
-            else:
-                m_prev = v_prev = torch.zeros(hi - lo, dtype=torch.float32, device=g.device)
+            m_prev, v_prev = _chunk_prev_moments(ms, vs, j, n, phase, hi - lo, g.device)
             part = q_adamw_chunk_sums(m_prev, v_prev, g[lo:hi], beta1=beta1, beta2=beta2, eps=eps,
                                       step=step, generator=generator, phase=ph, rand=rand)
             for k, (a, b) in part.items():
