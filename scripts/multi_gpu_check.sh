@@ -2,7 +2,9 @@
 # Multi-GPU check (issue 9) in ONE call on a 2- or 4-GPU machine; docs/multi-gpu.md explains it.
 #   bash scripts/multi_gpu_check.sh               # 2 or 4 GPUs (nvidia-h200-x2 / -x4), budget MG_BUDGET=540 s
 #   bash scripts/multi_gpu_check.sh --cpu-smoke   # same flow on CPU: gloo, tiny model, mock data, q_adamw/root arms
-# MG_PARTS=refs runs only the 1-GPU references and repeats. MG_NO_INSTALL=1: megatron-core already in /tmp/site.
+# MG_PARTS=refs runs only the 1-GPU references and repeats; MG_PARTS=1,4,5 (a comma list) runs the references and
+# those parts only. MG_SKIP=name,name skips single runs (e.g. ones measured in an earlier call).
+# MG_NO_INSTALL=1: megatron-core already in /tmp/site.
 # Writes $OUT/multi_gpu_check.log, $OUT/summary.md, $OUT/summary.json (OUT defaults to runs/multi_gpu_check).
 # Every run has a `timeout`; a failed run is recorded and the script goes on; runs that would not fit the
 # remaining budget are recorded as skipped. With 4 GPUs independent runs go side by side (two pairs).
@@ -82,6 +84,11 @@ train() {
   local name=$1 nproc=$2 gpus=$3 limit=$4 part=$5 arm=$6 layout=$7 kind=$8 ref=$9 ref2=${10}; shift 11
   local left=$((BUDGET - SECONDS - RESERVE))
   local rd=$W/$name
+  if [[ ",${MG_SKIP:-}," == *",$name,"* ]]; then
+    say "SKIP $name (MG_SKIP)"
+    record name=$name part=$part arm=$arm layout="$layout" kind=$kind ref=$ref ref2=$ref2 note="skipped: MG_SKIP"
+    return 0
+  fi
   if [ $left -lt 20 ]; then
     say "SKIP $name (budget: ${left}s left)"
     record name=$name part=$part arm=$arm layout="$layout" kind=$kind ref=$ref ref2=$ref2 note="skipped: time budget"
@@ -125,6 +132,8 @@ if [ "$NGPU" = 1 ]; then G1=0; G3=0; fi   # MG_PARTS=refs on one GPU: the 1-GPU 
 [ $SMOKE = 1 ] && { G0=""; G1=""; G2=""; G3=""; PA=""; PB=""; QUAD=""; }
 # par: side by side when the slots differ (4 GPUs); one after another otherwise
 par() { if [ "$NGPU" -ge 4 ]; then train "$@" & else train "$@"; fi; }
+# part N: is it selected? (MG_PARTS unset or "all": every part; "refs": none; else a comma list)
+part() { case "${MG_PARTS:-all}" in all) return 0;; refs) return 1;; *) [[ ",$MG_PARTS," == *",$1,"* ]];; esac; }
 say "GPUs: $NGPU (pairs $PA | $PB${QUAD:+, quad $QUAD})"
 CK_ARM1=$W/${ARM1}_tp2/ckpt; CK_BF=$W/bf16_tp2/ckpt
 SAVE="checkpoint.save_interval=$HALF checkpoint.keep_last=2"
@@ -149,7 +158,7 @@ if [ "$CPU_INIT" = 1 ] && ! grep -q '"name": "bf16_1gpu".*"rc": 0' "$MAN"; then
   CPU_INIT=0
 fi
 # MG_PARTS=refs: only the 1-GPU references and controls above (e.g. one GPU of a shared machine)
-if [ "${MG_PARTS:-all}" != refs ]; then
+if part 1; then
 par ${ARM1}_tp2 2 "$PA" $T_RUN 1 $ARM1 "TP=2" train ${ARM1}_1gpu "" -- $A1 parallel.tensor_model_parallel_size=2 \
   checkpoint.save_dir=$CK_ARM1 checkpoint.load=none $SAVE
 # the issue asks for DP=2 with the distributed optimizer; a recipe that refuses it says so in one line,
@@ -157,8 +166,10 @@ par ${ARM1}_tp2 2 "$PA" $T_RUN 1 $ARM1 "TP=2" train ${ARM1}_1gpu "" -- $A1 paral
 par ${ARM1}_dp2_distopt 2 "$PB" $T_RUN 1 $ARM1 "DP=2 (dist-opt)" train ${ARM1}_1gpu "" -- $A1 $DISTOPT $NOSAVE
 wait
 par ${ARM1}_dp2 2 "$PA" $T_RUN 1 $ARM1 "DP=2 (DDP)" train ${ARM1}_1gpu "" -- $A1 $NOSAVE
+fi
 
 # ---------------------------------------------------------------------------- part 2
+if part 2; then
 say "== part 2: save at TP=2 (iter $HALF), resume at DP=2 and on 1 GPU"
 par bf16_tp2 2 "$PB" $T_RUN 2 bf16 "TP=2" train bf16_1gpu "" -- parallel.tensor_model_parallel_size=2 \
   checkpoint.save_dir=$CK_BF checkpoint.load=none $SAVE
@@ -176,6 +187,7 @@ par bf16_resume_dp2_distopt 2 "$PB" $T_RES 2 bf16 "TP=2 -> DP=2 (dist-opt)" resu
 wait
 
 # ---------------------------------------------------------------------------- part 3
+fi
 say "== part 3: 4-block 3b benchmark, 1 GPU vs TP=2"
 bench() {  # bench NAME NPROC GPUS LIMIT
   local name=$1 nproc=$2 gpus=$3 limit=$4 left=$((BUDGET - SECONDS - RESERVE))
@@ -195,7 +207,8 @@ bench() {  # bench NAME NPROC GPUS LIMIT
   record name=$name part=3 arm=bf16,$ARM1 layout="TP=$nproc" kind=bench rc=$rc wall_s=$((SECONDS - t0)) \
     json=$W/$name/bench_tp$nproc.json log=$W/$name/out.txt
 }
-if [ "$NGPU" -ge 4 ]; then
+if ! part 3; then :
+elif [ "$NGPU" -ge 4 ]; then
   bench bench_1gpu 1 "$G0" $T_BENCH & bench bench_tp2 2 "$PB" $T_BENCH & wait
 else
   bench bench_1gpu 1 "$G0" $T_BENCH
@@ -203,13 +216,16 @@ else
 fi
 
 # ---------------------------------------------------------------------------- part 4
+if part 4; then
 say "== part 4: $ARM2 TP=2 / DP=2"
 par ${ARM2}_tp2 2 "$PA" $T_RUN 4 $ARM2 "TP=2" train ${ARM2}_1gpu "" -- $A2 parallel.tensor_model_parallel_size=2 $NOSAVE
 par ${ARM2}_dp2 2 "$PB" $T_RUN 4 $ARM2 "DP=2 (DDP)" train ${ARM2}_1gpu "" -- $A2 $NOSAVE
 wait
 
-# ---------------------------------------------------------------------------- part 5 (4 GPUs)
-if [ -n "$QUAD" ] || [ $SMOKE = 1 ]; then
+fi
+# ---------------------------------------------------------------------------- part 5 (4 GPUs; PP=2 alone on 2)
+if ! part 5; then :
+elif [ -n "$QUAD" ] || [ $SMOKE = 1 ]; then
   say "== part 5: PP=2 x DP=2 on 4 ranks ($ARM1, $ARM2, bf16 with the distributed optimizer)"
   train ${ARM1}_pp2dp2 4 "$QUAD" $T_RUN 5 $ARM1 "PP=2 x DP=2 (DDP)" train ${ARM1}_1gpu "" -- $A1 \
     parallel.pipeline_model_parallel_size=2 $NOSAVE
@@ -217,17 +233,21 @@ if [ -n "$QUAD" ] || [ $SMOKE = 1 ]; then
     parallel.pipeline_model_parallel_size=2 $NOSAVE
   train bf16_pp2dp2_distopt 4 "$QUAD" $T_RUN 5 bf16 "PP=2 x DP=2 (dist-opt)" train bf16_1gpu "" -- \
     parallel.pipeline_model_parallel_size=2 $DISTOPT $NOSAVE
-else
-  say "== part 5: PP=2 x DP=2 needs 4 GPUs; skipped"
-  record name=pp2dp2 part=5 kind=train note="skipped: needs 4 GPUs"
+elif [ "$NGPU" -ge 2 ]; then
+  say "== part 5: PP=2 on 2 GPUs ($ARM2, $ARM1); PP=2 x DP=2 needs 4"
+  train ${ARM2}_pp2 2 "$PA" $T_RUN 5 $ARM2 "PP=2" train ${ARM2}_1gpu "" -- $A2 \
+    parallel.pipeline_model_parallel_size=2 $NOSAVE
+  train ${ARM1}_pp2 2 "$PA" $T_RUN 5 $ARM1 "PP=2" train ${ARM1}_1gpu "" -- $A1 \
+    parallel.pipeline_model_parallel_size=2 $NOSAVE
+  record name=pp2dp2 part=5 kind=train note="PP=2 x DP=2 skipped: needs 4 GPUs"
 fi
 
 # ---------------------------------------------------------------------------- part 6 (extras)
+if part 6; then
 say "== part 6: bf16 DP=2 with the distributed optimizer"
 par bf16_dp2_distopt 2 "$PA" $T_RUN 6 bf16 "DP=2 (dist-opt)" train bf16_1gpu "" -- $DISTOPT $NOSAVE
 wait
-
-fi  # MG_PARTS
+fi
 
 # ---------------------------------------------------------------------------- summary
 say "== summary (manifest $MAN)"
