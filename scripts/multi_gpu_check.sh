@@ -4,7 +4,8 @@
 #   bash scripts/multi_gpu_check.sh --cpu-smoke   # same flow on CPU: gloo, tiny model, mock data, q_adamw/root arms
 # MG_PARTS=refs runs only the 1-GPU references and repeats; MG_PARTS=1,4,5 (a comma list) runs the references and
 # those parts only. MG_SKIP=name,name skips single runs (e.g. ones measured in an earlier call).
-# MG_NO_INSTALL=1: megatron-core already in /tmp/site.
+# MG_NO_INSTALL=1: megatron-core already in /tmp/site. MG_EARLIER=summary.json of an earlier call (same commit):
+# its runs (losses stored in it) join this call's summary, so references need not be rerun.
 # Writes $OUT/multi_gpu_check.log, $OUT/summary.md, $OUT/summary.json (OUT defaults to runs/multi_gpu_check).
 # Every run has a `timeout`; a failed run is recorded and the script goes on; runs that would not fit the
 # remaining budget are recorded as skipped. With 4 GPUs independent runs go side by side (two pairs).
@@ -45,6 +46,10 @@ if [ $SMOKE = 1 ]; then
   T_REF=200; T_RUN=200; T_RES=200; T_BENCH=200
 else
   PY=python3
+  # up to five processes share the host: torch's CPU work (--cpu-init draws, the LoRA-SVD factor SVDs,
+  # Triton compiles) with every process on every core oversubscribed it (3 NVFP4 references made no step
+  # in 250 s on nvidia-h200-x2, 32 cores)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
   if [ -n "${MG_NO_INSTALL:-}" ]; then export PYTHONPATH=/tmp/site:$PWD   # installed by the caller
   else python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || { say "wheel install failed"; }; fi
@@ -251,6 +256,7 @@ fi
 
 # ---------------------------------------------------------------------------- summary
 say "== summary (manifest $MAN)"
+EARLIER=(); [ -n "${MG_EARLIER:-}" ] && EARLIER=(--earlier "$MG_EARLIER")
 timeout 60 "$PY" scripts/multi_gpu_compare.py summary --manifest "$MAN" --md "$OUT/summary.md" --json "$OUT/summary.json" \
-  2>&1 | tee -a "$LOG"
+  "${EARLIER[@]}" 2>&1 | tee -a "$LOG"
 say "finished in ${SECONDS}s; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Helper of scripts/multi_gpu_check.sh: per-step loss comparison of runs in several layouts.
 
-    python scripts/multi_gpu_compare.py summary --manifest M.jsonl --md OUT/summary.md --json OUT/summary.json
+    python scripts/multi_gpu_compare.py summary --manifest M.jsonl --md OUT/summary.md --json OUT/summary.json \
+        [--earlier EARLIER/summary.json ...]
     python scripts/multi_gpu_compare.py compare REF_LOGDIR RUN_LOGDIR [RUN_LOGDIR ...]
     python scripts/multi_gpu_compare.py pretrain [--cpu-init] -- --config C.yaml key=value ...
 
@@ -130,13 +131,27 @@ def fmt(x, spec=".3e") -> str:
     return format(x, spec)
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[dict], earlier: list[dict] | None = None) -> dict:
+    """`earlier`: run rows of summaries written by earlier calls (their `train` / `val` losses are
+    stored in the JSON). A run of this manifest wins over an earlier one of the same name; the
+    earlier ones are listed with `from_earlier: true`, and runs of either call are compared with
+    references of either call (same commit assumed: the caller's business)."""
+    names = {r["name"] for r in runs}
+    old = [dict(r, from_earlier=True) for r in (earlier or []) if r.get("name") not in names]
+    runs = list(runs) + old
     by_name = {r["name"]: r for r in runs}
     metrics = {r["name"]: read_metrics(r.get("logdir")) for r in runs if r.get("kind") != "bench"}
+    for r in old:
+        if r.get("kind") != "bench":
+            metrics[r["name"]] = ({int(i): v for i, v in (r.get("train") or {}).items()},
+                                  {int(i): v for i, v in (r.get("val") or {}).items()})
     out_runs, comparisons, bench = [], [], []
     for r in runs:
         kind, rc = r.get("kind", "train"), r.get("rc")
-        row = {k: r.get(k) for k in ("name", "part", "arm", "layout", "kind", "rc", "wall_s", "note", "expect")}
+        row = {k: r.get(k) for k in ("name", "part", "arm", "layout", "kind", "rc", "wall_s", "note", "expect",
+                                     "ref", "ref2")}
+        if r.get("from_earlier"):
+            row["from_earlier"] = True
         if rc is None:
             row["status"] = "skipped" + (f" ({r['note']})" if r.get("note") else "")
         elif kind == "bench":
@@ -145,10 +160,13 @@ def summarize(runs: list[dict]) -> dict:
                 bench.append({"run": r["name"], **b})
         else:
             train, val = metrics.get(r["name"], ({}, {}))
+            # the losses themselves, so that a later call's summary can compare with this run
+            row["train"] = {str(i): train[i] for i in sorted(train)}
+            row["val"] = {str(i): val[i] for i in sorted(val)}
             row["steps_logged"] = len(train)
             row["last_iter"] = max(train) if train else None
             row["final_loss"] = train[max(train)] if train else None
-            err = error_line(r.get("log"))
+            err = error_line(r.get("log")) if not r.get("from_earlier") else r.get("error")
             row["error"] = err
             if rc == 0:
                 row["status"] = "ok" if train else "ok (no metrics)"
@@ -158,7 +176,7 @@ def summarize(runs: list[dict]) -> dict:
                 row["status"] = f"refused rc={rc}"
             else:
                 row["status"] = f"failed rc={rc}"
-                row["tail"] = tail(r.get("log"))
+                row["tail"] = tail(r.get("log")) if not r.get("from_earlier") else r.get("tail", "")
             for key in ("ref", "ref2"):
                 ref = r.get(key)
                 if not ref or ref not in metrics or not train:
@@ -191,6 +209,8 @@ def to_markdown(s: dict, *, per_step: bool = True) -> str:
          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in s["runs"]:
         note = r.get("error") or r.get("tail") or r.get("note") or ""
+        if r.get("from_earlier"):
+            note = "(earlier call) " + note
         L.append(f"| {r.get('part') or '-'} | {r['name']} | {r.get('arm') or '-'} | {r.get('layout') or '-'} | "
                  f"{r.get('kind') or '-'} | {r['status']} | {r.get('steps_logged', '-')} | "
                  f"{fmt(r.get('final_loss'), '.4f')} | {fmt(r.get('wall_s'), '.0f')} | {note.replace('|', '/')} |")
@@ -234,7 +254,15 @@ def _bench_ratio(rows: list[dict]) -> str:
 
 
 def cmd_summary(a) -> int:
-    s = summarize(read_manifest(a.manifest))
+    earlier = []
+    for path in a.earlier or []:
+        try:
+            with open(path) as f:
+                earlier += json.load(f).get("runs", [])
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"error: cannot read the earlier summary {path}: {e}", file=sys.stderr)
+            return 2
+    s = summarize(read_manifest(a.manifest), earlier)
     md = to_markdown(s)
     if a.md:
         with open(a.md, "w") as f:
@@ -342,6 +370,8 @@ def main(argv=None) -> int:
     s.add_argument("--manifest", required=True)
     s.add_argument("--md")
     s.add_argument("--json")
+    s.add_argument("--earlier", action="append", metavar="SUMMARY_JSON",
+                   help="a summary.json of an earlier call of the same commit: its runs join this one's")
     c = sub.add_parser("compare")
     c.add_argument("ref")
     c.add_argument("runs", nargs="+")

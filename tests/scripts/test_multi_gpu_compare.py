@@ -87,3 +87,30 @@ def test_summary_statuses_comparisons_bench(tmp_path):
     assert mgc.main(["summary", "--manifest", str(man), "--md", str(tmp_path / "s.md"),
                      "--json", str(tmp_path / "s.json")]) == 0
     assert json.load(open(tmp_path / "s.json"))["runs"][0]["name"] == "a_1gpu"
+
+
+def test_summary_joins_an_earlier_calls_runs(tmp_path):
+    # call 1 ran the TP=2 run but its 1-GPU reference timed out; call 2 ran the reference only
+    tp = _metrics(tmp_path / "tp", {1: 5.0, 2: 4.004}, {2: 4.5})
+    m1 = tmp_path / "m1.jsonl"
+    m1.write_text("\n".join(json.dumps(r) for r in [
+        {"name": "a_1gpu", "part": "1", "arm": "a", "layout": "1 GPU", "kind": "train", "rc": 137,
+         "logdir": str(tmp_path / "nolog")},
+        {"name": "a_tp2", "part": "1", "arm": "a", "layout": "TP=2", "kind": "train", "rc": 0, "logdir": tp,
+         "ref": "a_1gpu"}]) + "\n")
+    assert mgc.main(["summary", "--manifest", str(m1), "--json", str(tmp_path / "s1.json")]) == 0
+    ref = _metrics(tmp_path / "ref", {1: 5.0, 2: 4.0}, {2: 4.5})
+    m2 = tmp_path / "m2.jsonl"
+    m2.write_text(json.dumps({"name": "a_1gpu", "part": "1", "arm": "a", "layout": "1 GPU", "kind": "train",
+                              "rc": 0, "logdir": ref}) + "\n")
+    assert mgc.main(["summary", "--manifest", str(m2), "--json", str(tmp_path / "s2.json"),
+                     "--md", str(tmp_path / "s2.md"), "--earlier", str(tmp_path / "s1.json")]) == 0
+    s = json.load(open(tmp_path / "s2.json"))
+    rows = {r["name"]: r for r in s["runs"]}
+    assert rows["a_1gpu"]["status"] == "ok" and not rows["a_1gpu"].get("from_earlier")  # this call's wins
+    assert rows["a_tp2"]["from_earlier"] and rows["a_tp2"]["train"] == {"1": 5.0, "2": 4.004}
+    (c,) = s["comparisons"]
+    assert (c["run"], c["ref"], c["steps"]) == ("a_tp2", "a_1gpu", 2)
+    assert math.isclose(c["max_rel_diff"], 0.001)
+    assert "(earlier call)" in open(tmp_path / "s2.md").read()
+    assert mgc.main(["summary", "--manifest", str(m2), "--earlier", str(tmp_path / "missing.json")]) == 2
