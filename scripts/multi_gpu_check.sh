@@ -106,14 +106,16 @@ train() {
   if [ $nproc -gt 1 ]; then
     launcher=("$PY" -m torch.distributed.run --nproc-per-node $nproc --master-addr 127.0.0.1 --master-port $(port_of $name))
   fi
-  local cmd=(timeout -k 10 $limit env CUDA_VISIBLE_DEVICES=$gpus "${launcher[@]}" scripts/multi_gpu_compare.py pretrain
+  # one process: SIGABRT at the limit, so that faulthandler prints where it was (a run that made no step)
+  local sig=TERM; [ $nproc = 1 ] && sig=ABRT
+  local cmd=(timeout -s $sig -k 10 $limit env CUDA_VISIBLE_DEVICES=$gpus "${launcher[@]}" scripts/multi_gpu_compare.py pretrain
              "${init[@]}" -- --config "$CFG" "${COMMON[@]}" train.iters=$ITERS train.log_interval=1
              train.eval_interval=$HALF train.eval_iters=2 logging.tensorboard=false logging.dir=$rd/log
              "$@")
   [ $SMOKE = 0 ] && cmd+=(data.cache_dir=${CACHE:-$rd/cache})
-  say "RUN $name [$layout, limit ${limit}s]: ${cmd[*]:3}"
+  say "RUN $name [$layout, limit ${limit}s]: ${cmd[*]:5}"
   local t0=$SECONDS
-  "${cmd[@]}" > "$rd/out.txt" 2>&1
+  PYTHONFAULTHANDLER=1 "${cmd[@]}" > "$rd/out.txt" 2>&1
   local rc=$? wall=$((SECONDS - t0))
   grep -v -i "warn" "$rd/out.txt" | grep -E "error|Error|iteration +($HALF|$ITERS)/|checkpoint|stopping|Traceback" \
     | tail -6 | sed "s/^/    $name| /" | tee -a "$LOG"
