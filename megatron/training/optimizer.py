@@ -37,6 +37,7 @@ def build_optimizer(cfg, model_chunks):
     if cfg.optimizer.name == "adamw":
         use_fused_adamw(optimizer)
     recipes.convert_optimizer(optimizer, cfg, model_chunks)
+    recipes.configure_grad_norm(optimizer, cfg, model_chunks)
     return optimizer
 
 

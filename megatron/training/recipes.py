@@ -77,6 +77,15 @@ def convert_optimizer(optimizer, cfg, model_chunks) -> None:
     return None
 
 
+def configure_grad_norm(optimizer, cfg, model_chunks) -> None:
+    """LoRA-SVD: clip (and log) by the norm of the dense-equivalent gradient, not of the routed
+    factor gradients (fullstack_fp4/integration/lora_grad_norm.py)."""
+    if cfg.fp4.linear == "lora_svd" and cfg.fp4.lora_svd.clip_dense_norm:
+        from fullstack_fp4.integration.lora_grad_norm import clip_by_dense_norm
+
+        clip_by_dense_norm(optimizer, model_chunks)
+
+
 def after_optimizer_step(model_chunks, optimizer, cfg, iteration: int) -> None:
     """Hook run after every optimizer step (`iteration` = steps done), e.g. LoRA-SVD realignment.
 
