@@ -11,13 +11,14 @@
 #   GPU 3 with MG_SNAP=DIR: the 1-GPU references and repeats of scripts/multi_gpu_check.sh
 #          (MG_PARTS=refs) run from DIR, a copy of an older commit (that of an earlier multi-GPU run)
 #          whose layouts they complete; then $G3_BENCHES on GPU 3.
+# ABL0 (optional): arms GPU 0 trains after its benchmarks, in the time left.
 # Carry .whl and data/quickstart. Everything comes back as $OUT/results.tgz + $OUT/log.txt (the
 # device tool returns at most 8 files). FULLSTACK_COMMIT names the commit (no .git there).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-R=/tmp/results; mkdir -p $R/g0 $R/g3 $R/abl $R/abl_g1 $R/abl_g2 $R/abl_g3
+R=/tmp/results; mkdir -p $R/g0 $R/g3 $R/abl $R/abl_g0 $R/abl_g1 $R/abl_g2 $R/abl_g3
 BUDGET=${BUDGET:-500}                 # seconds of training per ablation GPU
 ITERS=${ITERS:-300}
 QSI=${QSI:-25}
@@ -34,6 +35,11 @@ g0() {
   timeout "$BLOCKS_TIMEOUT" python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 \
     --quant-stats-interval "$BENCH_QSI" --out $R/g0
   benches $R/g0 "$BENCHES"
+  # $ABL0: ablation arms GPU 0 trains after its benchmarks, in the time left of BUDGET + 60
+  if [ -n "${ABL0:-}" ]; then
+    local left=$((BUDGET + 60 - (SECONDS - t0) - 40))
+    [ $left -ge 60 ] && abl 0 "$ABL0" $left || echo "===== ablation $ABL0 on GPU 0: skipped (time)"
+  fi
 }
 benches() {  # benches OUTDIR LIST: each '|'-separated "script args..." entry, while time is left
   local out=$1 b left
@@ -44,9 +50,10 @@ benches() {  # benches OUTDIR LIST: each '|'-separated "script args..." entry, w
     echo "===== $b ($(date +%T), ${left}s left)"; OUT=$out eval "timeout $left python3 scripts/$b"
   done
 }
-abl() {  # abl GPU ARMS
+abl() {  # abl GPU ARMS [BUDGET]
   export CUDA_VISIBLE_DEVICES=$1
-  timeout $((BUDGET + 90)) python3 scripts/ablation.py --arms "$2" --iters "$ITERS" --time-budget "$BUDGET" \
+  local budget=${3:-$BUDGET}
+  timeout $((budget + 90)) python3 scripts/ablation.py --arms "$2" --iters "$ITERS" --time-budget "$budget" \
     --out $R/abl_g$1 --ppl-tokens 65536 --cloze-items 200 \
     --set logging.quant_stats_interval=$QSI data.cache_dir=/tmp/cache_g$1
 }
@@ -79,7 +86,7 @@ elif [ -n "$ABL2" ]; then
 fi
 wait
 for d in $R/abl_g*/*/; do mv "$d" $R/abl/; done   # one --out per GPU while training (no shared temp files)
-ALL=$(echo "$ABL3,$ABL1,${ABL2:-}" | tr ',' '\n' | awk 'NF && !s[$0]++' | paste -sd,)
+ALL=$(echo "$ABL3,$ABL1,${ABL2:-},${ABL0:-}" | tr ',' '\n' | awk 'NF && !s[$0]++' | paste -sd,)
 CUDA_VISIBLE_DEVICES=0 timeout 120 python3 scripts/ablation.py --arms "$ALL" --iters "$ITERS" --report-only \
   --out $R/abl --ppl-tokens 65536 --cloze-items 200 > $R/abl/log_report.txt 2>&1
 for a in ${ALL//,/ }; do   # one heat map per arm that logged statistics
