@@ -1,27 +1,36 @@
 #!/usr/bin/env python
 """Benchmark the Triton NVFP4 quantize kernels on one GPU (8192×8192 BF16), beside their peers.
 
-    python scripts/bench_nvfp4_quantize.py            # prints a markdown table
+    python scripts/bench_nvfp4_quantize.py            # gate + table (markdown)
+    python scripts/bench_nvfp4_quantize.py --sweep    # + tile-config sweep of the eo kernels
     OUT=/some/dir python scripts/bench_nvfp4_quantize.py   # also writes $OUT/bench_nvfp4_quantize.json
+    python scripts/bench_nvfp4_quantize.py --sass     # no GPU: SASS instructions per element
 
 What it does, in one run:
-1. Bit-exactness gate: every mode of ``quantize_triton`` on a mid-size GPU tensor against the
-   pure-PyTorch reference run on CPU (the oracle); the script exits non-zero on a mismatch
-   before timing anything.
+1. Bit-exactness gate: every mode of ``quantize_triton`` (the eo kernels and the legacy
+   baseline, ``legacy=True``) on a mid-size GPU tensor against the pure-PyTorch reference run on
+   CPU (the oracle), plus eo == legacy on the full 8192² tensor for every mode. The script exits
+   non-zero on a mismatch before timing anything.
 2. Copy bandwidth: ``dst.copy_(src)`` of the same tensor, bytes read + written.
-3. Median time (``triton.testing.do_bench``, return_mode="median") of each quantize mode, both
-   with the host NaN/Inf check (what callers get: one ``.item()`` sync) and without it (the
-   kernels alone), and of the peers: a straightforward PyTorch fake-quant (quantize-dequantize),
-   the reference quantizer on the GPU, and torchao's ``NVFP4Tensor.to_nvfp4`` if importable.
+3. For each quantize mode, the median time of: the call as callers make it ("eager":
+   ``triton.testing.do_bench``, L2 flushed before each call, host launch overhead included when
+   it exceeds the flush), the same call replayed from a CUDA graph ("graph": device time of the
+   kernels, L2 flushed before each replay), the legacy kernels (graph), the amax pass alone
+   (graph), and the call with the NaN check callers get by default (one host sync, eager).
+   Then the peers: a straightforward PyTorch fake-quant, the reference on the GPU, torchao.
+4. ``--sweep``: graph time of each mode over tile configs (BLOCK_M rows, BLOCK_B blocks,
+   warps) of the quantize kernel and of the amax pass, to pick the defaults from one GPU call.
 
 Bytes. "min bytes" is what any quantizer must move: read 2 B/elem (BF16) + write 0.5 B codes
 + 1/16 B scales = 2.5625 B/elem. "actual bytes" adds the second read of the input when the
-global amax is computed by a separate pass (4.5625 B/elem); with ``global_amax`` given the
-kernel reads the input once. GB/s = bytes / median time; "% copy" = that over the copy's.
+global amax is computed by a separate pass (4.5625 B/elem; part of that second read may hit L2,
+which the number does not credit); with ``global_amax`` given the kernel reads the input once.
+GB/s = bytes / median time; "% copy" = that over the copy's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -29,23 +38,113 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import triton  # noqa: E402
-import triton.testing  # noqa: E402
-
-from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16  # noqa: E402
-from fullstack_fp4.nvfp4.reference import quantize_reference  # noqa: E402
-from fullstack_fp4.nvfp4.triton_dequantize import dequantize_triton  # noqa: E402
-from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms, quantize_triton  # noqa: E402
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
 
 M = N = 8192
 MIN_B = 2.0 + 0.5 + 1.0 / 16      # bytes / element, single read
 TWO_PASS_B = MIN_B + 2.0          # + amax pass read
 
+# name -> quantize_triton keyword arguments (seeded: the Philox stream is part of the contract)
+MODES = {
+    "1x16 nearest": dict(),
+    "16x16 nearest": dict(tile=(16, 16)),
+    "1x16 stochastic (Philox)": dict(rounding="stochastic", seed=1),
+    "1x16 nearest 4/6": dict(scale_rule="4over6"),
+    "1x16 nearest RHT": dict(rht="default"),
+    "1x16 stochastic RHT (wgrad dY)": dict(rht="default", rounding="stochastic", seed=1),
+}
+SWEEP = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (16, 8, 2), (32, 8, 8), (64, 8, 8), (4, 64, 4),
+         (8, 64, 4), (2, 64, 2), (128, 8, 8)]
+AMAX_SWEEP = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (128, 8, 4), (64, 8, 8), (128, 8, 8)]
 
+
+def _kw(kw):
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS
+    kw = dict(kw)
+    if kw.pop("rht", None):
+        kw["rht_signs"] = DEFAULT_SIGNS
+    return kw
+
+
+# ----------------------------------------------------------------------------- SASS counts
+def sass_counts(configs=None):
+    """Compile every mode (eo and legacy) for sm_90 with the real compiler, no GPU, and count
+    the SASS instructions on the kernel's main path (up to the first EXIT; the ``div_rn`` slow
+    path is a subroutine after it) per thread and per element. Issue-bound time at 8192² on an
+    H200 ≈ T · 2.0 µs for T instructions an element (67.1e6 · T / 32 / 1.05e12 warp-instr/s)."""
+    import collections
+    import re
+    import subprocess
+    import tempfile
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import triton
+    import triton_compile_gate as gate
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    gate._install_recorder()                 # record launches instead of running them
+    from fullstack_fp4.nvfp4 import triton_quantize as tq
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                             "cuobjdump")
+    print("| mode | kernel | config (BM, NB, warps) | SASS / thread | el / thread | "
+          "instr / el | regs | top opcodes |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    x = torch.randn(64, N, dtype=torch.bfloat16)
+    runs = [(name, kw, legacy, None) for name, kw in list(MODES.items())
+            + [("1x16 nearest, amax given", dict(global_amax=3.0))] for legacy in (True, False)]
+    runs += [("1x16 nearest", dict(), False, c) for c in (configs or [])]
+    for name, kw, legacy, cfg in runs:
+        gate._LAUNCHES.clear()
+        tq.quantize_triton(x, check_finite=False, legacy=legacy, config=cfg, **_kw(kw))
+        for job in gate.build_jobs():
+            if cfg is not None and job["fn"].__name__ != "_quantize_kernel":
+                continue                     # config rows: the amax pass has its own config
+            src = ASTSource(fn=job["fn"], signature=job["signature"], constexprs=job["constexprs"],
+                            attrs=job["attrs"])
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "k.cubin")
+                with open(path, "wb") as f:
+                    f.write(k.asm["cubin"])
+                sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True,
+                                      text=True).stdout
+                res = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True,
+                                     text=True).stdout
+            ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+            main_path = ops[:ops.index("EXIT") + 1] if "EXIT" in ops else ops
+            consts = {job["fn"].arg_names[p[0]]: v for p, v in job["constexprs"].items() if len(p) == 1}
+            el = consts["BM"] * consts["NB"] * 16 / (32 * job["num_warps"])
+            regs = re.search(r"REG:(\d+)", res)
+            top = collections.Counter(o.split(".")[0] for o in main_path).most_common(6)
+            print(f"| {name}{' (legacy)' if legacy else ''} | {job['fn'].__name__} | "
+                  f"{consts['BM']}, {consts['NB']}, {job['num_warps']} | {len(main_path)} | "
+                  f"{el:.0f} | {len(main_path) / el:.1f} | {regs.group(1) if regs else '?'} | "
+                  f"{' '.join(f'{a}:{b}' for a, b in top)} |")
+    return 0
+
+
+# ----------------------------------------------------------------------------- GPU benchmark
 def bench(fn, warmup=25, rep=200):
+    import triton.testing
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def bench_graph(fn):
+    """Median device time of ``fn``'s kernels: captured once in a CUDA graph, each replay timed
+    with CUDA events after do_bench's L2 flush (no host launch overhead in the number)."""
+    fn()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return bench(g.replay)
 
 
 def same(a, b):
@@ -54,11 +153,17 @@ def same(a, b):
             and int(a.tensor_scale.cpu().view(torch.int32)) == int(b.tensor_scale.cpu().view(torch.int32)))
 
 
-def correctness_gate():
+def correctness_gate(x_full):
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, hadamard16
+    from fullstack_fp4.nvfp4.reference import quantize_reference
+    from fullstack_fp4.nvfp4.triton_dequantize import dequantize_triton
+    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms, quantize_triton
+
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(1024, 2048, generator=g) * torch.logspace(-3, 2, 2048)).to(torch.bfloat16)
     x[5, 7] = 4e3
     x[9, :16] = 0
+    x[11, 16:32] = 1e-7 * torch.randn(16, generator=g)        # subnormal E4M3 scales
     xd = x.cuda()
     rand = torch.rand(x.shape, generator=g)
     results = []
@@ -68,18 +173,31 @@ def correctness_gate():
                 for rht in [False, True]:
                     signs = DEFAULT_SIGNS if rht else None
                     r = rand if rnd == "stochastic" else None
-                    a = quantize_triton(xd, tile=tile, rounding=rnd, scale_rule=rule,
-                                        rand=None if r is None else r.cuda(), rht_signs=signs)
                     xin = hadamard16(x, signs) if rht else x
                     b = quantize_reference(xin, tile=tile, rounding=rnd, scale_rule=rule, rand=r)
-                    results.append((f"{tile[0]}x{tile[1]} {rnd} {rule} rht={rht}", same(a, b)))
+                    for legacy in (False, True):
+                        a = quantize_triton(xd, tile=tile, rounding=rnd, scale_rule=rule,
+                                            rand=None if r is None else r.cuda(), rht_signs=signs,
+                                            legacy=legacy)
+                        results.append((f"{tile[0]}x{tile[1]} {rnd} {rule} rht={rht}"
+                                        f"{' legacy' if legacy else ''}", same(a, b)))
     # in-kernel Philox against the reference fed the dumped uniforms
-    a = quantize_triton(xd, rounding="stochastic", seed=77)
-    u = philox_uniforms(x.shape, 77, device="cuda").cpu()
-    results.append(("1x16 stochastic philox", same(a, quantize_reference(x, rounding="stochastic", rand=u))))
+    for rht in (False, True):
+        signs = DEFAULT_SIGNS if rht else None
+        a = quantize_triton(xd, rounding="stochastic", seed=77, rht_signs=signs)
+        u = philox_uniforms(x.shape, 77, device="cuda").cpu()
+        xin = hadamard16(x, signs) if rht else x
+        results.append((f"1x16 stochastic philox rht={rht}",
+                        same(a, quantize_reference(xin, rounding="stochastic", rand=u))))
+    # the full benchmark tensor: eo kernels == legacy kernels, every mode, both amax paths
+    for name, kw in MODES.items():
+        kw = _kw(kw)
+        for ga in (None, 7.5):
+            a = quantize_triton(x_full, global_amax=ga, **kw)
+            b = quantize_triton(x_full, global_amax=ga, legacy=True, **kw)
+            results.append((f"8192² eo == legacy: {name}{', amax given' if ga else ''}", same(a, b)))
     # dequantize
     t = quantize_reference(x, scale_rule="4over6")
-    from fullstack_fp4.nvfp4 import NVFP4Tensor
     td = NVFP4Tensor(t.data.cuda(), t.block_scale.cuda(), t.tensor_scale.cuda(), t.shape, t.dtype, t.tile)
     results.append(("dequantize bf16", torch.equal(dequantize_triton(td, torch.bfloat16).cpu(),
                                                    t.dequantize(torch.bfloat16))))
@@ -104,24 +222,40 @@ def torch_fake_quant(x):
     return (q * s * dec).reshape(x.shape).to(x.dtype)
 
 
-def main():
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sweep", action="store_true", help="time the tile configs of each mode")
+    ap.add_argument("--sass", action="store_true", help="SASS instruction counts (no GPU)")
+    ap.add_argument("--no-peers", action="store_true", help="skip the PyTorch / torchao peers")
+    a = ap.parse_args(argv)
+    if a.sass:
+        return sass_counts(SWEEP)
     if not torch.cuda.is_available():
-        print("needs a CUDA GPU")
+        print("needs a CUDA GPU (or --sass)")
         return 2
+
+    import triton
+
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16
+    from fullstack_fp4.nvfp4.reference import quantize_reference
+    from fullstack_fp4.nvfp4.triton_dequantize import dequantize_triton
+    from fullstack_fp4.nvfp4.triton_quantize import amax_triton, quantize_triton
+
     dev = torch.cuda.get_device_name()
     print(f"# NVFP4 quantize benchmark — {dev}, torch {torch.__version__}, triton {triton.__version__}\n")
-
-    t0 = time.time()
-    gate = correctness_gate()
-    bad = [n for n, ok in gate if not ok]
-    print(f"bit-exactness gate vs reference (1024×2048 BF16, {len(gate)} modes): "
-          f"{'PASS' if not bad else 'FAIL: ' + ', '.join(bad)} ({time.time() - t0:.1f} s)\n")
-    if bad:
-        return 1
 
     torch.manual_seed(0)
     x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     n = x.numel()
+    t0 = time.time()
+    gate = correctness_gate(x)
+    bad = [name for name, ok in gate if not ok]
+    print(f"bit-exactness gate ({len(gate)} checks: every mode vs the reference on 1024×2048, "
+          f"eo == legacy on 8192²): {'PASS' if not bad else 'FAIL: ' + ', '.join(bad)} "
+          f"({time.time() - t0:.1f} s)\n")
+    if bad:
+        return 1
+
     dst = torch.empty_like(x)
     t_copy = bench(lambda: dst.copy_(x))
     copy_bw = 2 * x.numel() * x.element_size() / (t_copy * 1e-3) / 1e9
@@ -130,69 +264,84 @@ def main():
 
     rows = []
 
-    def add(name, fn, bytes_per_elem_actual, note=""):
+    def add(name, fn, bytes_actual, note="", graph=False):
         try:
             fn()
             torch.cuda.synchronize()
-            ms = bench(fn)
+            ms = bench_graph(fn) if graph else bench(fn)
         except Exception as e:  # a peer that fails should not sink the run
             rows.append(dict(name=name, ms=None, note=f"failed: {type(e).__name__}: {e}"[:120]))
-            return
+            return None
         gbs_min = MIN_B * n / (ms * 1e-3) / 1e9
-        gbs_act = bytes_per_elem_actual * n / (ms * 1e-3) / 1e9
-        rows.append(dict(name=name, ms=ms, gbs_min=gbs_min, gbs_actual=gbs_act,
-                         frac_copy_min=gbs_min / copy_bw, frac_copy_actual=gbs_act / copy_bw,
-                         note=note))
+        gbs_act = bytes_actual * n / (ms * 1e-3) / 1e9
+        rows.append(dict(name=name, timing="graph" if graph else "eager", ms=ms, gbs_min=gbs_min,
+                         gbs_actual=gbs_act, frac_copy_min=gbs_min / copy_bw,
+                         frac_copy_actual=gbs_act / copy_bw, note=note))
+        return ms
 
     q = quantize_triton
-    modes = [
-        ("1x16 nearest", dict()),
-        ("16x16 nearest", dict(tile=(16, 16))),
-        ("1x16 stochastic (Philox)", dict(rounding="stochastic", seed=1)),
-        ("1x16 nearest 4/6", dict(scale_rule="4over6")),
-        ("1x16 nearest RHT", dict(rht_signs=DEFAULT_SIGNS)),
-        ("1x16 stochastic RHT (wgrad dY)", dict(rht_signs=DEFAULT_SIGNS, rounding="stochastic", seed=1)),
-    ]
-    for name, kw in modes:
-        add(f"triton {name}, amax pass", lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B,
-            "kernels only")
-        add(f"triton {name}, amax pass + NaN check", lambda kw=kw: q(x, **kw), TWO_PASS_B,
-            "what callers get (1 host sync)")
+    for name, kw in MODES.items():
+        kw = _kw(kw)
         ga = amax_t if "rht_signs" in kw else amax
-        add(f"triton {name}, global_amax given", lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, **kw),
-            MIN_B, "single read")
+        add(f"{name}, amax pass", lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B,
+            "kernels only", graph=True)
+        add(f"{name}, amax pass", lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B,
+            "as called, no NaN check")
+        add(f"{name}, amax pass, legacy kernels", lambda kw=kw: q(x, check_finite=False, legacy=True, **kw),
+            TWO_PASS_B, "before/after baseline", graph=True)
+        add(f"{name}, amax pass + NaN check", lambda kw=kw: q(x, **kw), TWO_PASS_B,
+            "what callers get by default (1 host sync)")
+        add(f"{name}, global_amax given", lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, **kw),
+            MIN_B, "single read", graph=True)
+        add(f"{name}, global_amax given, legacy kernels",
+            lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, legacy=True, **kw),
+            MIN_B, "before/after baseline", graph=True)
+    add("amax pass alone (amax_triton)", lambda: amax_triton(x), 2.0, "bytes: 2 read", graph=True)
+    add("amax pass alone, RHT", lambda: amax_triton(x, DEFAULT_SIGNS), 2.0, "bytes: 2 read", graph=True)
 
-    # block-shape sweep for the main mode (the lead can pick the best default from this)
-    for cfg in [(16, 8, 4), (32, 8, 4), (64, 8, 4), (32, 16, 4), (64, 8, 8), (128, 4, 8), (32, 4, 2)]:
-        add(f"sweep 1x16 nearest cfg={cfg}, amax pass",
-            lambda cfg=cfg: q(x, check_finite=False, config=cfg), TWO_PASS_B, "kernels only")
-        add(f"sweep 1x16 nearest cfg={cfg}, global_amax given",
-            lambda cfg=cfg: q(x, global_amax=amax, check_finite=False, config=cfg), MIN_B, "")
+    if a.sweep:
+        for name, kw in MODES.items():
+            kw = _kw(kw)
+            ga = amax_t if "rht_signs" in kw else amax
+            for cfg in SWEEP:
+                if kw.get("tile") == (16, 16) and cfg[0] % 16:
+                    continue
+                add(f"sweep {name}, quantize cfg={cfg}, global_amax given",
+                    lambda kw=kw, ga=ga, cfg=cfg: q(x, global_amax=ga, check_finite=False, config=cfg, **kw),
+                    MIN_B, "", graph=True)
+        for cfg in AMAX_SWEEP:
+            for rht in (None, DEFAULT_SIGNS):
+                add(f"sweep amax pass cfg={cfg}{' RHT' if rht else ''}",
+                    lambda cfg=cfg, rht=rht: amax_triton(x, rht, config=cfg), 2.0, "bytes: 2 read",
+                    graph=True)
 
     t = q(x)
     add("triton dequantize -> bf16", lambda: dequantize_triton(t, torch.bfloat16), 2.5625,
         "bytes: 0.5625 read + 2 written")
-    add("PyTorch fake-quant (quant+dequant)", lambda: torch_fake_quant(x), 2 + 2.0,
-        "peer; actual = read x + write x̂ (ignores its temporaries)")
-    add("reference quantize (PyTorch, GPU)", lambda: quantize_reference(x), TWO_PASS_B, "oracle")
-    try:
-        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor as AoNVFP4
-        add("torchao NVFP4Tensor.to_nvfp4", lambda: AoNVFP4.to_nvfp4(x), MIN_B, "peer")
-        add("torchao NVFP4Tensor.to_nvfp4 (per-tensor scale)",
-            lambda: AoNVFP4.to_nvfp4(x, per_tensor_scale=torch.tensor(amax / (6 * 448), device="cuda")),
-            MIN_B, "peer")
-    except ImportError as e:
-        rows.append(dict(name="torchao NVFP4Tensor.to_nvfp4", ms=None, note=f"skipped: {e}"[:100]))
+    if not a.no_peers:
+        add("PyTorch fake-quant (quant+dequant)", lambda: torch_fake_quant(x), 2 + 2.0,
+            "peer; actual = read x + write x̂ (ignores its temporaries)")
+        add("reference quantize (PyTorch, GPU)", lambda: quantize_reference(x), TWO_PASS_B, "oracle")
+        try:
+            from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor as AoNVFP4
+            add("torchao NVFP4Tensor.to_nvfp4", lambda: AoNVFP4.to_nvfp4(x), MIN_B, "peer")
+            add("torchao NVFP4Tensor.to_nvfp4 (per-tensor scale)",
+                lambda: AoNVFP4.to_nvfp4(x, per_tensor_scale=torch.tensor(amax / (6 * 448), device="cuda")),
+                MIN_B, "peer")
+        except ImportError as e:
+            rows.append(dict(name="torchao NVFP4Tensor.to_nvfp4", ms=None, note=f"skipped: {e}"[:100]))
 
     print(f"copy (dst.copy_(src), 8192×8192 BF16): {t_copy * 1e3:.1f} µs = {copy_bw:.0f} GB/s (read + write)\n")
-    print("| kernel | median µs | GB/s (min bytes 2.5625 B/el) | % copy (min) | GB/s (actual bytes) | % copy (actual) | note |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| kernel | timing | median µs | GB/s (min bytes 2.5625 B/el) | % copy (min) | "
+          "GB/s (actual bytes) | % copy (actual) | note |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         if r["ms"] is None:
-            print(f"| {r['name']} | – | – | – | – | – | {r['note']} |")
+            print(f"| {r['name']} | – | – | – | – | – | – | {r['note']} |")
         else:
-            print(f"| {r['name']} | {r['ms'] * 1e3:.1f} | {r['gbs_min']:.0f} | {100 * r['frac_copy_min']:.0f}% | "
-                  f"{r['gbs_actual']:.0f} | {100 * r['frac_copy_actual']:.0f}% | {r['note']} |")
+            print(f"| {r['name']} | {r['timing']} | {r['ms'] * 1e3:.1f} | {r['gbs_min']:.0f} | "
+                  f"{100 * r['frac_copy_min']:.0f}% | {r['gbs_actual']:.0f} | "
+                  f"{100 * r['frac_copy_actual']:.0f}% | {r['note']} |")
 
     out = os.environ.get("OUT")
     if out:

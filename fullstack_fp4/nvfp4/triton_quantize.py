@@ -18,6 +18,8 @@ reference's, in the reference's order; what a kernel adds is *how* each step is 
   ``(v + 2¹⁴) − 2¹⁴``, whose FP32 ulp is exactly 2⁻⁹ so the hardware's RNE addition does the
   rounding. Tested against ``torch.Tensor.to(torch.float8_e4m3fn)`` on every E4M3 midpoint.
   The same code runs under the interpreter and on the GPU (no reliance on a backend's fp8 cvt).
+  The eo kernel uses :func:`_e4m3_rne1` (one rounding add ``v + 2^(E+20)`` for every range,
+  subnormals included; same values).
 * **Element factor.** ``f = min(div_rn(1, fp32(s) · dec), FP32_MAX)``: a zero scale gives
   ``f = FP32_MAX`` (TE), so non-zero elements of such a block saturate to ±6 and decode to 0.
 * **E2M1 rounding** of ``a = |clamp(x·f, −6, 6)|`` (:func:`_e2m1_code`): with ``inv`` = 2, 1, ½
@@ -28,24 +30,32 @@ reference's, in the reference's order; what a kernel adds is *how* each step is 
   ties-to-even on the E2M1 mantissa (0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4). The
   code is the index plus 2 per binade boundary crossed; the sign bit comes from ``y < 0`` (so
   ``-0`` gets code 8 like the reference / TE, and ``y == -0.0`` gets 0). ``t − floor(t)`` equals
-  the contract's ``(a − lo) / (hi − lo)`` exactly (both exact in FP32).
+  the contract's ``(a − lo) / (hi − lo)`` exactly (both exact in FP32). The eo kernel, without
+  compare/select ladders or float->int conversions (:func:`_e2m1_rne_t`, :func:`_nib_sr`):
+  nearest is ``rne(min(2a, a + 2, a/2 + 4, 7))`` in code space (three roundings at 2²³, the
+  min of the rounded terms is the rounded min); stochastic takes ``inv`` from the exponent
+  bits, ``r = rint(a·inv)`` and ``d = a·inv − r`` (exact), and the index
+  ``r + [u < d] − [u ≥ d + 1]`` (= ``floor + [u < frac]``).
 * **4/6.** Both candidates are rounded to nearest; ``err = Σ |x − (q · s) · dec|`` with each term
   in FP32 and the sum in FP64 (``(q · s)`` is exact; ``| |x| − r·s·dec |`` equals
   ``|x − q·s·dec|`` bit for bit since ``q`` has ``x``'s sign); keep 4 iff ``err4 < err6``.
+  Both kernels sum each 8-element half in element order, then low + high.
 * **FMA contraction is disabled** (``enable_fp_fusion=False`` at every launch): a fused
   ``x·f − lo`` or ``x − q·s·dec`` would skip a rounding the reference performs.
 
 **Fused amax.** When ``global_amax`` is not given, a first kernel (:func:`_amax_kernel`) reads
 ``x`` once, each program reduces ``|x|`` over its tile and does **one** ``atomic_max`` on the
 FP32 bit pattern viewed as int32 (for non-negative floats integer order is float order; NaN
-bit patterns are above +Inf, so a NaN cannot be lost the way ``max`` on floats may drop it).
+bit patterns are above +Inf, so a NaN cannot be lost the way ``max`` on floats may drop it;
+the eo kernel takes a NaN-propagating float max, ``max.NaN``, whose NaN is positive).
 The quantize kernel then reads ``x`` a second time and takes the amax from device memory: no
 host round trip between the two kernels; the host checks finiteness once, after both are
 queued (``.item()``), and raises ``ValueError`` (the codes computed from a non-finite amax are
 thrown away). To recover part of the second read from L2, the quantize kernel walks its tiles
 in reverse order after an amax pass (the amax pass finished on the tensor's tail, which is
 what is still in L2). With ``global_amax`` given, ``x`` is read once; the quantize kernel then
-tracks the observed amax the same way (one atomic per program) only to detect NaN/Inf.
+tracks the observed amax the same way (one atomic per program) only to detect NaN/Inf (the eo
+kernel: from its block maxima, taken NaN-propagating in that mode).
 
 **RHT-16 fused.** With ``rht_signs``, each 16-block is transformed in registers before
 anything else, with :func:`fullstack_fp4.nvfp4.hadamard.hadamard16`'s arithmetic: × signs
@@ -61,17 +71,29 @@ amax of the transformed tensor.
 otherwise uniforms come from Triton's Philox (``tl.randint4x``, 10 rounds) in the kernel:
 element ``(row, 16·blk + 8·h + 2·g + b)`` (``h, b ∈ {0,1}``, ``g ∈ 0..3``) takes output
 ``2·h + b`` of Philox counter ``(row·(K/16) + blk)·4 + g`` under ``seed``, converted by
-``tl.random.uint_to_uniform_float`` (so one Philox evaluation serves 4 elements).
+``tl.random.uint_to_uniform_float`` (so one Philox evaluation serves 4 elements). The eo
+kernel evaluates the same Philox4x32-10 rounds itself (:func:`_philox10`: one 64-bit product
+per ``umulhi``/low pair) on int32 counters; a test compares it with ``tl.randint4x``'s stream.
 :func:`philox_uniforms` dumps exactly those uniforms, so a test can hand them to the reference.
 
 **Layout.** A program owns ``BLOCK_M`` rows × ``BLOCK_B`` 16-blocks. Each block is loaded as two
 8-element halves (columns ``16·blk + 0..7`` and ``16·blk + 8..15``), so each thread holds whole
 halves in registers as 16-byte vectors (BF16) and every per-block reduction, RHT butterfly and
 nibble packing stays inside a thread; the two loads together cover every byte of the tile.
+
+**Two kernels.** ``quantize_triton`` runs the *eo* kernels (the fast-path helpers below): a block
+held as even / odd elements of each half (BF16 read as int32 words: one integer op a value),
+int32 offsets unless an offset may reach 2³¹ (``I64``, chosen on the host), a 2-D grid (no
+integer division), compile-time RHT signs, two blocks a thread for nearest rounding, the 8
+code bytes of a block in one 8-byte store. ``legacy=True`` runs the previous kernels, kept as
+the benchmark's before/after baseline (and tested bit-exact like the eo ones). SASS counts
+and predictions: PERF.md; ``scripts/bench_nvfp4_quantize.py --sass`` reproduces the counts.
 """
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import Optional
 
 import torch
@@ -82,7 +104,7 @@ from .hadamard import DEFAULT_SIGNS
 from .tensor import NVFP4Tensor
 
 __all__ = ["quantize_triton", "amax_triton", "philox_uniforms", "e4m3_rne_triton",
-           "e2m1_round_triton"]
+           "e2m1_round_triton", "rounding_probe_triton"]
 
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a plain global is invisible to compiled kernels
 # NaN as its bit pattern: a NaN constexpr never compares equal to itself, so Triton would
@@ -252,31 +274,377 @@ def _pack_store(data_ptr, code_lo, code_hi, rows, blks, mask2, KH, BM: tl.conste
     tl.store(data_ptr + off + 4, b_hi, mask=m3)
 
 
+# ----------------------------------------------------------------------------- fast-path helpers
+# The kernels below hold a 16-block as four [BM, NB, 4] FP32 tensors ("eo" form): e0[q], o0[q]
+# are elements 2q, 2q+1 (the low half, 0..7), e1[q], o1[q] elements 8+2q, 9+2q. A BF16 block is
+# then 8 int32 words read as two 16-byte vectors: word q of a half holds its elements 2q (low
+# 16 bits) and 2q+1 (high 16 bits), so ``w << 16`` and ``w & 0xFFFF0000`` are those two elements
+# as FP32 bit patterns (one integer op each, no PRMT + shift); the nibbles of elements 2q, 2q+1
+# form byte q of the half's packed code word; Philox outputs 0..3 are exactly the uniforms of
+# e0, o0, e1, o1 (module docstring's mapping). No reshape across threads is ever needed.
+MAGIC = tl.constexpr(8388608.0)              # 2^23: FP32 ulp 1 on [2^23, 2^24)
+MAGIC_BITS = tl.constexpr(0x4B000000)
+
+
+@triton.jit
+def _bf16w_to_f32(w):
+    """int32 words of two BF16 -> (element in the low 16 bits, element in the high 16 bits)."""
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ld(ptrs, mask, EVICT: tl.constexpr):
+    """Masked load (0 outside); EVICT: streamed once, ``evict_first`` in L1 and L2."""
+    if EVICT:
+        return tl.load(ptrs, mask=mask, other=0, eviction_policy="evict_first")
+    else:
+        return tl.load(ptrs, mask=mask, other=0)
+
+
+@triton.jit
+def _eo_of_quarters(qa, qb, BM: tl.constexpr, NB: tl.constexpr):
+    """Elements 0..3 (qa) and 4..7 (qb) of a half -> (evens 0, 2, 4, 6; odds 1, 3, 5, 7), FP32."""
+    ea, oa = tl.split(tl.reshape(qa.to(tl.float32), (BM, NB, 2, 2)))
+    eb, ob = tl.split(tl.reshape(qb.to(tl.float32), (BM, NB, 2, 2)))
+    e = tl.reshape(tl.permute(tl.join(ea, eb), (0, 1, 3, 2)), (BM, NB, 4))
+    o = tl.reshape(tl.permute(tl.join(oa, ob), (0, 1, 3, 2)), (BM, NB, 4))
+    return e, o
+
+
+@triton.jit
+def _load_eo(ptr, rows, blks, mask2, stride, XW: tl.constexpr, I64: tl.constexpr,
+             EVICT: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
+    """A [BM, NB] grid of 16-blocks in eo form (FP32). XW: ``ptr`` is a BF16 tensor viewed as
+    int32 words and ``stride`` its row stride in words; else any float dtype (row stride in
+    elements). I64: 64-bit row offsets (the host sets it when an offset may reach 2^31)."""
+    if I64:
+        roff = rows.to(tl.int64) * stride
+    else:
+        roff = rows * stride
+    m3 = mask2[:, :, None]
+    if XW:
+        q = tl.arange(0, 4)
+        off = roff[:, None, None] + (blks * 8)[None, :, None] + q[None, None, :]
+        e0, o0 = _bf16w_to_f32(_ld(ptr + off, m3, EVICT))
+        e1, o1 = _bf16w_to_f32(_ld(ptr + off + 4, m3, EVICT))
+    elif ptr.dtype.element_ty == tl.float32:
+        # 16-byte vectors are quarters of a block: split each into (even, odd) pairs in-thread
+        # and concatenate two quarters per half (a [BM, NB, 8] FP32 load would put a half on
+        # two threads and cost a shared-memory transpose).
+        q = tl.arange(0, 4)
+        off = roff[:, None, None] + (blks * 16)[None, :, None] + q[None, None, :]
+        e0, o0 = _eo_of_quarters(_ld(ptr + off, m3, EVICT), _ld(ptr + off + 4, m3, EVICT), BM, NB)
+        e1, o1 = _eo_of_quarters(_ld(ptr + off + 8, m3, EVICT), _ld(ptr + off + 12, m3, EVICT),
+                                 BM, NB)
+    else:
+        j = tl.arange(0, 8)
+        off = roff[:, None, None] + (blks * 16)[None, :, None] + j[None, None, :]
+        h0 = _ld(ptr + off, m3, EVICT)
+        h1 = _ld(ptr + off + 8, m3, EVICT)
+        e0, o0 = tl.split(tl.reshape(h0.to(tl.float32), (BM, NB, 4, 2)))
+        e1, o1 = tl.split(tl.reshape(h1.to(tl.float32), (BM, NB, 4, 2)))
+    return e0, o0, e1, o1
+
+
+@triton.jit
+def _bfly4(t, BM: tl.constexpr, NB: tl.constexpr, H: tl.constexpr):
+    """One Walsh–Hadamard stage with stride H (1, 2) along the last axis (size 4)."""
+    t = tl.reshape(t, (BM, NB, 4 // (2 * H), 2, H))
+    t = tl.permute(t, (0, 1, 2, 4, 3))
+    a, b = tl.split(t)                                   # a: element q, b: element q + H
+    t = tl.join(a + b, a - b)
+    t = tl.permute(t, (0, 1, 2, 4, 3))
+    return tl.reshape(t, (BM, NB, 4))
+
+
+@triton.jit
+def _sign4(SIGN_MASK: tl.constexpr, FIRST: tl.constexpr):
+    """±1.0 for elements FIRST + 2q (q = 0..3) of the 16 signs (bit i of SIGN_MASK: s_i = -1)."""
+    i = FIRST + 2 * tl.arange(0, 4)
+    return 1.0 - 2.0 * ((SIGN_MASK >> i) & 1).to(tl.float32)
+
+
+@triton.jit
+def _rht16_eo(e0, o0, e1, o1, SIGN_MASK: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
+    """:func:`_rht16` in eo form with compile-time signs: × signs, strides 1, 2, 4, 8, × ¼.
+
+    Same operations on the same operands as ``hadamard16``: stride 1 pairs (2q, 2q+1) = (e, o);
+    strides 2 and 4 pair q with q+1, q+2 inside each 4-vector; stride 8 pairs the halves. The
+    signs are constants per register, so ``x · (±1)`` folds into the first adds (exact)."""
+    e0 = e0 * _sign4(SIGN_MASK, 0)[None, None, :]
+    o0 = o0 * _sign4(SIGN_MASK, 1)[None, None, :]
+    e1 = e1 * _sign4(SIGN_MASK, 8)[None, None, :]
+    o1 = o1 * _sign4(SIGN_MASK, 9)[None, None, :]
+    e0, o0 = e0 + o0, e0 - o0                            # stride 1
+    e1, o1 = e1 + o1, e1 - o1
+    e0 = _bfly4(e0, BM, NB, 1)                           # stride 2
+    o0 = _bfly4(o0, BM, NB, 1)
+    e1 = _bfly4(e1, BM, NB, 1)
+    o1 = _bfly4(o1, BM, NB, 1)
+    e0 = _bfly4(e0, BM, NB, 2)                           # stride 4
+    o0 = _bfly4(o0, BM, NB, 2)
+    e1 = _bfly4(e1, BM, NB, 2)
+    o1 = _bfly4(o1, BM, NB, 2)
+    e0, e1 = e0 + e1, e0 - e1                            # stride 8
+    o0, o1 = o0 + o1, o0 - o1
+    return e0 * 0.25, o0 * 0.25, e1 * 0.25, o1 * 0.25
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _block_amax_eo(e0, o0, e1, o1, NAN: tl.constexpr):
+    """[BM, NB] max |x| of each block; NAN: a NaN element makes its block's max NaN."""
+    if NAN:
+        m = _max_nan(_max_nan(tl.abs(e0), tl.abs(o0)), _max_nan(tl.abs(e1), tl.abs(o1)))
+        return tl.reduce(m, 2, _max_nan)
+    else:
+        m = tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)), tl.maximum(tl.abs(e1), tl.abs(o1)))
+        return tl.max(m, 2)
+
+
+@triton.jit
+def _e4m3_rne1(v):
+    """:func:`_e4m3_rne` with one rounding add: ``M = 2^(E+20)`` for ``v`` in ``[2^E, 2^(E+1))``
+    (``E >= -6``; E4M3 subnormals share ``E = -6``) has ulp ``2^(E-3)``, E4M3's spacing there,
+    so ``fl(v + M) - M`` is ``v`` rounded to nearest even on E4M3's grid (a carry into the next
+    binade included) and the code is the ulp count plus ``8·(E + 6)``."""
+    mb = tl.maximum(v.to(tl.int32, bitcast=True) & 0x7F800000, 0x3C800000) + (20 << 23)
+    mf = mb.to(tl.float32, bitcast=True)
+    t = v + mf
+    return t - mf, t.to(tl.int32, bitcast=True) - mb + 8 * (mb >> 23) - 1128
+
+
+@triton.jit
+def _candidate_fast(bamax, enc, dec, INV: tl.constexpr):
+    """:func:`_candidate` (same values) with :func:`_e4m3_rne1`."""
+    s = tl.minimum(bamax * (enc * INV), 448.0)
+    s_val, s_bits = _e4m3_rne1(s)
+    f = tl.minimum(tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * dec), FP32_MAX)
+    return s_val, s_bits, f
+
+
+@triton.jit
+def _e2m1_rne_t(a):
+    """``2^23 + code`` (as FP32) of the nearest-even E2M1 magnitude of ``a >= 0`` (saturating).
+
+    In code space the E2M1 grid is uniform: ``code = rne(g(a))`` with the piecewise-linear
+    ``g(a) = min(2a, a + 2, a/2 + 4, 7)`` (slopes 2, 1, ½ on [0, 2], [2, 4], [4, 6]; E2M1's
+    ties-to-even mantissa is the even code, and g maps the midpoints 0.25, 0.75, …, 3.5, 5 to
+    k + ½). ``fl(u + 2^23)`` rounds ``u`` in [0, 2^23) to an integer, ties to even; each term
+    below is one such rounding of an exact value (``2a``, ``a/2`` are exact inside the fma) and
+    rounding is monotone, so the min of the rounded terms is the rounded min: 3 FFMA/FADD and 3
+    FMNMX, no compare/select ladder. ``a = inf`` gives 7; the clamp to 6 of the contract is the
+    ``7`` term."""
+    t = tl.minimum(tl.fma(a, 2.0, MAGIC), a + (MAGIC + 2.0))
+    return tl.minimum(t, tl.minimum(tl.fma(a, 0.5, MAGIC + 4.0), MAGIC + 7.0))
+
+
+@triton.jit
+def _e2m1_rne_val(a):
+    """Nearest-even E2M1 *value* of ``a`` in [0, 6]: ``fl(a + M) - M`` with ``M = 2^(e+22)``,
+    ``2^e = max(a, 1)`` truncated to its binade (ulp of M = E2M1's step 2^(e-1), ½ below 1).
+    ``P·2^22`` is exact, so each fma rounds once: the same value as ``a + M`` then ``- M``."""
+    p = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    t = tl.fma(p, 4194304.0, a)
+    return tl.fma(p, -4194304.0, t)
+
+
+@triton.jit
+def _nib_rne(x, f):
+    """E2M1 nibble (bit 3 = sign of ``y``) of ``y = x · f`` rounded to nearest even."""
+    y = x * f
+    c = _e2m1_rne_t(tl.abs(y)).to(tl.int32, bitcast=True) - MAGIC_BITS
+    return tl.where(y < 0.0, c | 8, c)
+
+
+@triton.jit
+def _nib_sr(x, f, u):
+    """E2M1 nibble of ``y = x · f`` rounded stochastically: ``floor(v) + (u < frac(v))`` with
+    ``v = a / step`` (the reference's rule, the same comparison on exact values).
+
+    ``inv = 1/step`` (2, 1, ½) from the exponent bits of ``a = min(|y|, 6)``: ``~bits & 0x7F800000``
+    is ``2^(1-e)`` for ``a`` in ``[2^e, 2^(e+1))``, capped at 2 below 2 (and for 0). ``v = a·inv``
+    is exact, in [0, 4). ``r = rint(v)`` by the 2^23 add; ``d = v - r`` is exact (Sterbenz) in
+    [-½, ½]: if ``d >= 0`` then ``floor = r``, ``frac = d``; if ``d < 0`` then ``floor = r - 1``,
+    ``frac = d + 1`` (exact: d is a multiple of ulp(v) >= 2^-24). Both cases at once:
+    ``index = r + [u < d] - [u >= d + 1]`` (the first term is 0 when d < 0, the second when
+    d >= 0, as u is in [0, 1)). No float->int conversions (those issue at 1/8 rate)."""
+    y = x * f
+    a = tl.minimum(tl.abs(y), 6.0)
+    invb = tl.minimum(~a.to(tl.int32, bitcast=True) & 0x7F800000, 0x40000000)
+    v = a * invb.to(tl.float32, bitcast=True)
+    t = v + MAGIC
+    d = v - (t - MAGIC)
+    idx = t.to(tl.int32, bitcast=True) - MAGIC_BITS + ((0x40000000 - invb) >> 22)
+    idx = idx + (u < d).to(tl.int32) - (u >= d + 1.0).to(tl.int32)
+    return tl.where(y < 0.0, idx | 8, idx)
+
+
+@triton.jit
+def _err_terms(x, f, s_val, dec):
+    """FP64 terms ``|x - q·s·dec|`` of the nearest-rounded candidate (as :func:`_half_err`)."""
+    a = tl.minimum(tl.abs(x * f), 6.0)
+    xhat = (_e2m1_rne_val(a) * s_val) * dec
+    return tl.abs(tl.abs(x) - xhat).to(tl.float64)
+
+
+@triton.jit
+def _err_eo(e0, o0, e1, o1, f, s_val, dec, BM: tl.constexpr, NB: tl.constexpr):
+    """[BM, NB] Σ|x - q·s·dec| over each block: FP64 sums over each half in element order, then
+    low + high (the order of :func:`_half_err`'s two calls)."""
+    f3 = f[:, :, None]
+    s3 = s_val[:, :, None]
+    lo = tl.reshape(tl.join(_err_terms(e0, f3, s3, dec), _err_terms(o0, f3, s3, dec)), (BM, NB, 8))
+    hi = tl.reshape(tl.join(_err_terms(e1, f3, s3, dec), _err_terms(o1, f3, s3, dec)), (BM, NB, 8))
+    return tl.sum(lo, 2) + tl.sum(hi, 2)
+
+
+@triton.jit
+def _pack_word(ne, no, BM: tl.constexpr, NB: tl.constexpr):
+    """Nibbles of elements 2q (``ne``) and 2q+1 (``no``), q = 0..3 -> the 4 packed bytes as a
+    little-endian int32 word (byte q = ne[q] | no[q] << 4)."""
+    b = ne | (no << 4)
+    b02, b13 = tl.split(tl.reshape(b, (BM, NB, 2, 2)))
+    h = b02 | (b13 << 8)
+    h0, h1 = tl.split(h)
+    return h0 | (h1 << 16)
+
+
+@triton.jit
+def _join4(a0, a1, a2, a3, BM: tl.constexpr, NB: tl.constexpr):
+    """Four [BM, NB] tensors -> [BM, NB, 4] with ``a_q`` at index q (in-thread, no data moves)."""
+    return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (BM, NB, 4))
+
+
+@triton.jit
+def _philox10(c0, k0, k1):
+    """``tl.randint4x``'s Philox4x32-10 for the counter (c0, 0, 0, 0) and key (k0, k1), all
+    uint32 — the same rounds with each ``umulhi`` / low-product pair taken from one 64-bit
+    product (one IMAD.WIDE.U32 instead of IMAD.HI + IMAD)."""
+    c1 = c0 * 0
+    c2 = c1
+    c3 = c1
+    for _ in tl.static_range(10):
+        pa = c0.to(tl.uint64) * 0xD2511F53
+        pb = c2.to(tl.uint64) * 0xCD9E8D57
+        c0 = (pb >> 32).to(tl.uint32) ^ c1 ^ k0
+        c2 = (pa >> 32).to(tl.uint32) ^ c3 ^ k1
+        c1 = pb.to(tl.uint32)
+        c3 = pa.to(tl.uint32)
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _philox_eo(seed, rows, blks, NBLK, I64: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
+    """Uniforms of e0, o0, e1, o1: Philox outputs 0..3 of counter (row·NBLK + blk)·4 + q — the
+    stream of :func:`_philox_halves`. One Philox evaluation per (block, q) on [BM, NB] tensors,
+    joined along q: the counters then live in the blocks' own layout (a [BM, NB, 4]
+    arange-built counter gets a layout of its own and a shared-memory transpose). I64:
+    ``tl.randint4x`` on int64 counters; else :func:`_philox10` on uint32 ones (a counter below
+    2^31 is the same value either way: ``randint4x`` takes its high word as 0)."""
+    if I64:
+        base = ((rows.to(tl.int64) * NBLK)[:, None] + blks[None, :]) * 4
+        a0, b0, c0, d0 = tl.randint4x(seed, base)
+        a1, b1, c1, d1 = tl.randint4x(seed, base + 1)
+        a2, b2, c2, d2 = tl.randint4x(seed, base + 2)
+        a3, b3, c3, d3 = tl.randint4x(seed, base + 3)
+    else:
+        base = (((rows * NBLK)[:, None] + blks[None, :]) * 4).to(tl.uint32)
+        s = tl.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
+        k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+        k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+        a0, b0, c0, d0 = _philox10(base, k0, k1)
+        a1, b1, c1, d1 = _philox10(base + 1, k0, k1)
+        a2, b2, c2, d2 = _philox10(base + 2, k0, k1)
+        a3, b3, c3, d3 = _philox10(base + 3, k0, k1)
+    u0 = tl.random.uint_to_uniform_float(_join4(a0, a1, a2, a3, BM, NB))
+    u1 = tl.random.uint_to_uniform_float(_join4(b0, b1, b2, b3, BM, NB))
+    u2 = tl.random.uint_to_uniform_float(_join4(c0, c1, c2, c3, BM, NB))
+    u3 = tl.random.uint_to_uniform_float(_join4(d0, d1, d2, d3, BM, NB))
+    return u0, u1, u2, u3
+
+
+@triton.jit
+def _tensor_scales(gbits, M_BOUND: tl.constexpr):
+    """(enc, dec) from the amax bits: reference.tensor_scales, TE's order."""
+    gamax = gbits.to(tl.float32, bitcast=True)
+    enc = tl.math.div_rn(M_BOUND * 6.0, gamax)
+    enc = tl.minimum(enc, FP32_MAX)
+    enc = tl.where(enc == 0.0, 1.0, enc)
+    return enc, tl.math.div_rn(1.0, enc)
+
+
+@triton.jit
+def _tile_coords_2d(M, NBLK, REVERSE: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
+    """:func:`_tile_coords` on a 2-D grid (axis 0: block tiles, axis 1: row tiles; launch order
+    is the same row-major tile order) without the integer division. Also: is this the first
+    tile (it stores the tensor scale)."""
+    pid_b = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if REVERSE:
+        pid_b = tl.num_programs(0) - 1 - pid_b
+        pid_m = tl.num_programs(1) - 1 - pid_m
+    rows = pid_m * BM + tl.arange(0, BM)
+    blks = pid_b * NB + tl.arange(0, NB)
+    mask2 = (rows < M)[:, None] & (blks < NBLK)[None, :]
+    return rows, blks, mask2, (pid_b == 0) & (pid_m == 0)
+
+
+@triton.jit
+def _store_codes(data_ptr, w_lo, w_hi, rows, blks, mask2, NBLK, I64: tl.constexpr):
+    """The two packed code words of each block (``data`` viewed as int32): one 8-byte store."""
+    k = tl.arange(0, 2)
+    if I64:
+        roff = rows.to(tl.int64) * (NBLK * 2)
+    else:
+        roff = rows * (NBLK * 2)
+    off = roff[:, None, None] + (blks * 2)[None, :, None] + k[None, None, :]
+    tl.store(data_ptr + off, tl.join(w_lo, w_hi), mask=mask2[:, :, None])
+
+
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
 def _amax_kernel(x_ptr, signs_ptr, amax_ptr, M, NBLK, stride_xm,
-                 RHT: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
-    """Global amax (of the RHT-transformed values if RHT): one atomic_max on int32 bits per program."""
-    rows, blks, mask2 = _tile_coords(tl.program_id(0), M, NBLK, BM, NB)
-    lo, hi = _load_halves(x_ptr, rows, blks, mask2, stride_xm, False)
-    if RHT:
-        lo, hi = _rht16(lo, hi, signs_ptr, BM, NB)
-    m = tl.maximum(_abs_bits_max(lo), _abs_bits_max(hi))
+                 RHT: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr, XW: tl.constexpr,
+                 I64: tl.constexpr, SIGN_MASK: tl.constexpr, GRID2D: tl.constexpr,
+                 LEGACY: tl.constexpr):
+    """Global amax (of the RHT-transformed values if RHT): one atomic_max on int32 bits per program.
+
+    The max is NaN-propagating (``max.NaN``; a NaN comes out as a positive NaN, whose bits order
+    above +Inf's). LEGACY: the previous kernel (integer max of the bits), kept as the benchmark
+    baseline."""
+    if GRID2D:
+        rows, blks, mask2, _ = _tile_coords_2d(M, NBLK, False, BM, NB)
+    else:
+        rows, blks, mask2 = _tile_coords(tl.program_id(0), M, NBLK, BM, NB)
+    if LEGACY:
+        lo, hi = _load_halves(x_ptr, rows, blks, mask2, stride_xm, False)
+        if RHT:
+            lo, hi = _rht16(lo, hi, signs_ptr, BM, NB)
+        m = tl.maximum(_abs_bits_max(lo), _abs_bits_max(hi))
+    else:
+        e0, o0, e1, o1 = _load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, False, BM, NB)
+        if RHT:
+            e0, o0, e1, o1 = _rht16_eo(e0, o0, e1, o1, SIGN_MASK, BM, NB)
+        bm = _block_amax_eo(e0, o0, e1, o1, True)
+        m = tl.reduce(tl.reduce(bm, 1, _max_nan), 0, _max_nan).to(tl.int32, bitcast=True)
     tl.atomic_max(amax_ptr, m)
 
 
-@triton.jit(do_not_specialize=["seed", "amax_imm"])
-def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
-                     data_ptr, scale_ptr, dec_ptr, seed, amax_imm,
-                     M, NBLK, stride_xm, stride_rm,
-                     M_BOUND: tl.constexpr, TILE2D: tl.constexpr, STOCHASTIC: tl.constexpr,
-                     PHILOX: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, RHT: tl.constexpr,
-                     TRACK_AMAX: tl.constexpr, REVERSE: tl.constexpr, AMAX_IMM: tl.constexpr,
-                     BM: tl.constexpr, NB: tl.constexpr):
-    pid = tl.program_id(0)
-    if REVERSE:
-        pid = tl.num_programs(0) - 1 - pid
-    rows, blks, mask2 = _tile_coords(pid, M, NBLK, BM, NB)
+@triton.jit
+def _quantize_tile_v0(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr, data_ptr, scale_ptr,
+                      dec_ptr, seed, amax_imm, pid, rows, blks, mask2, NBLK, stride_xm, stride_rm,
+                      M_BOUND: tl.constexpr, TILE2D: tl.constexpr, STOCHASTIC: tl.constexpr,
+                      PHILOX: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, RHT: tl.constexpr,
+                      TRACK_AMAX: tl.constexpr, AMAX_IMM: tl.constexpr,
+                      BM: tl.constexpr, NB: tl.constexpr):
+    """The previous quantize kernel body (commit 59f31f4), unchanged: the benchmark baseline."""
     lo, hi = _load_halves(x_ptr, rows, blks, mask2, stride_xm, True)
     if RHT:
         lo, hi = _rht16(lo, hi, signs_ptr, BM, NB)
@@ -294,8 +662,6 @@ def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
     enc = tl.where(enc == 0.0, 1.0, enc)
     dec = tl.math.div_rn(1.0, enc)
     if pid == 0:
-        # A non-finite (or negative) amax poisons the tensor scale: every product with this
-        # tensor is NaN, so a caller that skips the host check still cannot train on garbage.
         bad = ((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gamax < 0.0)
         nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
         tl.store(dec_ptr, tl.where(bad, nan, dec))
@@ -332,6 +698,99 @@ def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
     tl.store(scale_ptr + soff, s_bits.to(tl.uint8), mask=mask2)
 
 
+@triton.jit(do_not_specialize=["seed", "amax_imm"])
+def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
+                     data_ptr, scale_ptr, dec_ptr, seed, amax_imm,
+                     M, NBLK, stride_xm, stride_rm,
+                     M_BOUND: tl.constexpr, TILE2D: tl.constexpr, STOCHASTIC: tl.constexpr,
+                     PHILOX: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, RHT: tl.constexpr,
+                     TRACK_AMAX: tl.constexpr, REVERSE: tl.constexpr, AMAX_IMM: tl.constexpr,
+                     BM: tl.constexpr, NB: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
+                     SIGN_MASK: tl.constexpr, GRID2D: tl.constexpr, LEGACY: tl.constexpr):
+    """One [BM rows × NB blocks] tile (GRID2D: of a 2-D grid, see :func:`_tile_coords_2d`). LEGACY: :func:`_quantize_tile_v0` (``data_ptr`` uint8);
+    else the eo-form path (``data_ptr`` int32 words, XW/I64/SIGN_MASK as in :func:`_load_eo`,
+    :func:`_rht16_eo`)."""
+    if LEGACY:
+        pid = tl.program_id(0)
+        if REVERSE:
+            pid = tl.num_programs(0) - 1 - pid
+        rows, blks, mask2 = _tile_coords(pid, M, NBLK, BM, NB)
+        _quantize_tile_v0(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr, data_ptr, scale_ptr,
+                          dec_ptr, seed, amax_imm, pid, rows, blks, mask2, NBLK, stride_xm,
+                          stride_rm, M_BOUND, TILE2D, STOCHASTIC, PHILOX, FOUR_OVER_SIX, RHT,
+                          TRACK_AMAX, AMAX_IMM, BM, NB)
+    else:
+        if GRID2D:
+            rows, blks, mask2, first = _tile_coords_2d(M, NBLK, REVERSE, BM, NB)
+        else:
+            pid = tl.program_id(0)
+            if REVERSE:
+                pid = tl.num_programs(0) - 1 - pid
+            rows, blks, mask2 = _tile_coords(pid, M, NBLK, BM, NB)
+            first = pid == 0
+        e0, o0, e1, o1 = _load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, True, BM, NB)
+        if RHT:
+            e0, o0, e1, o1 = _rht16_eo(e0, o0, e1, o1, SIGN_MASK, BM, NB)
+        # NaN-propagating block max when the observed amax is tracked (NaN/Inf detection).
+        bamax = _block_amax_eo(e0, o0, e1, o1, TRACK_AMAX)                  # [BM, NB]
+        if TRACK_AMAX:
+            obs = tl.reduce(tl.reduce(bamax, 1, _max_nan), 0, _max_nan)
+            tl.atomic_max(obs_ptr, obs.to(tl.int32, bitcast=True))
+
+        if AMAX_IMM:
+            gbits = amax_imm                   # host number: its FP32 bits, no device read
+        else:
+            gbits = tl.load(amax_ptr)
+        enc, dec = _tensor_scales(gbits, M_BOUND)
+        if first:
+            # A non-finite (or negative) amax poisons the tensor scale: every product with this
+            # tensor is NaN, so a caller that skips the host check still cannot train on garbage.
+            bad = ((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gbits.to(tl.float32, bitcast=True) < 0.0)
+            nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+            tl.store(dec_ptr, tl.where(bad, nan, dec))
+
+        if TILE2D:
+            bamax = _tile_reduce_max(bamax, BM, NB)
+        s_val, s_bits, f = _candidate_fast(bamax, enc, dec, 0.1666666716337204)
+        if FOUR_OVER_SIX:
+            s4_val, s4_bits, f4 = _candidate_fast(bamax, enc, dec, 0.25)
+            err6 = _err_eo(e0, o0, e1, o1, f, s_val, dec, BM, NB)
+            err4 = _err_eo(e0, o0, e1, o1, f4, s4_val, dec, BM, NB)
+            if TILE2D:
+                err6 = _tile_reduce_sum(err6, BM, NB)
+                err4 = _tile_reduce_sum(err4, BM, NB)
+            use4 = err4 < err6                                             # ties go to 6
+            s_bits = tl.where(use4, s4_bits, s_bits)
+            f = tl.where(use4, f4, f)
+
+        f3 = f[:, :, None]
+        if STOCHASTIC:
+            if PHILOX:
+                u0, u1, u2, u3 = _philox_eo(seed, rows, blks, NBLK, I64, BM, NB)
+            else:
+                u0, u1, u2, u3 = _load_eo(rand_ptr, rows, blks, mask2, stride_rm, False, I64, True,
+                                          BM, NB)
+            n0 = _nib_sr(e0, f3, u0)
+            n1 = _nib_sr(o0, f3, u1)
+            n2 = _nib_sr(e1, f3, u2)
+            n3 = _nib_sr(o1, f3, u3)
+        else:
+            n0 = _nib_rne(e0, f3)
+            n1 = _nib_rne(o0, f3)
+            n2 = _nib_rne(e1, f3)
+            n3 = _nib_rne(o1, f3)
+        _store_codes(data_ptr, _pack_word(n0, n1, BM, NB), _pack_word(n2, n3, BM, NB), rows, blks,
+                     mask2, NBLK, I64)
+        if I64:
+            soff = rows.to(tl.int64)[:, None] * NBLK + blks[None, :]
+        else:
+            soff = rows[:, None] * NBLK + blks[None, :]
+        # One byte a block from where it was computed: without the hint Triton vectorizes the
+        # store of a thread's two adjacent-block bytes, which costs a shared-memory transpose.
+        soff = tl.max_contiguous(soff, [1, 1])
+        tl.store(scale_ptr + soff, s_bits.to(tl.uint8), mask=mask2)
+
+
 @triton.jit
 def _philox_uniforms_kernel(u_ptr, seed, M, NBLK, BM: tl.constexpr, NB: tl.constexpr):
     rows, blks, mask2 = _tile_coords(tl.program_id(0), M, NBLK, BM, NB)
@@ -343,16 +802,27 @@ def _philox_uniforms_kernel(u_ptr, seed, M, NBLK, BM: tl.constexpr, NB: tl.const
 
 
 @triton.jit
-def _elementwise_probe_kernel(v_ptr, s_out, s_bits_out, c_out, n, BLOCK: tl.constexpr):
-    """Test hook: the E4M3 and E2M1 (nearest) helpers applied elementwise."""
+def _elementwise_probe_kernel(v_ptr, u_ptr, s_out, s_bits_out, c_out, s1_out, s1_bits_out,
+                              c_rne_out, r_val_out, c_sr_out, n, BLOCK: tl.constexpr):
+    """Test hook: the E4M3 and E2M1 helpers applied elementwise (``v``; ``u`` the uniforms of
+    the stochastic one): the legacy ones (:func:`_e4m3_rne`, :func:`_e2m1_code`) and the
+    fast-path ones (:func:`_e4m3_rne1`, :func:`_nib_rne`, :func:`_e2m1_rne_val`,
+    :func:`_nib_sr`, all with ``f = 1``)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     v = tl.load(v_ptr + i, mask=m, other=0.0)
+    u = tl.load(u_ptr + i, mask=m, other=0.0)
     sv, sb = _e4m3_rne(tl.minimum(tl.abs(v), 448.0))
     c, _ = _e2m1_code(tl.minimum(tl.maximum(v, -6.0), 6.0), v, False)
     tl.store(s_out + i, sv, mask=m)
     tl.store(s_bits_out + i, sb, mask=m)
     tl.store(c_out + i, c, mask=m)
+    sv1, sb1 = _e4m3_rne1(tl.minimum(tl.abs(v), 448.0))
+    tl.store(s1_out + i, sv1, mask=m)
+    tl.store(s1_bits_out + i, sb1, mask=m)
+    tl.store(c_rne_out + i, _nib_rne(v, 1.0), mask=m)
+    tl.store(r_val_out + i, _e2m1_rne_val(tl.minimum(tl.abs(v), 6.0)), mask=m)
+    tl.store(c_sr_out + i, _nib_sr(v, 1.0, u), mask=m)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -361,15 +831,78 @@ def _is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _default_config(nblk: int):
-    """(BLOCK_M rows, BLOCK_B 16-blocks, num_warps): 2048 elements a program."""
+def _interpreter_config(rows: int, nblk: int):
+    """Under the interpreter the cost is per op and program: one tile over as much of the
+    tensor as is not mostly padding."""
+    return (min(max(triton.next_power_of_2(rows), 16), 64),
+            min(triton.next_power_of_2(max(nblk, 1)), 8), 4)
+
+
+def _default_config(nblk: int, legacy: bool = False, rows: int = 16, heavy: bool = False):
+    """(BLOCK_M rows, BLOCK_B 16-blocks, num_warps) of the quantize kernel.
+
+    heavy: stochastic rounding or the 4/6 rule (more live registers a block)."""
     if _is_interpreter():
-        return 16, 4, 4     # small tiles: the interpreter's cost grows with padding
+        return (16, 4, 4) if legacy else _interpreter_config(rows, nblk)
     nb = 8 if nblk >= 8 else triton.next_power_of_2(nblk)
-    # 16 rows x 8 blocks, 4 warps: the fastest of the sweep on the H200 for 1x16 nearest
-    # (154 vs 210 us with the amax pass, 122 vs 171 us with the amax given, 8192^2 BF16;
-    # BENCHMARKS.md section 4); the modes with more live registers used 16 rows already.
-    return 16, nb, 4
+    if legacy or heavy:
+        # one block a thread: the previous default (the fastest of the legacy kernel's sweep);
+        # for SR / 4-over-6 the eo kernel with two blocks a thread needs 74-139 registers
+        # (SASS counts in PERF.md) for a 7-10% cut in instructions
+        return 16, nb, 4
+    # 32 rows x 8 blocks, 4 warps: two blocks a thread, which halves the per-thread setup
+    # (tile coordinates, tensor scales) per element at 56 registers: 18.1 vs 20.3 SASS
+    # instructions an element for 1x16 nearest (PERF.md). `scripts/bench_nvfp4_quantize.py
+    # --sweep` times the alternatives on a GPU.
+    return 32, nb, 4
+
+
+def _amax_config(nblk: int, rows: int = 16):
+    """(BLOCK_M, BLOCK_B, num_warps) of the amax pass: 64 rows x 8 blocks, 4 blocks a thread
+    (8 16-byte loads in flight per thread, a quarter of the programs and atomics)."""
+    if _is_interpreter():
+        return _interpreter_config(rows, nblk)
+    nb = 8 if nblk >= 8 else triton.next_power_of_2(nblk)
+    return 64, nb, 4
+
+
+_I32_LIMIT = 2**31 - 1
+
+
+def _needs_i64(rows: int, nblk: int, bm: int, nb: int, strides) -> bool:
+    """Whether an element / word / Philox-counter offset of the padded grid may pass 2^31 - 1
+    (then the kernels compute row offsets in int64; otherwise int32, fewer instructions)."""
+    rows_pad = triton.cdiv(rows, bm) * bm
+    cols_pad = triton.cdiv(nblk, nb) * nb * 16
+    worst = max([rows_pad * max(int(s), 1) + cols_pad for s in strides]
+                + [(rows_pad * nblk + cols_pad // 16) * 4 + 4])
+    return worst > _I32_LIMIT
+
+
+def _grid(rows: int, nblk: int, bm: int, nb: int, legacy: bool):
+    """(grid, GRID2D): a 2-D grid (block tiles, row tiles) while the row tiles fit CUDA's
+    65535 limit of grid axis 1 (no integer division in the kernel), else 1-D."""
+    nm, nbk = triton.cdiv(rows, bm), triton.cdiv(nblk, nb)
+    if not legacy and nm <= 65535:
+        return (nbk, nm), True
+    return (nm * nbk,), False
+
+
+def _sign_mask(rht_signs) -> int:
+    """Bit i set iff sign i is -1 (signs already validated by :func:`_device_signs`)."""
+    if rht_signs is None:
+        return 0
+    if isinstance(rht_signs, torch.Tensor):
+        rht_signs = rht_signs.detach().to("cpu", torch.float64).reshape(-1).tolist()
+    return sum(1 << i for i, v in enumerate(rht_signs) if float(v) == -1.0)
+
+
+def _x_operand(x2: torch.Tensor, legacy: bool):
+    """(tensor passed as x, row stride, XW): BF16 as int32 words when its layout allows it."""
+    if (not legacy and x2.dtype == torch.bfloat16 and x2.stride(0) % 2 == 0
+            and x2.storage_offset() % 2 == 0):
+        return x2.view(torch.int32), x2.stride(0) // 2, True
+    return x2, x2.stride(0), False
 
 
 def _check_input(x: torch.Tensor, tile, rounding, scale_rule):
@@ -398,6 +931,34 @@ def _as_2d(x: torch.Tensor, rows: int, k: int) -> torch.Tensor:
     return x2
 
 
+def _launch_amax(x2, signs, amax_bits, rows: int, nblk: int, rht: bool, smask: int,
+                 legacy: bool, config: Optional[tuple] = None):
+    """Queue the amax pass (atomic max of the |x| bits into ``amax_bits``, which must be 0)."""
+    if config is not None:
+        bm, nb, nw = config
+    else:
+        bm, nb, nw = _default_config(nblk, True) if legacy else _amax_config(nblk, rows)
+    xk, stride_xk, xw = _x_operand(x2, legacy)
+    i64 = _needs_i64(rows, nblk, bm, nb, (x2.stride(0),))
+    grid, grid2d = _grid(rows, nblk, bm, nb, legacy)
+    _amax_kernel[grid](
+        xk, signs, amax_bits, rows, nblk, stride_xk, RHT=rht, BM=bm, NB=nb, XW=xw, I64=i64,
+        SIGN_MASK=smask, GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
+
+
+def _host_amax_bits(global_amax) -> int:
+    """FP32 bits of a host-number amax (rounded as ``torch.tensor(v, dtype=float32)``), or a
+    ValueError if it is not finite and >= 0 (checked here: no device round trip)."""
+    v = float(global_amax)
+    try:
+        bits = struct.unpack("<i", struct.pack("<f", v))[0]   # RNE to FP32, as torch
+    except OverflowError:                                   # beyond FP32: torch makes it inf
+        bits = 0x7F800000
+    if not math.isfinite(v) or bits & 0x7FFFFFFF >= 0x7F800000 or v < 0:
+        raise ValueError(f"global_amax must be finite and >= 0, got {v}")
+    return bits
+
+
 def quantize_triton(
     x: torch.Tensor,
     *,
@@ -411,6 +972,7 @@ def quantize_triton(
     generator: Optional[torch.Generator] = None,
     config: Optional[tuple] = None,
     check_finite: bool = True,
+    legacy: bool = False,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (BF16/FP16/FP32, any leading dims, contiguous last dim K % 16 == 0) to NVFP4.
 
@@ -432,6 +994,8 @@ def quantize_triton(
         meaningless. Finite inputs give bit-identical results either way.
     Host numbers as ``global_amax`` are passed by value (no H2D copy, no sync); a CUDA tensor
     is read on the device.
+    legacy: run the previous kernels (one block a thread, select ladders; bit-identical output)
+        instead of the eo-form ones: the benchmark's before/after baseline.
     """
     tile, rows, k = _check_input(x, tile, rounding, scale_rule)
     dev = x.device
@@ -469,10 +1033,14 @@ def quantize_triton(
                 seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
             seed_v = int(seed)
 
-    bm, nb, nw = config if config is not None else _default_config(nblk)
+    bm, nb, nw = (config if config is not None
+                  else _default_config(nblk, legacy, rows, stochastic or four6))
     if tile2d and bm % 16:
         raise ValueError("BLOCK_M must be a multiple of 16 for 16x16 tiles")
-    grid = (triton.cdiv(rows, bm) * triton.cdiv(nblk, nb),)
+    grid, grid2d = _grid(rows, nblk, bm, nb, legacy)
+    xk, stride_xk, xw = _x_operand(x2, legacy)
+    i64 = _needs_i64(rows, nblk, bm, nb, (x2.stride(0), stride_r))
+    smask = _sign_mask(rht_signs)
 
     obs = torch.zeros((1,), dtype=torch.int32, device=dev)
     given = global_amax is not None
@@ -482,24 +1050,22 @@ def quantize_triton(
         # A host number: checked on the host and passed by value (its FP32 bits, rounded as
         # torch.as_tensor(..., float32) rounds it). torch.as_tensor(float, device=cuda) would be
         # a pageable H2D copy, i.e. a stream sync per call.
-        gh = torch.tensor(float(global_amax), dtype=torch.float32)
-        if not (bool(torch.isfinite(gh)) and float(gh) >= 0):
-            raise ValueError(f"global_amax must be finite and >= 0, got {float(global_amax)}")
-        imm = int(gh.view(torch.int32))
+        imm = _host_amax_bits(global_amax)
         amax_bits = obs                  # never read (AMAX_IMM)
     elif given:
         g = global_amax.to(device=dev, dtype=torch.float32).reshape(1)
         amax_bits = g.view(torch.int32)
     else:
         amax_bits = obs
-        _amax_kernel[grid](x2, signs, amax_bits, rows, nblk, x2.stride(0),
-                           RHT=rht, BM=bm, NB=nb, num_warps=nw, enable_fp_fusion=False)
+        _launch_amax(x2, signs, amax_bits, rows, nblk, rht, smask, legacy)
     _quantize_kernel[grid](
-        x2, rand2, signs, amax_bits, obs, data, scale, dec, seed_v, imm,
-        rows, nblk, x2.stride(0), stride_r,
+        xk if not legacy else x2, rand2, signs, amax_bits, obs,
+        data if legacy else data.view(torch.int32), scale, dec, seed_v, imm,
+        rows, nblk, stride_xk, stride_r,
         M_BOUND=_SCALE_RULES[scale_rule], TILE2D=tile2d, STOCHASTIC=stochastic, PHILOX=philox,
         FOUR_OVER_SIX=four6, RHT=rht, TRACK_AMAX=given, REVERSE=not given,
-        AMAX_IMM=given and g is None, BM=bm, NB=nb, num_warps=nw, enable_fp_fusion=False)
+        AMAX_IMM=given and g is None, BM=bm, NB=nb, XW=xw, I64=i64, SIGN_MASK=smask,
+        GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
 
     if given:
         # The kernel poisoned dec for a bad *given* amax; a NaN/Inf seen in the input only
@@ -540,10 +1106,11 @@ def _device_signs(rht_signs, dev) -> torch.Tensor:
     return t
 
 
-def amax_triton(x: torch.Tensor, rht_signs=None) -> torch.Tensor:
+def amax_triton(x: torch.Tensor, rht_signs=None, config: Optional[tuple] = None) -> torch.Tensor:
     """``|x|.amax()`` (of ``hadamard16(x, rht_signs)`` if signs are given) as an FP32 0-dim
     device tensor, by the quantize's own amax kernel (NaN propagates: its bits order above
-    +Inf). For callers that reduce the amax across ranks before quantizing with RHT."""
+    +Inf). For callers that reduce the amax across ranks before quantizing with RHT.
+    config: (BLOCK_M, BLOCK_B, num_warps) override (benchmarks)."""
     if x.shape[-1] % 16:
         raise ValueError(f"last dimension must be a multiple of 16, got shape {tuple(x.shape)}")
     k = x.shape[-1]
@@ -551,11 +1118,8 @@ def amax_triton(x: torch.Tensor, rht_signs=None) -> torch.Tensor:
     obs = torch.zeros((1,), dtype=torch.int32, device=x.device)
     if rows and k:
         x2 = _as_2d(x, rows, k)
-        bm, nb, nw = _default_config(k // 16)
-        grid = (triton.cdiv(rows, bm) * triton.cdiv(k // 16, nb),)
-        _amax_kernel[grid](x2, _device_signs(rht_signs, x.device), obs, rows, k // 16,
-                           x2.stride(0), RHT=rht_signs is not None, BM=bm, NB=nb, num_warps=nw,
-                           enable_fp_fusion=False)
+        _launch_amax(x2, _device_signs(rht_signs, x.device), obs, rows, k // 16,
+                     rht_signs is not None, _sign_mask(rht_signs), False, config)
     return obs.view(torch.float32).reshape(())
 
 
@@ -576,18 +1140,36 @@ def philox_uniforms(shape, seed: int, device="cpu") -> torch.Tensor:
     return u.reshape(shape)
 
 
+def rounding_probe_triton(v: torch.Tensor, u: Optional[torch.Tensor] = None) -> dict:
+    """Test hook: the kernels' E4M3 / E2M1 helpers applied elementwise to ``v`` (FP32).
+
+    Keys: ``e4m3_val``/``e4m3_bits`` (legacy :func:`_e4m3_rne` of ``min(|v|, 448)``),
+    ``e2m1_code`` (legacy nearest code of ``clamp(v, -6, 6)``), ``e4m3_val1``/``e4m3_bits1``
+    (:func:`_e4m3_rne1`), ``nib_rne`` (nearest nibble of ``v``, saturating), ``rne_val``
+    (nearest E2M1 value of ``min(|v|, 6)``), ``nib_sr`` (stochastic nibble of ``v`` with
+    uniforms ``u``, zeros if None)."""
+    v = v.to(torch.float32).contiguous().reshape(-1)
+    u = torch.zeros_like(v) if u is None else u.to(torch.float32).contiguous().reshape(-1)
+    if u.shape != v.shape:
+        raise ValueError("u must have the shape of v")
+    n = v.numel()
+    out = dict(e4m3_val=torch.empty_like(v), e4m3_bits=torch.empty(n, dtype=torch.int32, device=v.device),
+               e2m1_code=torch.empty(n, dtype=torch.int32, device=v.device),
+               e4m3_val1=torch.empty_like(v), e4m3_bits1=torch.empty(n, dtype=torch.int32, device=v.device),
+               nib_rne=torch.empty(n, dtype=torch.int32, device=v.device), rne_val=torch.empty_like(v),
+               nib_sr=torch.empty(n, dtype=torch.int32, device=v.device))
+    block = 1024
+    if n:
+        _elementwise_probe_kernel[(triton.cdiv(n, block),)](v, u, *out.values(), n, BLOCK=block,
+                                                             enable_fp_fusion=False)
+    return out
+
+
 def e4m3_rne_triton(v: torch.Tensor):
     """Test hook: (E4M3 value as FP32, E4M3 bits) of ``min(|v|, 448)``, and E2M1 nearest codes
-    of ``clamp(v, -6, 6)``, through the kernels' own helpers."""
-    v = v.to(torch.float32).contiguous().reshape(-1)
-    n = v.numel()
-    sv = torch.empty_like(v)
-    sb = torch.empty(n, dtype=torch.int32, device=v.device)
-    c = torch.empty(n, dtype=torch.int32, device=v.device)
-    block = 1024
-    _elementwise_probe_kernel[(triton.cdiv(n, block),)](v, sv, sb, c, n, BLOCK=block,
-                                                         enable_fp_fusion=False)
-    return sv, sb, c
+    of ``clamp(v, -6, 6)``, through the kernels' legacy helpers (see :func:`rounding_probe_triton`)."""
+    o = rounding_probe_triton(v)
+    return o["e4m3_val"], o["e4m3_bits"], o["e2m1_code"]
 
 
 e2m1_round_triton = e4m3_rne_triton
