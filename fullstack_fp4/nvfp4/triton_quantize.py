@@ -826,16 +826,32 @@ def _elementwise_probe_kernel(v_ptr, u_ptr, s_out, s_bits_out, c_out, s1_out, s1
 
 
 # ----------------------------------------------------------------------------- host side
+_INTERPRET = None
+
+
 def _is_interpreter() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """TRITON_INTERPRET as triton.jit saw it (it decides at decoration time), read once."""
+    global _INTERPRET
+    if _INTERPRET is None:
+        import os
+        _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRET
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv / next_power_of_2 are @jit functions: ~10 µs of Python per host call
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def _interpreter_config(rows: int, nblk: int):
     """Under the interpreter the cost is per op and program: one tile over as much of the
     tensor as is not mostly padding."""
-    return (min(max(triton.next_power_of_2(rows), 16), 64),
-            min(triton.next_power_of_2(max(nblk, 1)), 8), 4)
+    return (min(max(_pow2(rows), 16), 64),
+            min(_pow2(max(nblk, 1)), 8), 4)
 
 
 def _default_config(nblk: int, legacy: bool = False, rows: int = 16, heavy: bool = False):
@@ -844,7 +860,7 @@ def _default_config(nblk: int, legacy: bool = False, rows: int = 16, heavy: bool
     heavy: stochastic rounding or the 4/6 rule (more live registers a block)."""
     if _is_interpreter():
         return (16, 4, 4) if legacy else _interpreter_config(rows, nblk)
-    nb = 8 if nblk >= 8 else triton.next_power_of_2(nblk)
+    nb = 8 if nblk >= 8 else _pow2(nblk)
     if legacy or heavy:
         # one block a thread: the previous default (the fastest of the legacy kernel's sweep);
         # for SR / 4-over-6 the eo kernel with two blocks a thread needs 74-139 registers
@@ -862,7 +878,7 @@ def _amax_config(nblk: int, rows: int = 16):
     (8 16-byte loads in flight per thread, a quarter of the programs and atomics)."""
     if _is_interpreter():
         return _interpreter_config(rows, nblk)
-    nb = 8 if nblk >= 8 else triton.next_power_of_2(nblk)
+    nb = 8 if nblk >= 8 else _pow2(nblk)
     return 64, nb, 4
 
 
@@ -872,8 +888,8 @@ _I32_LIMIT = 2**31 - 1
 def _needs_i64(rows: int, nblk: int, bm: int, nb: int, strides) -> bool:
     """Whether an element / word / Philox-counter offset of the padded grid may pass 2^31 - 1
     (then the kernels compute row offsets in int64; otherwise int32, fewer instructions)."""
-    rows_pad = triton.cdiv(rows, bm) * bm
-    cols_pad = triton.cdiv(nblk, nb) * nb * 16
+    rows_pad = _cdiv(rows, bm) * bm
+    cols_pad = _cdiv(nblk, nb) * nb * 16
     worst = max([rows_pad * max(int(s), 1) + cols_pad for s in strides]
                 + [(rows_pad * nblk + cols_pad // 16) * 4 + 4])
     return worst > _I32_LIMIT
@@ -882,7 +898,7 @@ def _needs_i64(rows: int, nblk: int, bm: int, nb: int, strides) -> bool:
 def _grid(rows: int, nblk: int, bm: int, nb: int, legacy: bool):
     """(grid, GRID2D): a 2-D grid (block tiles, row tiles) while the row tiles fit CUDA's
     65535 limit of grid axis 1 (no integer division in the kernel), else 1-D."""
-    nm, nbk = triton.cdiv(rows, bm), triton.cdiv(nblk, nb)
+    nm, nbk = _cdiv(rows, bm), _cdiv(nblk, nb)
     if not legacy and nm <= 65535:
         return (nbk, nm), True
     return (nm * nbk,), False
@@ -1134,7 +1150,7 @@ def philox_uniforms(shape, seed: int, device="cpu") -> torch.Tensor:
         rows *= d
     u = torch.empty((rows, k), dtype=torch.float32, device=device)
     bm, nb = 16, 4
-    grid = (triton.cdiv(rows, bm) * triton.cdiv(k // 16, nb),)
+    grid = (_cdiv(rows, bm) * _cdiv(k // 16, nb),)
     if rows and k:
         _philox_uniforms_kernel[grid](u, int(seed), rows, k // 16, BM=bm, NB=nb, num_warps=4)
     return u.reshape(shape)
@@ -1160,7 +1176,7 @@ def rounding_probe_triton(v: torch.Tensor, u: Optional[torch.Tensor] = None) -> 
                nib_sr=torch.empty(n, dtype=torch.int32, device=v.device))
     block = 1024
     if n:
-        _elementwise_probe_kernel[(triton.cdiv(n, block),)](v, u, *out.values(), n, BLOCK=block,
+        _elementwise_probe_kernel[(_cdiv(n, block),)](v, u, *out.values(), n, BLOCK=block,
                                                              enable_fp_fusion=False)
     return out
 
