@@ -84,7 +84,7 @@ from fullstack_fp4.linear.lora_svd import (BasisCache, lora_svd_linear, lora_svd
 
 __all__ = ["LoRASVDColumnParallelLinear", "LoRASVDRowParallelLinear", "lora_svd_modules",
            "realign_model", "exact_matmuls", "merged_state_dict", "reset_factor_moments",
-           "transfer_moments"]
+           "transfer_moments", "dense_moments", "route_moments"]
 
 _INIT_SEED = 0x5EED_1075
 
@@ -284,6 +284,39 @@ def transfer_moments(st_res: dict, st_l1: dict, l2_old, basis_old, l2_new, basis
         v = st_res["exp_avg_sq"].float() + beta ** 2 * ((l2o * l2o) @ st_l1["exp_avg_sq"].float())
         new_1["exp_avg_sq"] = ((a * a) @ v).to(st_l1["exp_avg_sq"].dtype)
     return new_r, new_1
+
+
+@torch.no_grad()
+def dense_moments(st_res: dict, st_l1: dict, l2, beta: float) -> dict:
+    """The moments of the dense ``W = W_res + β L2 L1`` that a ``(W_res, L1)`` AdamW-layout
+    state describes — the first half of :func:`transfer_moments`, for carrying the state to
+    another split *shape* (a checkpoint resumed at another TP size, megatron/training/reshard.py):
+    ``exp_avg``: ``M = m_res + β L2 m_L1`` (exactly the dense first moment, see the module
+    docstring); ``exp_avg_sq``: ``V = v_res + β²(L2∘L2) v_L1`` (elementwise variances of the
+    dense gradient, independent elements assumed); ``exp_avg_sq_res``: ``v_res`` (the routing
+    keeps it). FP32 tensors of W's shape; row/column blocks of them may be cut and re-joined
+    like W itself."""
+    l2o = l2.detach().float()
+    return {"exp_avg": st_res["exp_avg"].float() + beta * (l2o @ st_l1["exp_avg"].float()),
+            "exp_avg_sq": st_res["exp_avg_sq"].float()
+            + beta ** 2 * ((l2o * l2o) @ st_l1["exp_avg_sq"].float()),
+            "exp_avg_sq_res": st_res["exp_avg_sq"].float()}
+
+
+@torch.no_grad()
+def route_moments(dense: dict, l2_new, basis_new, beta: float):
+    """The second half of :func:`transfer_moments`: route the dense moments of
+    :func:`dense_moments` into a new split ``L2_new = Q R`` (``basis_new = (Q, R⁻¹)``):
+    ``m_L1 = A M``, ``m_res = M − β L2_new m_L1``, ``v_L1 = (A∘A) V``, ``v_res`` kept, with
+    ``A = R⁻¹Qᵀ/β``. ``transfer_moments(...) == route_moments(dense_moments(...), ...)`` for
+    FP32 states (tested). Returns FP32 ``(st_res, st_l1)`` without ``step``."""
+    q, rinv = basis_new
+    a = (rinv @ q.T) / beta
+    m = dense["exp_avg"]
+    m1 = a @ m
+    return ({"exp_avg": m - beta * (l2_new.detach().float() @ m1),
+             "exp_avg_sq": dense["exp_avg_sq_res"]},
+            {"exp_avg": m1, "exp_avg_sq": (a * a) @ dense["exp_avg_sq"]})
 
 
 def _realign_generator(device, seed: int, iteration: int, name: str, tp_rank: int):

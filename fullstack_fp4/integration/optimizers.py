@@ -29,11 +29,12 @@ per rank, `optimizer.fullstack_fp4.inner_state`, holding:
 Plain optimizer: global shape (PP, TP), replicated over DP (DP rank 0 writes).
 Distributed optimizer: global shape (PP, TP, DP) — every DP rank owns a different flat shard.
 Resume is exact. The plain optimizer may resume at another DP size (same TP and PP: its state
-is replicated over DP). Any other changed parallel layout (TP/PP size, distributed optimizer on/off,
-DP size with the distributed optimizer,
-parameter shards) is refused with an error naming both layouts (no resharding: QAdamW's codec
-chunks and the per-parameter seeds follow the local shard, so a resharded 4-bit state would
-not be the state of any run).
+is replicated over DP). A changed TP size (same PP size) is converted at load for `q_adamw`:
+every saved rank's 4-bit moments are decoded into the parameters' whole FP32 moments, cut for
+the new layout and encoded again (megatron/training/reshard.py; `param_names` in the payload
+says which parameter each state belongs to). Any other changed parallel layout (PP size,
+distributed optimizer on/off or its DP size at the same TP size, parameter shards) is refused
+with an error naming both layouts (`resume_layout_error`).
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ from fullstack_fp4.optim.q_adamw.optimizer import PLACE_ATTR, Placement
 from fullstack_fp4.optim.root import Root
 
 __all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix",
-           "STATE_KEY", "OptimizerLayoutError", "resume_layout_error", "place_distributed_shards"]
+           "STATE_KEY", "OptimizerLayoutError", "resume_layout_error", "place_distributed_shards",
+           "converted_wrappers", "inner_params", "canonical_name"]
 
 MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
                    "linear_fc2.weight")
@@ -179,6 +181,39 @@ def _placements(inner) -> dict:
                                                         pl.phase] for pl in places]}
 
 
+def converted_wrappers(optimizer) -> list:
+    """The megatron wrappers whose inner optimizer `convert_optimizer` replaced."""
+    return [w for w in _wrappers(optimizer) if getattr(w, "fp4_converted", False)]
+
+
+def inner_params(wrapper) -> list:
+    """The inner optimizer's params in `state_dict` order (what the payload's lists follow)."""
+    return [p for g in wrapper.optimizer.param_groups for p in g["params"]]
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name relative to the GPT model (without DDP / Float16Module `module.`s)."""
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return name
+
+
+def _inner_param_names(wrapper, model_chunks) -> list:
+    """Model-parameter name (`canonical_name`) of every inner param, in `inner_params` order; a
+    distributed-optimizer shard is named after the parameter it is cut from."""
+    names = {id(p): canonical_name(n) for c in model_chunks for n, p in c.named_parameters()}
+    if isinstance(wrapper, DistributedOptimizer):
+        model_of = {}
+        for mgs, sgs in ((wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
+                         (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)):
+            for mg, sg in zip(mgs, sgs):
+                model_of.update({id(sp): mp for mp, sp in zip(mg, sg) if sp is not None})
+    else:
+        model_of = _main_to_model(wrapper)
+    return [names.get(id(model_of[id(p)])) if id(p) in model_of else None
+            for p in inner_params(wrapper)]
+
+
 def parallel_layout(tp: int, pp: int, world: int, distopt: bool) -> str:
     dp = world // max(tp * pp, 1)
     return (f"TP={tp} PP={pp} DP={dp} (world {world}), distributed optimizer "
@@ -208,8 +243,8 @@ def resume_layout_error(meta: dict, optimizer, path: str):
     name = meta.get("config", {}).get("optimizer", {}).get("name", "?")
     return (f"checkpoint {path} could not be read: its {name} optimizer state was saved with "
             f"{parallel_layout(*saved)}, this run has {parallel_layout(*now)}; the 4-bit "
-            "optimizer state is stored per rank and cannot be resharded (docs/optimizers.md, "
-            "Checkpoints) — resume with the saved layout")
+            "optimizer state is stored per rank and is converted only across TP sizes "
+            "(docs/multi-gpu.md, Resharding) — resume with the saved layout")
 
 
 def _saves_main_params(wrapper) -> bool:
@@ -227,6 +262,9 @@ class _ConvertedMixin:
             main = [p.detach().clone() for g in inner.param_groups for p in g["params"]]
         return {"format": FORMAT, "layout": _layout(self), "inner": inner.state_dict(),
                 "main_params": main,
+                # model-parameter name of every inner param: lets a resume in another TP size
+                # find each state (megatron/training/reshard.py); not part of the layout check
+                "param_names": getattr(self, "fp4_param_names", None),
                 "grad_scaler": self.grad_scaler.state_dict()
                 if getattr(self, "grad_scaler", None) else None}
 
@@ -476,6 +514,7 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
             subs.append(_q_adamw(rest, cfg) if name == "q_root" else _same_kind(old, rest))
         new = SplitOptimizer(subs)
     wrapper.optimizer = new
+    wrapper.fp4_param_names = _inner_param_names(wrapper, model_chunks)
     _convert_methods(wrapper)
 
 

@@ -17,6 +17,10 @@ Loading checks the manifest and the model shape recorded in `meta.json` against 
 before touching any tensor, so a damaged or incompatible checkpoint gives one `CheckpointError`
 naming the problem. If reading a shard still fails, the error is raised at start-up: the run
 exits and nothing trains on a partly loaded model; the checkpoint on disk is never modified.
+
+Another parallel layout: megatron-core reshards the `ShardedTensor`s itself. State whose form
+depends on the TP size (LoRA-SVD factors, Q-AdamW's per-rank 4-bit objects) is converted at
+load by reshard.py when the TP size changed; what cannot be converted is refused in one line.
 """
 from __future__ import annotations
 
@@ -28,8 +32,10 @@ import shutil
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from megatron.core import parallel_state as ps
 from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron.training import reshard
 from megatron.training.config import to_dict
 from megatron.training.errors import CheckpointError
 
@@ -264,19 +270,38 @@ def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
     check_compatible(meta, cfg, path)
     from fullstack_fp4.integration.optimizers import resume_layout_error
 
-    layout_error = resume_layout_error(meta, optimizer, path)  # FP4 optimizers: no resharding
-    if layout_error:
-        raise CheckpointError(layout_error)
+    # Another TP size with layout-dependent FP4 state (LoRA-SVD factors, Q-AdamW's per-rank
+    # object): converted at load through the layout-free form (reshard.py). Anything else the
+    # FP4 optimizers cannot read directly is refused before a tensor is read.
+    resharding = reshard.needs_reshard(meta, cfg)
+    if resharding:
+        why_not = reshard.unsupported_reason(meta, cfg, optimizer)
+        if why_not:
+            s = reshard.saved_layout(meta)
+            raise CheckpointError(
+                f"checkpoint {path} could not be read: it was saved at TP={s.tp} PP={s.pp}, this "
+                f"run has TP={ps.get_tensor_model_parallel_world_size()} "
+                f"PP={ps.get_pipeline_model_parallel_world_size()}, and {why_not} "
+                "(docs/multi-gpu.md, Resharding) — resume with the saved layout")
+    else:
+        layout_error = resume_layout_error(meta, optimizer, path)
+        if layout_error:
+            raise CheckpointError(layout_error)
     rank = _rank()
     rng_file = os.path.join(path, "rng", f"rank_{rank:05d}.pt")
     try:
-        dist_opts = _prepare_distributed_optimizers(optimizer)
-        sharded = _sharded_state_dict(model, optimizer, is_loading=True)
-        state = dist_checkpointing.load(sharded, os.path.join(path, "dist"))
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        _restore_adam_steps(dist_opts, state["optimizer"])
-    except CheckpointError:
+        if resharding:
+            reshard.load_resharded(path, meta, model=model, optimizer=optimizer, cfg=cfg)
+        else:
+            dist_opts = _prepare_distributed_optimizers(optimizer)
+            sharded = _sharded_state_dict(model, optimizer, is_loading=True)
+            state = dist_checkpointing.load(sharded, os.path.join(path, "dist"))
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            _restore_adam_steps(dist_opts, state["optimizer"])
+    except CheckpointError as e:
+        if resharding and not str(e).startswith("checkpoint "):
+            raise CheckpointError(f"checkpoint {path} could not be resharded: {e}") from None
         raise
     except (Exception, CheckpointException) as e:  # unreadable or missing shard: report, never continue
         # (torch.distributed.checkpoint's CheckpointException derives from BaseException)

@@ -56,7 +56,7 @@ from .codecs import (BLOCK, CHUNK, TILE, MomentState, _sqrt_rn, decode_exp_avg,
                      padded_numel)
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "q_adamw_step_reference",
-           "optimizer_state_bytes"]
+           "optimizer_state_bytes", "decode_param_state", "encode_param_state"]
 
 PLACE_ATTR = "q_adamw_place"
 
@@ -179,6 +179,38 @@ def _init_state(n: int, device, phase: int = 0) -> dict:
             st[k] = torch.zeros(npad // 2, dtype=v.dtype, device=device)
         else:                                    # tile means
             st[k] = torch.zeros(npad // TILE, dtype=v.dtype, device=device)
+    return st
+
+
+def decode_param_state(st: dict, n: int, phase: int = 0):
+    """The moments of one parameter's state as flat FP32 ``(m, v)`` of ``n`` entries.
+
+    A quantized state (``exp_avg_codes`` ...) is decoded exactly as the step decodes it (the
+    v guard included: ``v̂ >= (μ/4)²``); ``phase`` is the chunk phase it was encoded with
+    (``Placement.chunk_phase()``, 0 for a whole tensor). A state with FP32 moments
+    (``numel < min_numel``) is returned flattened. Used to carry a state into another parallel
+    layout (megatron/training/reshard.py): decode here, re-cut, :func:`encode_param_state`."""
+    if "exp_avg_codes" in st:
+        ms, vs = _unpack_state(st, n, phase)
+        return decode_exp_avg(ms), decode_exp_avg_sq(vs)
+    return (st["exp_avg"].detach().reshape(-1).float(),
+            st["exp_avg_sq"].detach().reshape(-1).float())
+
+
+def encode_param_state(m: torch.Tensor, v: torch.Tensor, *, quantized: bool, shape,
+                       phase: int = 0, rand: Optional[torch.Tensor] = None) -> dict:
+    """A state (without ``step``) holding the FP32 moments ``m``, ``v`` (``numel`` entries each):
+    encoded with the step's codecs when ``quantized`` (first moment with stochastic rounding from
+    ``rand``, ``padded_numel(numel)`` uniforms; chunk grid at ``phase``), else FP32 tensors of
+    ``shape`` (the parameter's). The inverse of :func:`decode_param_state` up to the codecs'
+    quantization error (the state of an FP32-moment parameter round-trips exactly)."""
+    m, v = m.reshape(-1).float(), v.reshape(-1).float()
+    if not quantized:
+        return {"exp_avg": m.clone().view(shape), "exp_avg_sq": v.clone().view(shape)}
+    if rand is None or rand.numel() < padded_numel(m.numel()):
+        raise ValueError(f"encode_param_state: need {padded_numel(m.numel())} uniforms")
+    st: dict = {}
+    _pack_state(st, encode_exp_avg(m, rand=rand, phase=phase), encode_exp_avg_sq(v, phase=phase))
     return st
 
 
