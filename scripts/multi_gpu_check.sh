@@ -192,6 +192,9 @@ bg ${ARM1}_resume_1gpu 1 "$G1" $T_RES 2 $ARM1 "TP=2 -> 1 GPU" resume ${ARM1}_tp2
 par bf16_resume_dp2_distopt 2 "$PB" $T_RES 2 bf16 "TP=2 -> DP=2 (dist-opt)" resume bf16_tp2 bf16_1gpu -- \
   $DISTOPT checkpoint.load=$CKB $RESUME
 wait
+par ${ARM1}_resume_dp2_distopt 2 "$PA" $T_RES 2 $ARM1 "TP=2 -> DP=2 (dist-opt)" resume ${ARM1}_tp2 ${ARM1}_1gpu -- \
+  $A1 $DISTOPT checkpoint.load=$CKA $RESUME
+wait
 
 # ---------------------------------------------------------------------------- part 3
 fi
