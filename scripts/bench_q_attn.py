@@ -1,21 +1,27 @@
 """Q-Attn on the GPU: correctness check, then time and memory vs torch SDPA (flash), BF16.
 
-1. Correctness at a small shape (1×4×200×128, GQA 2, causal, K-smoothing on): the Triton
-   prologue's views must equal the PyTorch reference's bit for bit; forward O and LSE, and
-   dQ/dK/dV given the same (O, LSE), within the test suite's tolerances (O 1e-2, dQ/dK 2e-2
-   on the GPU: MMA accumulation order can flip a few dS codes, dV 1e-2). Aborts on failure.
+1. Correctness at a small shape (1×4×200×128, GQA 2, causal, K-smoothing on):
+   * the Triton prologue's views equal the PyTorch reference's bit for bit;
+   * forward O and LSE, and dQ/dK/dV given the same (O, LSE), within the test suite's
+     tolerances (O 1e-2, dQ/dK 2e-2 on the GPU: MMA accumulation order can flip a few dS
+     codes, dV 1e-2);
+   * the autograd function (which saves the views as 4-bit codes and decodes them for the
+     backward) gives O and dQ/dK/dV bit-identical to the BF16-view path (all four views kept
+     as BF16 values, the kernels run on them directly).
+   Aborts on failure.
 2. Timing at 1×24×4096×128 and 4×24×2048×128, causal: forward and forward+backward, median
    of CUDA-event timings after warm-up, Q-Attn (default paths: NVFP4 QKᵀ and dS, emulated on
    Hopper with BF16 tensor cores on exactly-representable dequantized values) vs
-   ``F.scaled_dot_product_attention`` (flash backend). Memory saved for backward = bytes of
-   the tensors autograd holds for the backward (``saved_tensors_hooks``, deduplicated by
-   storage) for each.
+   ``F.scaled_dot_product_attention`` (flash backend). Memory saved for backward: the bytes
+   of the distinct storages autograd holds for the backward, *measured* with
+   ``torch.autograd.graph.saved_tensors_hooks`` for each; the hand count of Q-Attn's (V, O,
+   LSE, the packed views and decode scales: ``packed.py``) is printed beside as a check.
+3. Stage breakdown at 1×24×4096×128 (prologue, forward kernel, decode of the saved views,
+   backward incl. its delta pre-pass). With ``--sweep`` every ``FP4_QATTN_FWD`` /
+   ``FP4_QATTN_BWD`` config in FWD_SWEEP / BWD_SWEEP is timed and printed as a table (the
+   default first), so the next default can be read off.
 
-3. Stage breakdown at 1×24×4096×128: prologue, forward kernel, backward kernels. With
-   ``--sweep`` every ``FP4_QATTN_FWD`` / ``FP4_QATTN_BWD`` config in FWD_SWEEP / BWD_SWEEP
-   (block sizes, warps, stages; see ``triton_fwd._config``, ``triton_bwd.bwd_config``).
-
-Prints a markdown table; writes ``q_attn_bench.json`` into ``$OUT`` if set.
+Prints markdown tables; writes ``q_attn_bench.json`` into ``$OUT`` if set.
 """
 
 import json
@@ -28,10 +34,14 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from fullstack_fp4.attention import q_attention  # noqa: E402
 from fullstack_fp4.attention import reference  # noqa: E402
+from fullstack_fp4.attention.packed import padded_seq  # noqa: E402
 from fullstack_fp4.attention.paths import resolve_paths  # noqa: E402
-from fullstack_fp4.attention.prologue import make_views  # noqa: E402
-from fullstack_fp4.attention.triton_bwd import attention_backward  # noqa: E402
+from fullstack_fp4.attention.prologue import make_views, prepare_views  # noqa: E402
+from fullstack_fp4.attention.triton_bwd import attention_backward, bwd_config  # noqa: E402
+from fullstack_fp4.attention.triton_fwd import _config as fwd_config  # noqa: E402
 from fullstack_fp4.attention.triton_fwd import attention_forward  # noqa: E402
+
+BF = torch.bfloat16
 
 
 def rel(a, b):
@@ -41,41 +51,57 @@ def rel(a, b):
 def correctness():
     torch.manual_seed(0)
     b, h, hk, s, d = 1, 4, 2, 200, 128
-    q = (torch.randn(b, h, s, d, device="cuda") * 1.5).bfloat16()
-    k = (torch.randn(b, hk, s, d, device="cuda") + torch.randn(1, hk, 1, d, device="cuda")).bfloat16()
-    v = torch.randn(b, hk, s, d, device="cuda").bfloat16()
-    do = torch.randn(b, h, s, d, device="cuda").bfloat16()
+    q = (torch.randn(b, h, s, d, device="cuda") * 1.5).to(BF)
+    k = (torch.randn(b, hk, s, d, device="cuda") + torch.randn(1, hk, 1, d, device="cuda")).to(BF)
+    v = torch.randn(b, hk, s, d, device="cuda").to(BF)
+    do = torch.randn(b, h, s, d, device="cuda").to(BF)
+    scale = d ** -0.5
     vt = make_views(q, k, qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
     vr = make_views(q, k, qk_fp4=True, ds_fp4=True, smooth=True, backend="reference")
     views_equal = all(torch.equal(getattr(vt, n).float(), getattr(vr, n).float())
                       for n in ("q_hd", "k_hd", "q_sq", "k_sq"))
-    o, lse = attention_forward(vt, v, causal=True, scale=d ** -0.5)
-    o_r, lse_r = reference.forward(v, vr, causal=True, scale=d ** -0.5, paths=resolve_paths(None))
-    g = attention_backward(do, o, lse, v, vt, causal=True, scale=d ** -0.5)
-    g_r = reference.backward(do, o, v, vr, causal=True, scale=d ** -0.5, paths=resolve_paths(None))
+    o, lse = attention_forward(vt, v, causal=True, scale=scale)
+    o_r, lse_r = reference.forward(v, vr, causal=True, scale=scale, paths=resolve_paths(None))
+    g = attention_backward(do, o, lse, v, vt, causal=True, scale=scale)
+    g_r = reference.backward(do, o, v, vr, causal=True, scale=scale, paths=resolve_paths(None))
+    # the autograd path (4-bit saved views) vs the BF16-view path, bit for bit
+    g_bf = attention_backward(do, o, lse, v, vt, causal=True, scale=scale, out_dtypes=(BF,) * 3)
+    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+    o2 = q_attention(qq, kk, vv, causal=True)
+    o2.backward(do)
+    packed_equal = torch.equal(o2, o) and all(
+        torch.equal(a, w) for a, w in zip((qq.grad, kk.grad, vv.grad), g_bf))
     res = {"views_bit_exact": views_equal, "O": rel(o, o_r),
            "lse_maxabs": (lse - lse_r).abs().max().item(),
-           "dQ": rel(g[0], g_r[0]), "dK": rel(g[1], g_r[1]), "dV": rel(g[2], g_r[2])}
-    ok = (views_equal and res["O"] < 1e-2 and res["lse_maxabs"] < 1e-3 and res["dQ"] < 2e-2
-          and res["dK"] < 2e-2 and res["dV"] < 1e-2)
+           "dQ": rel(g[0], g_r[0]), "dK": rel(g[1], g_r[1]), "dV": rel(g[2], g_r[2]),
+           "packed_saved_bit_identical": packed_equal}
+    ok = (views_equal and packed_equal and res["O"] < 1e-2 and res["lse_maxabs"] < 1e-3
+          and res["dQ"] < 2e-2 and res["dK"] < 2e-2 and res["dV"] < 1e-2)
     res["ok"] = ok
     return res
 
 
 def saved_bytes(fn, *args):
-    seen, total = set(), [0]
+    """Bytes of the distinct storages autograd saves for the backward while ``fn`` runs."""
+    seen = {}
 
     def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key not in seen:
-            seen.add(key)
-            total[0] += t.untyped_storage().nbytes()
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args)
     del out
-    return total[0]
+    return sum(seen.values())
+
+
+def q_attn_saved_formula(b, h, hk, s, d):
+    """Hand count of Q-Attn's saved bytes (default paths, BF16 inputs): V, O (BF16), LSE (FP32),
+    head_dim views S·D/2 + S·D/16, seq views (Sp/2 + Sp/16)·D, decode scales (FP32)."""
+    sp = padded_seq(s)
+    views = (b * h + b * hk) * (s * (d // 2 + d // 16) + (sp // 2 + sp // 16) * d)
+    return 2 * b * hk * s * d + 2 * b * h * s * d + 4 * b * h * s + views + 4 * (b * h + b * hk)
 
 
 def time_ms(fn, iters=20, warmup=5):
@@ -94,9 +120,9 @@ def time_ms(fn, iters=20, warmup=5):
 
 
 def bench(b, h, s, d):
-    q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=BF, requires_grad=True)
                for _ in range(3)]
-    do = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    do = torch.randn(b, h, s, d, device="cuda", dtype=BF)
 
     def sdpa(q, k, v):
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
@@ -115,6 +141,7 @@ def bench(b, h, s, d):
             o.backward(do)
         fb_ms = time_ms(fb)
         out[name] = {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms, "saved_bytes": saved_bytes(fn, q, k, v)}
+    out["q_attn"]["saved_bytes_formula"] = q_attn_saved_formula(b, h, h, s, d)
     flops = 4 * b * h * s * s * d / 2 * 3.5          # causal fwd (2 GEMMs) + bwd (5 GEMMs)
     out["ratio_fwd_bwd"] = out["q_attn"]["fwd_bwd_ms"] / out["sdpa_flash_bf16"]["fwd_bwd_ms"]
     out["ratio_fwd"] = out["q_attn"]["fwd_ms"] / out["sdpa_flash_bf16"]["fwd_ms"]
@@ -122,35 +149,49 @@ def bench(b, h, s, d):
     return out
 
 
-FWD_SWEEP = ("", "128,128,8,2", "128,128,8,3", "128,64,8,2", "128,64,4,3", "64,64,4,3")
-BWD_SWEEP = ("", "8,1,8,1", "8,3,8,3", "4,2,4,2", "4,1,4,1", "8,2,4,2")
+# FP4_QATTN_FWD = "BLOCK_M,BLOCK_N,warps,stages"; FP4_QATTN_BWD = "w_kv,st_kv,w_q,st_q,rn,rm"
+# (rn/rm: 64-row groups per dkdv / dq program). '' = the built-in default.
+FWD_SWEEP = ("", "128,64,8,2", "128,128,8,2", "128,128,8,3", "128,64,4,3", "64,64,4,3")
+BWD_SWEEP = ("", "8,2,8,2,1,1", "8,1,8,1,2,2", "8,3,8,3,2,2", "8,2,8,2,1,2", "8,2,8,2,2,1",
+             "4,2,4,2,1,1", "4,1,4,1,1,1")
 
 
 def breakdown(b, h, s, d, sweep):
-    """Per-stage times at one shape (ms): prologue (make_views), forward kernel, backward
-    kernels (incl. the delta pre-pass); with ``sweep`` each FP4_QATTN_FWD / FP4_QATTN_BWD
-    variant ('' = the built-in default) is timed, so the next default can be read off."""
+    """Per-stage times at one shape (ms): the prologue as the autograd function runs it
+    (amax, K mean, views incl. the 4-bit saved ones), the forward kernel, the decode of the
+    saved views, the backward (delta pre-pass + two kernels + dK projection). With ``sweep``
+    each FP4_QATTN_FWD / FP4_QATTN_BWD variant is timed ('' = the built-in default)."""
     torch.manual_seed(0)
-    q, k, v, do = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    q, k, v, do = [torch.randn(b, h, s, d, device="cuda", dtype=BF) for _ in range(4)]
     scale = d ** -0.5
-    rows = {"prologue_ms": time_ms(lambda: make_views(q, k, qk_fp4=True, ds_fp4=True,
-                                                      smooth=True, backend="triton"))}
-    views = make_views(q, k, qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
-    o, lse = attention_forward(views, v, causal=True, scale=scale)
+    kw = dict(qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
+    rows = {"prologue (amax, K mean, views)": time_ms(lambda: prepare_views(q, k, **kw))}
+    fwd_views, saved = prepare_views(q, k, **kw)
+    rows["decode saved views"] = time_ms(lambda: saved.unpack("triton"))
+    views = saved.unpack("triton")
+    o, lse = attention_forward(fwd_views, v, causal=True, scale=scale)
+    sweeps = {}
     for name, env, cfgs, fn in (
-            ("fwd", "FP4_QATTN_FWD", FWD_SWEEP,
-             lambda: attention_forward(views, v, causal=True, scale=scale)),
-            ("bwd", "FP4_QATTN_BWD", BWD_SWEEP,
-             lambda: attention_backward(do, o, lse, v, views, causal=True, scale=scale))):
+            ("forward kernel", "FP4_QATTN_FWD", FWD_SWEEP,
+             lambda: attention_forward(fwd_views, v, causal=True, scale=scale)),
+            ("backward (delta + kernels)", "FP4_QATTN_BWD", BWD_SWEEP,
+             lambda: attention_backward(do, o, lse, v, views, causal=True, scale=scale,
+                                        out_dtypes=(BF,) * 3))):
+        table = []
         for cfg in (cfgs if sweep else ("",)):
             os.environ[env] = cfg
             try:
-                rows[f"{name}[{cfg or 'default'}]_ms"] = time_ms(fn)
+                (wk, sk, rn), (wq, sq, rm) = bwd_config(d)
+                dflt = fwd_config(d, False) if env == "FP4_QATTN_FWD" else (wk, sk, wq, sq, rn, rm)
+                shown = cfg or "default " + ",".join(map(str, dflt))
+                table.append((shown, time_ms(fn)))
             except Exception as e:  # noqa: BLE001 -- a config that fails to compile/launch
-                rows[f"{name}[{cfg or 'default'}]_ms"] = f"failed: {type(e).__name__}"
+                table.append((cfg, f"failed: {type(e).__name__}: {str(e)[:80]}"))
             finally:
                 os.environ.pop(env, None)
-    return rows
+        rows[name] = table[0][1]
+        sweeps[name] = table
+    return rows, sweeps
 
 
 def main():
@@ -163,8 +204,8 @@ def main():
     results = {"device": torch.cuda.get_device_name(), "correctness": c,
                "note": "NVFP4 GEMMs emulated on Hopper (BF16 MMA on exact dequantized values)"}
     print("\n| shape (causal) | SDPA fwd ms | Q-Attn fwd ms | ratio | SDPA fwd+bwd ms | "
-          "Q-Attn fwd+bwd ms | ratio | saved MiB SDPA / Q-Attn |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "Q-Attn fwd+bwd ms | ratio | saved MiB SDPA / Q-Attn (hooks) | Q-Attn by formula |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in ((1, 24, 4096, 128), (4, 24, 2048, 128)):
         r = bench(*shape)
         results["x".join(map(str, shape))] = r
@@ -172,13 +213,26 @@ def main():
         print(f"| {'x'.join(map(str, shape))} | {s['fwd_ms']:.3f} | {qa['fwd_ms']:.3f} | "
               f"{r['ratio_fwd']:.2f} | {s['fwd_bwd_ms']:.3f} | {qa['fwd_bwd_ms']:.3f} | "
               f"{r['ratio_fwd_bwd']:.2f} | {s['saved_bytes'] / 2**20:.1f} / "
-              f"{qa['saved_bytes'] / 2**20:.1f} |")
+              f"{qa['saved_bytes'] / 2**20:.1f} | {qa['saved_bytes_formula'] / 2**20:.1f} |")
     for shape in ((1, 24, 4096, 128),):
-        r = breakdown(*shape, sweep)
-        results["breakdown_" + "x".join(map(str, shape))] = r
-        print(f"\nstage times at {'x'.join(map(str, shape))} causal (ms; sweep={sweep}):")
-        for key, val in r.items():
-            print(f"  {key:32s} {val if isinstance(val, str) else f'{val:.3f}'}")
+        rows, sweeps = breakdown(*shape, sweep)
+        tag = "x".join(map(str, shape))
+        results["breakdown_" + tag] = rows
+        results["sweep_" + tag] = {k: [list(x) for x in v] for k, v in sweeps.items()}
+        print(f"\nstage times at {tag} causal (ms, default configs):\n")
+        print("| stage | ms |\n| --- | --- |")
+        for key, val in rows.items():
+            print(f"| {key} | {val if isinstance(val, str) else f'{val:.3f}'} |")
+        if sweep:
+            for stage, env in (("forward kernel", "FP4_QATTN_FWD  (BLOCK_M,BLOCK_N,warps,stages)"),
+                               ("backward (delta + kernels)",
+                                "FP4_QATTN_BWD  (w_kv,st_kv,w_q,st_q,rn,rm)")):
+                print(f"\nsweep: {stage} at {tag} — {env}\n")
+                print("| config | ms | vs default |\n| --- | --- | --- |")
+                base = sweeps[stage][0][1]
+                for cfg, ms in sweeps[stage]:
+                    ratio = "" if isinstance(ms, str) or isinstance(base, str) else f"{ms / base:.2f}"
+                    print(f"| {cfg} | {ms if isinstance(ms, str) else f'{ms:.3f}'} | {ratio} |")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "q_attn_bench.json"), "w") as f:
             json.dump(results, f, indent=2)

@@ -164,7 +164,7 @@ def run_scenarios():
         decode_bf16_triton(t)
 
     # --- Q-Attn: prologue, forward, backward -----------------------------------------------
-    from fullstack_fp4.attention.prologue import make_views
+    from fullstack_fp4.attention.prologue import make_views, prepare_views
     from fullstack_fp4.attention.triton_bwd import attention_backward
     from fullstack_fp4.attention.triton_fwd import attention_forward
     from fullstack_fp4.attention import triton_bwd, triton_fwd
@@ -190,11 +190,27 @@ def run_scenarios():
         v = torch.randn(b, h // groups, s, d, dtype=r["in_dt"])
         _scenario(f"attention d={d} {r['in_dt']} G={groups} causal={causal} S={s} "
                   f"qk_fp4={qk_fp4} ds_fp4={ds_fp4} stoch={stoch}")
-        views = make_views(q, k, qk_fp4=qk_fp4, ds_fp4=ds_fp4, smooth=True, backend="triton")
-        o, lse = attention_forward(views, v, causal=causal, scale=d ** -0.5)
+        # the autograd function's path: prologue writing the packed (4-bit) saved views, forward,
+        # decode of the saved views, backward with the input dtype's gradients
+        fwd_views, saved = prepare_views(q, k, qk_fp4=qk_fp4, ds_fp4=ds_fp4, smooth=True,
+                                         backend="triton")
+        o, lse = attention_forward(fwd_views, v, causal=causal, scale=d ** -0.5)
         do = torch.randn(q.shape, dtype=r["in_dt"])
-        attention_backward(do, o, lse, v, views, causal=causal, scale=d ** -0.5, ds_fp4=ds_fp4,
-                           ds_stochastic=stoch, seed=5)
+        attention_backward(do, o, lse, v, saved.unpack("triton"), causal=causal, scale=d ** -0.5,
+                           ds_fp4=ds_fp4, ds_stochastic=stoch, seed=5, out_dtypes=(r["in_dt"],) * 3)
+    # the BF16-view path (make_views: tests, benchmark stage times) and the 64-row backward at
+    # 8 warps (FP4_QATTN_BWD rn = rm = 1: the old default, a benchmark sweep option)
+    for d in (64, 128):
+        q, k, v = (torch.randn(1, 4, 128, d, dtype=torch.bfloat16) for _ in range(3))
+        _scenario(f"attention make_views d={d}; backward FP4_QATTN_BWD=8,2,8,2,1,1")
+        views = make_views(q, k, qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
+        o, lse = attention_forward(views, v, causal=True, scale=d ** -0.5)
+        os.environ["FP4_QATTN_BWD"] = "8,2,8,2,1,1"
+        try:
+            attention_backward(torch.randn(q.shape, dtype=torch.bfloat16), o, lse, v, views,
+                               causal=True, scale=d ** -0.5, out_dtypes=(torch.bfloat16,) * 3)
+        finally:
+            os.environ.pop("FP4_QATTN_BWD", None)
 
     # --- Newton-Schulz fused NVFP4 operand --------------------------------------------------
     from fullstack_fp4.optim.triton_ns import quantize_decode

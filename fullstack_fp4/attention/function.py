@@ -26,7 +26,7 @@ import torch
 
 from . import reference
 from .paths import quantized, resolve_paths
-from .prologue import make_views
+from .prologue import prepare_views
 
 
 def _use_triton(q: torch.Tensor, paths: dict, backend: Optional[str]) -> bool:
@@ -38,35 +38,41 @@ def _use_triton(q: torch.Tensor, paths: dict, backend: Optional[str]) -> bool:
 
 
 class QAttnFunction(torch.autograd.Function):
+    """Saved for backward: ``V`` (BF16 operand of ``dP = dO Vᵀ``, a BF16 path), ``O`` (for
+    ``D = rowsum(dO ⊙ O)``; the output itself, no extra storage), the natural-log LSE (FP32, one
+    per query: P is recomputed from it), and the views as ``prologue.SavedViews``: each NVFP4
+    view as 4-bit codes + E4M3 block scales (``packed.py``) and the per-head decode scales."""
+
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, paths, smooth, ds_rounding, generator, use_triton):
-        views = make_views(q, k, qk_fp4=quantized(paths, "qk"), ds_fp4=quantized(paths, "ds"),
-                           smooth=smooth, backend="triton" if use_triton else "reference")
+        backend = "triton" if use_triton else "reference"
+        views, saved = prepare_views(q, k, qk_fp4=quantized(paths, "qk"),
+                                     ds_fp4=quantized(paths, "ds"), smooth=smooth, backend=backend)
         if use_triton:
             from .triton_fwd import attention_forward
             o, lse = attention_forward(views, v, causal=causal, scale=scale)
         else:
             o, lse = reference.forward(v, views, causal=causal, scale=scale, paths=paths)
-        ctx.save_for_backward(v, o, lse, views.q_hd, views.k_hd, views.q_sq, views.k_sq,
-                              views.dec_q_hd, views.dec_k_hd, views.dec_q_sq, views.dec_k_sq,
-                              views.k_mean)
+        del views                 # the forward's BF16 head_dim operands are not kept
+        tensors, ctx.rebuild_views = saved.flatten()
+        ctx.save_for_backward(v, o, lse, *tensors)
         ctx.cfg = (causal, scale, paths, ds_rounding, generator, use_triton, q.dtype, k.dtype)
         ctx.mark_non_differentiable(lse)
         return o.to(q.dtype), lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
-        from .prologue import QAttnViews
-        v, o, lse, *vw = ctx.saved_tensors
-        views = QAttnViews(*vw)
+        v, o, lse, *tensors = ctx.saved_tensors
         causal, scale, paths, ds_rounding, generator, use_triton, qdt, kdt = ctx.cfg
+        views = ctx.rebuild_views(tensors).unpack("triton" if use_triton else "reference")
         do = do.contiguous()
         if use_triton:
             from .triton_bwd import attention_backward
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
             dq, dk, dv = attention_backward(do, o, lse, v, views, causal=causal, scale=scale,
                                             ds_fp4=quantized(paths, "ds"),
-                                            ds_stochastic=ds_rounding == "stochastic", seed=seed)
+                                            ds_stochastic=ds_rounding == "stochastic", seed=seed,
+                                            out_dtypes=(qdt, kdt, v.dtype))
         else:
             dq, dk, dv = reference.backward(do, o, v, views, causal=causal, scale=scale,
                                             paths=paths, ds_rounding=ds_rounding,

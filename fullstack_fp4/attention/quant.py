@@ -34,15 +34,15 @@ import torch.nn.functional as F
 from fullstack_fp4.nvfp4.e2m1 import e2m1_decode
 from fullstack_fp4.nvfp4.reference import quantize_reference
 
+from .packed import empty_packed
+
 DS_TILE = 64
 
 
 def _values_and_dec(x2: torch.Tensor, amax, rounding: str, generator) -> tuple:
     """Quantize a 2D FP32 ``[R, K]`` (K multiple of 16) along K; return (code·scale, dec)."""
     t = quantize_reference(x2, global_amax=amax, rounding=rounding, generator=generator)
-    vals = e2m1_decode(t.codes()).reshape(x2.shape[0], -1, 16)
-    vals = vals * t.block_scale.to(torch.float32).unsqueeze(-1)
-    return vals.reshape(x2.shape), t.tensor_scale
+    return _decoded(t), t.tensor_scale
 
 
 def _pad_to(x: torch.Tensor, dim: int, mult: int) -> torch.Tensor:
@@ -52,6 +52,25 @@ def _pad_to(x: torch.Tensor, dim: int, mult: int) -> torch.Tensor:
         return x
     widths = [0, 0] * (x.dim() - 1 - (dim % x.dim())) + [0, pad]
     return F.pad(x, widths)
+
+
+def _head_nvfp4(xij: torch.Tensor, along: str, rounding: str, generator):
+    """NVFP4 quantization of one head ``xij [S, D]`` (FP32) with the head's own amax: along
+    head_dim the tensor ``[S, D]`` itself, along seq its zero-padded transpose ``[D, Sp]``."""
+    amax = xij.abs().amax()
+    if along == "head_dim":
+        x2 = xij
+    elif along == "seq":
+        x2 = _pad_to(xij, 0, 16).t().contiguous()        # [D, Sp]: seq last
+    else:
+        raise ValueError(f"along must be 'head_dim' or 'seq', got {along!r}")
+    return quantize_reference(x2, global_amax=amax, rounding=rounding, generator=generator)
+
+
+def _decoded(t) -> torch.Tensor:
+    """``e2m1(code) · fp32(block_scale)`` of an NVFP4Tensor, FP32, its own shape."""
+    vals = e2m1_decode(t.codes()).reshape(t.shape[0], -1, 16)
+    return (vals * t.block_scale.to(torch.float32).unsqueeze(-1)).reshape(t.shape)
 
 
 def per_head_view(x: torch.Tensor, along: str, rounding: str = "nearest",
@@ -69,18 +88,29 @@ def per_head_view(x: torch.Tensor, along: str, rounding: str = "nearest",
     dec = torch.empty(b, h, dtype=torch.float32, device=x.device)
     for i in range(b):
         for j in range(h):
-            xij = xf[i, j]
-            amax = xij.abs().amax()
-            if along == "head_dim":
-                v, dec[i, j] = _values_and_dec(xij, amax, rounding, generator)
-                vals[i, j] = v
-            elif along == "seq":
-                xt = _pad_to(xij, 0, 16).t().contiguous()        # [D, Sp]: seq last
-                v, dec[i, j] = _values_and_dec(xt, amax, rounding, generator)
-                vals[i, j] = v.t()[:s]
-            else:
-                raise ValueError(f"along must be 'head_dim' or 'seq', got {along!r}")
+            t = _head_nvfp4(xf[i, j], along, rounding, generator)
+            v = _decoded(t)
+            vals[i, j] = v if along == "head_dim" else v.t()[:s]
+            dec[i, j] = t.tensor_scale
     return vals, dec
+
+
+def per_head_packed(x: torch.Tensor, along: str) -> tuple:
+    """The same quantization as :func:`per_head_view` (nearest), kept as codes and E4M3 scale
+    bytes in ``packed.py``'s layout: ``(PackedView, dec fp32 [B, H])``. The seq view's codes are
+    ``nvfp4``'s ``[D, Sp/2]`` per head, stored transposed (``[Sp/2, D]``)."""
+    b, h, s, d = x.shape
+    xf = x.to(torch.float32)
+    out = empty_packed(b, h, s, d, along, x.device)
+    dec = torch.empty(b, h, dtype=torch.float32, device=x.device)
+    for i in range(b):
+        for j in range(h):
+            t = _head_nvfp4(xf[i, j], along, "nearest", None)
+            sc = t.block_scale.view(torch.uint8)
+            out.codes[i, j] = t.data if along == "head_dim" else t.data.t()
+            out.scales[i, j] = sc if along == "head_dim" else sc.t()
+            dec[i, j] = t.tensor_scale
+    return out, dec
 
 
 def tile_dequant(x: torch.Tensor, along: str, rounding: str = "nearest",
@@ -119,6 +149,12 @@ def smooth_k(k: torch.Tensor) -> tuple:
     Softmax is unchanged: ``q_i·(k_j − m) = q_i·k_j − q_i·m`` shifts row i of S by a constant
     over the keys j (also under the causal mask, which keeps whole prefixes of each row).
     """
-    kf = k.to(torch.float32)
-    mean = kf.mean(dim=2, keepdim=True)
-    return kf - mean, mean
+    mean = seq_mean(k)
+    return k.to(torch.float32) - mean, mean
+
+
+def seq_mean(k: torch.Tensor) -> torch.Tensor:
+    """K-smoothing's mean ``[B, Hkv, 1, D]`` FP32: ``k.to(fp32).mean(seq)``, the one torch
+    reduction both backends share (its summation order is torch's; the Triton prologue
+    subtracts it per element exactly as ``smooth_k`` does)."""
+    return k.to(torch.float32).mean(dim=2, keepdim=True)

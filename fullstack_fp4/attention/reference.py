@@ -125,6 +125,6 @@ def backward(do: torch.Tensor, o: torch.Tensor, v: torch.Tensor, views: QAttnVie
         kq, qq = _bf16(kq), _bf16(qq)
     dq = (ds_k @ kq) * scale
     dk = _reduce(ds_q.transpose(-1, -2) @ qq, groups) * scale
-    if views.k_mean is not None:
+    if views.smoothed:
         dk = dk - dk.mean(dim=2, keepdim=True)
     return dq, dk, dv

@@ -1,27 +1,42 @@
-"""Triton Q-Attn backward: two flash-style kernels, S and dS never materialised.
+"""Triton Q-Attn backward: a row pre-pass and two flash-style kernels, S and dS never materialised.
 
-Both recompute ``P = exp2(τ·log2e · S − lse2)`` from the head_dim views and compute, per
-64×64 tile (queries × keys),
+``_delta_kernel`` (one program per (b·h, 64 queries)): ``D = rowsum(dO ⊙ O)`` in FP32 and the
+base-2 LSE ``lse2 = lse · (1/ln 2)`` (the product the host used to do; bit-identical).
 
-    dP = dO Vᵀ (BF16),   dS = P ⊙ (dP − D)   (FP32, D = rowsum(dO ⊙ O) from a torch pre-pass)
+Both main kernels recompute ``P = exp2(τ·log2e · S − lse2)`` from the head_dim views and compute,
+per 64×64 tile (queries × keys),
+
+    dP = dO Vᵀ (BF16),   dS = P ⊙ (dP − D)   (FP32)
 
 then quantize dS **in registers** with the tile's own tensor scale (its amax; ``quant.py``
 argues the granularity) in 1×16 blocks along the reduction dimension of the GEMM it feeds:
 
-* ``_dkdv_kernel`` — one program per (b, kv head, 64 keys); loops over the group's query heads
-  and the query blocks (causal: only blocks at or below the diagonal). ``dV += Pᵀ dO`` (BF16),
-  ``dK += dec_tile·dec_q · (dS₄ᵀ)(Q₄ˢ)`` with dSᵀ blocks along queries. GQA needs no atomics:
-  the group's heads are summed inside the program.
-* ``_dq_kernel`` — one program per (b, head, 64 queries); loops over key blocks;
-  ``dQ += dec_tile·dec_k · (dS₄)(K₄ˢ)`` with dS blocks along keys.
+* ``_dkdv_kernel`` — one program per (b, kv head, 64·RN keys); loops over the group's query
+  heads and the 64-query blocks (causal: only blocks at or below the diagonal).
+  ``dV += Pᵀ dO`` (BF16), ``dK += dec_tile·dec_q · (dS₄ᵀ)(Q₄ˢ)`` with dSᵀ blocks along queries.
+  GQA needs no atomics: the group's heads are summed inside the program.
+* ``_dq_kernel`` — one program per (b, head, 64·RM queries); loops over 64-key blocks;
+  ``dQ += dec_tile·dec_k · (dS₄)(K₄ˢ)`` with dS blocks along keys. Causal programs run the
+  longest query blocks first.
 
-The tiles are 64×64 and aligned at (0, 0) in both kernels, i.e. exactly the reference's dS
-tiles, so the two kernels and ``reference.backward`` quantize the same numbers (up to the FP32
-accumulation order of the recomputed S and dP). Stochastic rounding draws ``tl.rand`` (Philox)
-per element, keyed by (seed, b·h, query, key); the dQ and dK kernels use different seeds.
+``RN``/``RM`` (1 or 2, ``FP4_QATTN_BWD``) widen a program's own dimension to 128 rows, so the
+MMAs are 128 rows tall; the dS tile stays 64×64 — each 64-row group of the ``[64·R, 64]`` tile
+has its own amax and decode scale, applied per row of the product (the rows of a product depend
+only on the same rows of dS). The tiles are aligned at (0, 0) in both kernels, i.e. exactly the
+reference's dS tiles, so both kernels and ``reference.backward`` quantize the same numbers (up
+to the FP32 accumulation order of the recomputed S and dP).
+
+Masks: only the diagonal blocks (causal) and a ragged key tail need the iota compare/select; the
+other tiles run an unmasked loop. A ragged *query* tail needs none: its rows load q = dO = 0,
+lse2 = D = 0, so their P is 1, their dP and dS are exactly 0 and they add exactly 0 to dV, dK
+and to no tile amax — the same numbers the masked code gives.
+
+Epilogue: ``dQ, dK ← τ·(…)`` and the cast to the output dtype happen in the kernels (the host
+did them in separate FP32 passes); with K-smoothing dK stays FP32 for the seq-mean projection.
+Stochastic rounding draws ``tl.rand`` (Philox) per element, keyed by (seed, b·h, query, key);
+the dQ and dK kernels use different seeds.
 """
 
-import math
 import os
 
 import torch
@@ -32,20 +47,28 @@ from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, block_scales, qdq_ap
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
-BLOCK = 64   # = quant.DS_TILE: the dS tile is the kernel tile
+BLOCK = 64   # = quant.DS_TILE: the dS tile and the kernels' loop step
 
 
 @triton.jit
 def _quantize_tile(x, u, ROWS: tl.constexpr, COLS: tl.constexpr, STOCH: tl.constexpr):
-    """``(values, dec)``: ``x [ROWS, COLS]`` in 1×16 blocks along axis 1, tile tensor scale.
+    """``(values, dec)``: ``x [ROWS, COLS=64]`` in 1×16 blocks along axis 1, one tensor scale per
+    64-row group (a 64×64 dS tile). ``dec`` is a scalar for ROWS = 64, else one per row.
 
     Block scale and encode factor are computed once per 16-block (``block_scales``) on the
     reduced ``[ROWS, COLS/16]`` amax and broadcast in 3D; only the E2M1 rounding is per element.
     """
     x3 = tl.reshape(x, [ROWS, COLS // 16, 16])
     bam = tl.max(tl.abs(x3), axis=2)
-    enc6, dec = encode_scales(tl.max(tl.max(bam, 1), 0))
-    s, f = block_scales(bam, enc6, dec)
+    if ROWS == 64:
+        enc6, dec = encode_scales(tl.max(tl.max(bam, 1), 0))
+        s, f = block_scales(bam, enc6, dec)
+    else:
+        gam = tl.max(tl.max(tl.reshape(bam, [ROWS // 64, 64, COLS // 16]), 2), 1)   # per group
+        enc6, dec_g = encode_scales(gam)
+        enc6 = tl.reshape(tl.broadcast_to(enc6[:, None], [ROWS // 64, 64]), [ROWS])
+        dec = tl.reshape(tl.broadcast_to(dec_g[:, None], [ROWS // 64, 64]), [ROWS])
+        s, f = block_scales(bam, enc6[:, None], dec[:, None])
     if STOCH:
         u3 = tl.reshape(u, [ROWS, COLS // 16, 16])
     else:
@@ -55,11 +78,60 @@ def _quantize_tile(x, u, ROWS: tl.constexpr, COLS: tl.constexpr, STOCH: tl.const
 
 
 @triton.jit
+def _ds_product(ds, op, dec_op, u, ROWS: tl.constexpr, COLS: tl.constexpr,
+                DS_FP4: tl.constexpr, STOCH: tl.constexpr, INTERP: tl.constexpr):
+    """``dS₄ · op`` scaled to real units: the dS (or dSᵀ) tile ``[ROWS, COLS]`` quantized along
+    its columns (the reduction), times the seq view ``op [COLS, D]`` (decode scale ``dec_op``)."""
+    if DS_FP4:
+        vals, dec_t = _quantize_tile(ds, u, ROWS, COLS, STOCH)
+        if ROWS == 64:
+            return dot_bf16(to_bf16(vals, INTERP), op, INTERP) * (dec_t * dec_op)
+        else:
+            return dot_bf16(to_bf16(vals, INTERP), op, INTERP) * (dec_t * dec_op)[:, None]
+    else:
+        return dot_bf16(to_bf16(ds, INTERP), op, INTERP)
+
+
+@triton.jit
+def _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh, lo, hi, offs_n,
+               Sq, Sk, qk_mul, dec_qs, seed,
+               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr,
+               CAUSAL: tl.constexpr, DS_FP4: tl.constexpr, STOCH: tl.constexpr,
+               INTERP: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    for start_m in range(lo, hi, BM):
+        offs_m = start_m + tl.arange(0, BM)
+        m_ok = offs_m < Sq
+        q_offs = bh * Sq * D + offs_m[:, None] * D + offs_d[None, :]
+        q = tl.load(qh_ptr + q_offs, mask=m_ok[:, None], other=0.0)
+        do = tl.load(do_ptr + q_offs, mask=m_ok[:, None], other=0.0)
+        lse = tl.load(lse_ptr + bh * Sq + offs_m, mask=m_ok, other=0.0)
+        delta = tl.load(delta_ptr + bh * Sq + offs_m, mask=m_ok, other=0.0)
+        qkT = dot_bf16(k, tl.trans(q), INTERP) * qk_mul                      # [BN, BM]
+        pT = tl.math.exp2(qkT - lse[None, :])
+        if MASK:
+            valid = m_ok[None, :] & (offs_n[:, None] < Sk)
+            if CAUSAL:
+                valid = valid & (offs_m[None, :] >= offs_n[:, None])
+            pT = tl.where(valid, pT, 0.0)
+        dv += dot_bf16(to_bf16(pT, INTERP), do, INTERP)
+        dpT = dot_bf16(v, tl.trans(do), INTERP)
+        dsT = pT * (dpT - delta[None, :])
+        qs = tl.load(qs_ptr + q_offs, mask=m_ok[:, None], other=0.0)
+        u = dsT
+        if STOCH:
+            u = tl.rand(seed, (bh * Sq + offs_m[None, :]) * Sk + offs_n[:, None])
+        dk += _ds_product(dsT, qs, dec_qs, u, BN, BM, DS_FP4, STOCH, INTERP)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                  decqh_ptr, deckh_ptr, decqs_ptr, dk_ptr, dv_ptr,
-                 Sq, Sk, H, GROUPS, scale2, seed,
+                 Sq, Sk, H, GROUPS, scale, scale2, seed,
                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
-                 DS_FP4: tl.constexpr, STOCH: tl.constexpr, INTERP: tl.constexpr):
+                 DS_FP4: tl.constexpr, STOCH: tl.constexpr, DK_BF16: tl.constexpr,
+                 DV_BF16: tl.constexpr, INTERP: tl.constexpr):
     start_n = tl.program_id(0) * BN
     bkv = tl.program_id(1)
     hk_n = H // GROUPS
@@ -74,50 +146,78 @@ def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     dec_k = tl.load(deckh_ptr + bkv)
+    # query blocks [mlo, mhi) masked (the diagonal; all of them for a ragged key block), the
+    # rest [mhi, Sq) unmasked (module docstring)
     if CAUSAL:
-        lo = start_n          # BM == BN: the first query block that sees these keys
+        mlo = start_n          # the first query block that sees these keys (BN is a multiple of BM)
+        mhi = start_n + BN
     else:
-        lo = 0
+        mlo = 0
+        mhi = 0
+    if start_n + BN > Sk:
+        mhi = Sq
     for g in range(0, GROUPS):
         bh = b * H + hk * GROUPS + g
         qk_mul = tl.load(decqh_ptr + bh) * dec_k * scale2
         dec_qs = tl.load(decqs_ptr + bh)
-        for start_m in range(lo, Sq, BM):
-            offs_m = start_m + tl.arange(0, BM)
-            m_ok = offs_m < Sq
-            q_offs = bh * Sq * D + offs_m[:, None] * D + offs_d[None, :]
-            q = tl.load(qh_ptr + q_offs, mask=m_ok[:, None], other=0.0)
-            do = tl.load(do_ptr + q_offs, mask=m_ok[:, None], other=0.0)
-            lse = tl.load(lse_ptr + bh * Sq + offs_m, mask=m_ok, other=0.0)
-            delta = tl.load(delta_ptr + bh * Sq + offs_m, mask=m_ok, other=0.0)
-            qkT = dot_bf16(k, tl.trans(q), INTERP) * qk_mul                  # [BN, BM]
-            valid = m_ok[None, :] & n_ok[:, None]
+        dk, dv = _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh,
+                            mlo, mhi, offs_n, Sq, Sk, qk_mul, dec_qs, seed,
+                            D, BM, BN, True, CAUSAL, DS_FP4, STOCH, INTERP)
+        dk, dv = _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh,
+                            mhi, Sq, offs_n, Sq, Sk, qk_mul, dec_qs, seed,
+                            D, BM, BN, False, CAUSAL, DS_FP4, STOCH, INTERP)
+    dk = dk * scale
+    if DK_BF16:
+        tl.store(dk_ptr + kv_offs, to_bf16(dk, INTERP), mask=n_ok[:, None])
+    else:
+        tl.store(dk_ptr + kv_offs, dk, mask=n_ok[:, None])
+    if DV_BF16:
+        tl.store(dv_ptr + kv_offs, to_bf16(dv, INTERP), mask=n_ok[:, None])
+    else:
+        tl.store(dv_ptr + kv_offs, dv, mask=n_ok[:, None])
+
+
+@triton.jit
+def _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, lo, hi, offs_m, Sq, Sk,
+             qk_mul, dec_ks, seed,
+             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr,
+             CAUSAL: tl.constexpr, DS_FP4: tl.constexpr, STOCH: tl.constexpr,
+             INTERP: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        n_ok = offs_n < Sk
+        kv_offs = bkv * Sk * D + offs_n[:, None] * D + offs_d[None, :]
+        k = tl.load(kh_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+        qk = dot_bf16(q, tl.trans(k), INTERP) * qk_mul                       # [BM, BN]
+        p = tl.math.exp2(qk - lse[:, None])
+        if MASK:
+            valid = (offs_m[:, None] < Sq) & n_ok[None, :]
             if CAUSAL:
-                valid = valid & (offs_m[None, :] >= offs_n[:, None])
-            pT = tl.where(valid, tl.math.exp2(qkT - lse[None, :]), 0.0)
-            dv += dot_bf16(to_bf16(pT, INTERP), do, INTERP)
-            dpT = dot_bf16(v, tl.trans(do), INTERP)
-            dsT = pT * (dpT - delta[None, :])
-            qs = tl.load(qs_ptr + q_offs, mask=m_ok[:, None], other=0.0)
-            if DS_FP4:
-                u = dsT
-                if STOCH:
-                    u = tl.rand(seed, (bh * Sq + offs_m[None, :]) * Sk + offs_n[:, None])
-                vals, dec_t = _quantize_tile(dsT, u, BN, BM, STOCH)
-                dk += dot_bf16(to_bf16(vals, INTERP), qs, INTERP) * (dec_t * dec_qs)
-            else:
-                dk += dot_bf16(to_bf16(dsT, INTERP), qs, INTERP)
-    tl.store(dk_ptr + kv_offs, dk, mask=n_ok[:, None])
-    tl.store(dv_ptr + kv_offs, dv, mask=n_ok[:, None])
+                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(valid, p, 0.0)
+        dp = dot_bf16(do, tl.trans(v), INTERP)
+        ds = p * (dp - delta[:, None])
+        ks = tl.load(ks_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+        u = ds
+        if STOCH:
+            u = tl.rand(seed, (bh * Sq + offs_m[:, None]) * Sk + offs_n[None, :])
+        dq += _ds_product(ds, ks, dec_ks, u, BM, BN, DS_FP4, STOCH, INTERP)
+    return dq
 
 
 @triton.jit
 def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                decqh_ptr, deckh_ptr, decks_ptr, dq_ptr,
-               Sq, Sk, H, GROUPS, scale2, seed,
+               Sq, Sk, H, GROUPS, scale, scale2, seed,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
-               DS_FP4: tl.constexpr, STOCH: tl.constexpr, INTERP: tl.constexpr):
-    start_m = tl.program_id(0) * BM
+               DS_FP4: tl.constexpr, STOCH: tl.constexpr, DQ_BF16: tl.constexpr,
+               INTERP: tl.constexpr):
+    pid = tl.program_id(0)
+    if CAUSAL:
+        pid = tl.num_programs(0) - 1 - pid      # longest (last) query blocks first
+    start_m = pid * BM
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -133,74 +233,99 @@ def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
     qk_mul = tl.load(decqh_ptr + bh) * tl.load(deckh_ptr + bkv) * scale2
     dec_ks = tl.load(decks_ptr + bkv)
     dq = tl.zeros([BM, D], tl.float32)
+    # key blocks [0, nlo) unmasked, [nlo, nhi) masked (the diagonal / the ragged key tail)
     if CAUSAL:
-        hi = tl.minimum(start_m + BM, Sk)
+        nlo = start_m
+        nhi = tl.minimum(start_m + BM, Sk)
     else:
-        hi = Sk
-    for start_n in range(0, hi, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        n_ok = offs_n < Sk
-        kv_offs = bkv * Sk * D + offs_n[:, None] * D + offs_d[None, :]
-        k = tl.load(kh_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
-        qk = dot_bf16(q, tl.trans(k), INTERP) * qk_mul                       # [BM, BN]
-        valid = m_ok[:, None] & n_ok[None, :]
-        if CAUSAL:
-            valid = valid & (offs_n[None, :] <= offs_m[:, None])
-        p = tl.where(valid, tl.math.exp2(qk - lse[:, None]), 0.0)
-        dp = dot_bf16(do, tl.trans(v), INTERP)
-        ds = p * (dp - delta[:, None])
-        ks = tl.load(ks_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
-        if DS_FP4:
-            u = ds
-            if STOCH:
-                u = tl.rand(seed, (bh * Sq + offs_m[:, None]) * Sk + offs_n[None, :])
-            vals, dec_t = _quantize_tile(ds, u, BM, BN, STOCH)
-            dq += dot_bf16(to_bf16(vals, INTERP), ks, INTERP) * (dec_t * dec_ks)
-        else:
-            dq += dot_bf16(to_bf16(ds, INTERP), ks, INTERP)
-    tl.store(dq_ptr + q_offs, dq, mask=m_ok[:, None])
+        nlo = (Sk // BN) * BN
+        nhi = Sk
+    dq = _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, 0, nlo, offs_m, Sq, Sk,
+                  qk_mul, dec_ks, seed, D, BM, BN, False, CAUSAL, DS_FP4, STOCH, INTERP)
+    dq = _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, nlo, nhi, offs_m, Sq, Sk,
+                  qk_mul, dec_ks, seed, D, BM, BN, True, CAUSAL, DS_FP4, STOCH, INTERP)
+    dq = dq * scale
+    if DQ_BF16:
+        tl.store(dq_ptr + q_offs, to_bf16(dq, INTERP), mask=m_ok[:, None])
+    else:
+        tl.store(dq_ptr + q_offs, dq, mask=m_ok[:, None])
+
+
+@triton.jit
+def _delta_kernel(do_ptr, o_ptr, lse_ptr, delta_ptr, lse2_ptr, S, D: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    bh = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < S
+    offs = bh * S * D + rows[:, None] * D + tl.arange(0, D)[None, :]
+    do = tl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    o = tl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(delta_ptr + bh * S + rows, tl.sum(do * o, 1), mask=ok)
+    lse = tl.load(lse_ptr + bh * S + rows, mask=ok, other=0.0)
+    tl.store(lse2_ptr + bh * S + rows, lse * 1.4426950408889634, mask=ok)
 
 
 def bwd_config(d: int):
-    """``((warps, stages) of _dkdv_kernel, (warps, stages) of _dq_kernel)``; the tile is fixed
-    at 64×64 (the dS quantization tile). ``FP4_QATTN_BWD="w_kv,st_kv,w_q,st_q"`` overrides
+    """``((warps, stages, RN) of _dkdv_kernel, (warps, stages, RM) of _dq_kernel)``; RN/RM:
+    the program's own dimension in 64-row groups (keys for dkdv, queries for dq; the dS tile
+    stays 64×64). ``FP4_QATTN_BWD="w_kv,st_kv,w_q,st_q[,rn,rm]"`` overrides
     (``scripts/bench_q_attn.py --sweep``)."""
     from .triton_fwd import _env_ints
-    cfg = _env_ints("FP4_QATTN_BWD", 4)
+    cfg = _env_ints("FP4_QATTN_BWD", (4, 6))
     if cfg is not None:
-        return (cfg[0], cfg[1]), (cfg[2], cfg[3])
-    w = 4 if d <= 64 else 8
-    return (w, 2), (w, 2)
+        rn, rm = cfg[4:6] if len(cfg) == 6 else (1, 1)
+        if rn not in (1, 2) or rm not in (1, 2):
+            raise ValueError("FP4_QATTN_BWD: rn, rm must be 1 or 2")
+        return (cfg[0], cfg[1], rn), (cfg[2], cfg[3], rm)
+    if d <= 64:
+        return (4, 2, 1), (4, 2, 1)
+    # D = 128: 8 warps = 2 warpgroups. With a 64-row program both warpgroups need the whole
+    # 64×64 P/dS tile as the register A operand of the next wgmma (they split N), so each
+    # computes exp2, dS and the quantization of the *whole* tile (SASS: 32 MUFU.EX2 per thread
+    # per tile = 4096 / 128) and the GEMMs run as 64x32 wgmmas. 128 rows give each warpgroup
+    # its own 64 rows: half the elementwise instructions per tile, 64x64 / 64x128 wgmmas.
+    # Registers 255 (dkdv, no spill) / 210 (dq), smem 164 KB (compile gate); PERF.md.
+    return (8, 2, 2), (8, 2, 2)
 
 
 def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_fp4: bool = True,
-                       ds_stochastic: bool = False, seed: int = 0):
-    """``(dQ, dK, dV)`` FP32. ``lse`` is the forward's natural-log LSE [B, H, Sq]; ``ds_fp4``
-    says whether the ds path is NVFP4 (else dS and the seq views are plain BF16)."""
+                       ds_stochastic: bool = False, seed: int = 0, out_dtypes=None):
+    """``(dQ, dK, dV)``. ``lse`` is the forward's natural-log LSE [B, H, Sq]; ``ds_fp4`` says
+    whether the ds path is NVFP4 (else dS and the seq views are plain BF16). ``out_dtypes``:
+    the dtypes of (dQ, dK, dV), default FP32; BF16 outputs are rounded in the kernels (RNE, as
+    ``Tensor.to``), other dtypes are cast from FP32 on the host."""
     qh, kh = views.q_hd, views.k_hd
     b, h, sq, d = qh.shape
     hk, sk = kh.shape[1], kh.shape[2]
     groups = h // hk
-    lse2 = (lse * (1.0 / math.log(2.0))).contiguous()
-    delta = (do.float() * o.float()).sum(-1).contiguous()
+    dev = qh.device
+    dq_t, dk_t, dv_t = out_dtypes or (torch.float32,) * 3
+    delta = torch.empty(b, h, sq, dtype=torch.float32, device=dev)
+    lse2 = torch.empty_like(delta)
+    _delta_kernel[(b * h, triton.cdiv(sq, BLOCK))](do.contiguous(), o.contiguous(),
+                                                   lse.contiguous(), delta, lse2, sq, D=d,
+                                                   BLOCK=BLOCK)
     v = v.to(torch.bfloat16).contiguous()
     do = do.to(torch.bfloat16).contiguous()
-    dq = torch.empty(qh.shape, dtype=torch.float32, device=qh.device)
-    dk = torch.empty(kh.shape, dtype=torch.float32, device=qh.device)
-    dv = torch.empty_like(dk)
+    smoothed = views.smoothed
+    bf = torch.bfloat16
+    dq = torch.empty(qh.shape, dtype=bf if dq_t == bf else torch.float32, device=dev)
+    dk = torch.empty(kh.shape, dtype=bf if (dk_t == bf and not smoothed) else torch.float32,
+                     device=dev)
+    dv = torch.empty(kh.shape, dtype=bf if dv_t == bf else torch.float32, device=dev)
     scale2 = scale * LOG2E
-    (w_kv, st_kv), (w_q, st_q) = bwd_config(d)
-    common = dict(D=d, BM=BLOCK, BN=BLOCK, CAUSAL=causal, DS_FP4=ds_fp4, STOCH=ds_stochastic,
+    (w_kv, st_kv, rn), (w_q, st_q, rm) = bwd_config(d)
+    common = dict(D=d, BM=BLOCK, CAUSAL=causal, DS_FP4=ds_fp4, STOCH=ds_stochastic,
                   INTERP=INTERPRET)
-    _dkdv_kernel[(triton.cdiv(sk, BLOCK), b * hk)](
+    _dkdv_kernel[(triton.cdiv(sk, BLOCK * rn), b * hk)](
         qh, kh, views.q_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_q_sq,
-        dk, dv, sq, sk, h, groups, scale2, seed, **common, num_warps=w_kv, num_stages=st_kv)
-    _dq_kernel[(triton.cdiv(sq, BLOCK), b * h)](
+        dk, dv, sq, sk, h, groups, scale, scale2, seed, BN=BLOCK * rn, DK_BF16=dk.dtype == bf,
+        DV_BF16=dv.dtype == bf, **common, num_warps=w_kv, num_stages=st_kv)
+    common["BM"] = BLOCK * rm
+    _dq_kernel[(triton.cdiv(sq, BLOCK * rm), b * h)](
         qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_k_sq,
-        dq, sq, sk, h, groups, scale2, seed + 1, **common, num_warps=w_q, num_stages=st_q)
-    dq *= scale
-    dk *= scale
-    if views.k_mean is not None:
+        dq, sq, sk, h, groups, scale, scale2, seed + 1, BN=BLOCK, DQ_BF16=dq.dtype == bf,
+        **common, num_warps=w_q, num_stages=st_q)
+    if smoothed:
         dk -= dk.mean(dim=2, keepdim=True)   # K-smoothing: project out the seq-mean (prologue.py)
-    return dq, dk, dv
+    return dq.to(dq_t), dk.to(dk_t), dv.to(dv_t)

@@ -8,11 +8,11 @@ Online softmax in FP32 with exp2; ``P`` is rounded to BF16 for ``O += P V`` (BF1
 accumulation). Causal programs split the key loop: blocks left of the diagonal need no mask,
 the diagonal block(s) do; the sequence tail is masked everywhere (any length).
 
-Outputs: ``O`` BF16, and ``lse2 = max + log2(sum)`` (base 2, of the scaled logits) that the
-backward reuses; ``attention_forward`` also returns the natural-log LSE ``lse2 · ln 2``.
+Outputs: ``O`` BF16, and the natural-log LSE ``(max + log2(sum)) · ln 2`` (``max + log2(sum)``
+is the base-2 LSE of the scaled logits; the backward converts back with one FP32 multiply).
+Causal programs run the longest query blocks first (program 0 takes the last block).
 """
 
-import math
 import os
 
 import torch
@@ -55,7 +55,12 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, 
                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, INTERP: tl.constexpr):
     bh = tl.program_id(1)
-    start_m = tl.program_id(0) * BLOCK_M
+    if CAUSAL:
+        # longest rows first (the last query block reads every key block): the short programs
+        # fill the tail of the launch instead of a long one running alone at the end
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     b = bh // H
     h = bh % H
     bkv = b * (H // GROUPS) + h // GROUPS
@@ -83,17 +88,25 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, 
     row_mask = offs_m < Sq
     tl.store(o_ptr + bh * Sq * D + offs_m[:, None] * D + offs_d[None, :], to_bf16(o, INTERP),
              mask=row_mask[:, None])
-    tl.store(lse_ptr + bh * Sq + offs_m, m_i + tl.math.log2(l_i), mask=row_mask)
+    # natural-log LSE (lse2 · ln 2, the FP32 product the host used to do in a separate pass)
+    tl.store(lse_ptr + bh * Sq + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453,
+             mask=row_mask)
 
 
-def _env_ints(name: str, n: int):
-    """``FP4_QATTN_*`` override: ``n`` comma-separated ints (benchmark sweeps), else None."""
+def _env_ints(name: str, n):
+    """``FP4_QATTN_*`` override: ``n`` (an int or a tuple of allowed counts) comma-separated
+    ints (benchmark sweeps), else None."""
     v = os.environ.get(name, "").strip()
     if not v:
         return None
-    vals = tuple(int(x) for x in v.split(","))
-    if len(vals) != n:
-        raise ValueError(f"{name}={v!r}: expected {n} comma-separated ints")
+    counts = (n,) if isinstance(n, int) else tuple(n)
+    try:
+        vals = tuple(int(x) for x in v.split(","))
+    except ValueError:
+        vals = ()
+    if len(vals) not in counts:
+        raise ValueError(f"{name}={v!r}: expected {' or '.join(map(str, counts))} "
+                         "comma-separated ints")
     return vals
 
 
@@ -112,7 +125,7 @@ def _config(d: int, is_interp: bool):
 
 
 def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float):
-    """``(O bf16 [B,H,Sq,D], lse natural [B,H,Sq])``; also stashes ``lse2`` for the backward."""
+    """``(O bf16 [B,H,Sq,D], lse natural [B,H,Sq] fp32)``."""
     q, k = views.q_hd, views.k_hd
     b, h, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
@@ -120,10 +133,10 @@ def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float):
         raise ValueError(f"Triton Q-Attn supports head_dim 16/32/64/128, got {d}")
     v = v.to(torch.bfloat16).contiguous()   # BF16 PV operand (as the backward); an FP32 v fails to compile
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-    lse2 = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+    lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     bm, bn, warps, stages = _config(d, False)
     grid = (triton.cdiv(sq, bm), b * h)
-    _fwd_kernel[grid](q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse2,
+    _fwd_kernel[grid](q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse,
                       sq, sk, h, h // hk, scale * LOG2E, D=d, BLOCK_M=bm, BLOCK_N=bn,
                       CAUSAL=causal, INTERP=INTERPRET, num_warps=warps, num_stages=stages)
-    return o, lse2 * math.log(2.0)
+    return o, lse

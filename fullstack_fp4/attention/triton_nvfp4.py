@@ -67,6 +67,26 @@ def encode_scales(amax):
 
 
 @triton.jit
+def head_scales(amax):
+    """``(enc·(1/6), dec)`` for a per-head amax, exactly ``nvfp4.reference.tensor_scales``:
+    :func:`encode_scales` plus TE's ``enc == 0 -> 1`` (amax = inf). Used where ``dec`` is
+    stored (the prologue); the dS tiles keep :func:`encode_scales` (finite by construction)."""
+    enc = tl.minimum(tl.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax), FP32_MAX)
+    enc = tl.where(enc == 0.0, 1.0, enc)
+    dec = tl.div_rn(tl.full(enc.shape, 1.0, tl.float32), enc)
+    return enc * 0.16666667163372040, dec
+
+
+@triton.jit
+def e4m3_bits(s):
+    """E4M3 bit pattern (int32 0..126) of an FP32 ``s`` that *is* an E4M3 value in [0, 448]
+    (the output of :func:`e4m3_rne`): normal (s >= 2⁻⁶) ``((e32 − 120) << 3) | top-3 mantissa
+    bits`` = ``(bits >> 20) − 960``; subnormal ``s / 2⁻⁹`` (0..7), exact."""
+    bits = s.to(tl.int32, bitcast=True)
+    return tl.where(s < 0.015625, (s * 512.0).to(tl.int32), (bits >> 20) - 960)
+
+
+@triton.jit
 def block_scales(bamax, enc6, dec):
     """``(s, f)`` per block: the E4M3 block scale (as FP32) and the encode factor ``1/(s·dec)``.
 
@@ -88,6 +108,19 @@ def qdq_apply(x, s, f, u, STOCHASTIC: tl.constexpr):
     else:
         m = e2m1_nearest(a)
     return tl.where(y < 0, -m, m) * s
+
+
+@triton.jit
+def qdq_codes(x, s, f):
+    """Nearest rounding as :func:`qdq_apply` (same value, bit for bit) plus the 4-bit E2M1 code
+    (int32; bit 3 = sign from ``y < 0``, so a negative value rounding to 0 gets code 8 as in
+    ``nvfp4.e2m1``). Magnitude code of ``m`` ∈ {0, .5, 1, 1.5, 2, 3, 4, 6}: ``2m`` below 2,
+    ``m + 2`` for 2, 3, 4, and 7 for 6."""
+    y = tl.minimum(tl.maximum(x * f, -6.0), 6.0)
+    m = e2m1_nearest(tl.abs(y))
+    neg = y < 0
+    mag = tl.where(m < 2.0, m * 2.0, tl.where(m < 6.0, m + 2.0, 7.0)).to(tl.int32)
+    return tl.where(neg, -m, m) * s, tl.where(neg, mag | 8, mag)
 
 
 @triton.jit

@@ -40,18 +40,28 @@ def _inputs(b, h, hk, s, d, seed=0):
     return [x.to(device=DEV, dtype=torch.bfloat16) for x in (q, k, v, do)]
 
 
-def test_prologue_views_bit_exact():
-    from fullstack_fp4.attention.triton_prologue import quantize_both_views
-    from fullstack_fp4.attention.quant import per_head_view
-    x = _inputs(1, 2, 1, 40, 64)[0]                # seq 40: partial 16- and 64-blocks
+@pytest.mark.parametrize("smooth", [False, True])
+def test_prologue_views_bit_exact(smooth):
+    """Triton prologue vs the reference quantizer: BF16 values of both views, the packed codes and
+    E4M3 scale bytes, and the decode scale, all bit for bit (seq 40: partial 16- and 64-blocks;
+    an outlier; with K-smoothing the kernel subtracts the mean itself)."""
+    from fullstack_fp4.attention.triton_prologue import quantize_views
+    from fullstack_fp4.attention.quant import per_head_packed, per_head_view, smooth_k
+    x = _inputs(1, 2, 1, 40, 64)[0]
     x[0, 1, 7, 9] = 300.0
-    hd, sq, dec = quantize_both_views(x, x.float().abs().amax(dim=(2, 3)))
-    rh, rdec = per_head_view(x, "head_dim")
-    rs, _ = per_head_view(x, "seq")
-    assert hd.device.type == DEV.type
-    assert torch.equal(hd.float(), rh)
-    assert torch.equal(sq.float(), rs)
-    assert torch.equal(dec, rdec)
+    x[0, 0, 2, :16] = 0.0                          # an all-zero block (zero scale)
+    src, mean = smooth_k(x) if smooth else (x, None)
+    r = quantize_views(x, mean, hd_bf16=True, sq_bf16=True, pack_hd=True, pack_sq=True)
+    rh, rdec = per_head_view(src, "head_dim")
+    rs, _ = per_head_view(src, "seq")
+    assert r["hd"].device.type == DEV.type
+    assert torch.equal(r["hd"].float().cpu(), rh.cpu())
+    assert torch.equal(r["sq"].float().cpu(), rs.cpu())
+    assert torch.equal(r["dec"].cpu(), rdec.cpu())
+    for name, along in (("hd_packed", "head_dim"), ("sq_packed", "seq")):
+        ref, _ = per_head_packed(src, along)
+        assert torch.equal(r[name].codes.cpu(), ref.codes.cpu()), name
+        assert torch.equal(r[name].scales.cpu(), ref.scales.cpu()), name
 
 
 CASES = [(1, 4, 2, 50, 64, True, None),           # GQA, causal, ragged seq
