@@ -309,6 +309,15 @@ def main(argv=None):
                 add(f"sweep {name}, quantize cfg={cfg}, global_amax given",
                     lambda kw=kw, ga=ga, cfg=cfg: q(x, global_amax=ga, check_finite=False, config=cfg, **kw),
                     MIN_B, "", graph=True)
+        import fullstack_fp4.nvfp4.triton_quantize as tq
+        for tail_mb in (0, 16, 32, 48):
+            tq.AMAX_L2_TAIL_BYTES = tail_mb << 20
+            for name in ("1x16 nearest", "1x16 stochastic RHT (wgrad dY)"):
+                kw = _kw(MODES[name])
+                add(f"sweep {name}, amax pass, amax L2 tail evict_last {tail_mb} MB",
+                    lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B, "AMAX_L2_TAIL_BYTES",
+                    graph=True)
+        tq.AMAX_L2_TAIL_BYTES = 0
         for cfg in AMAX_SWEEP:
             for rht in (None, DEFAULT_SIGNS):
                 add(f"sweep amax pass cfg={cfg}{' RHT' if rht else ''}",

@@ -294,8 +294,11 @@ def _bf16w_to_f32(w):
 
 @triton.jit
 def _ld(ptrs, mask, EVICT: tl.constexpr):
-    """Masked load (0 outside); EVICT: streamed once, ``evict_first`` in L1 and L2."""
-    if EVICT:
+    """Masked load (0 outside). EVICT: True / "evict_first": streamed once (L1 and L2
+    evict-first); "evict_last": kept in L2 for a second read; False / "": default policy."""
+    if EVICT == "evict_last":
+        return tl.load(ptrs, mask=mask, other=0, eviction_policy="evict_last")
+    elif EVICT:
         return tl.load(ptrs, mask=mask, other=0, eviction_policy="evict_first")
     else:
         return tl.load(ptrs, mask=mask, other=0)
@@ -610,15 +613,16 @@ def _store_codes(data_ptr, w_lo, w_hi, rows, blks, mask2, NBLK, I64: tl.constexp
 
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
-def _amax_kernel(x_ptr, signs_ptr, amax_ptr, M, NBLK, stride_xm,
+def _amax_kernel(x_ptr, signs_ptr, amax_ptr, M, NBLK, stride_xm, tail_row,
                  RHT: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr, XW: tl.constexpr,
                  I64: tl.constexpr, SIGN_MASK: tl.constexpr, GRID2D: tl.constexpr,
                  LEGACY: tl.constexpr):
     """Global amax (of the RHT-transformed values if RHT): one atomic_max on int32 bits per program.
 
     The max is NaN-propagating (``max.NaN``; a NaN comes out as a positive NaN, whose bits order
-    above +Inf's). LEGACY: the previous kernel (integer max of the bits), kept as the benchmark
-    baseline."""
+    above +Inf's). Row tiles from ``tail_row`` on are loaded ``evict_last`` (the quantize pass,
+    which walks the tiles in reverse, reads them first; see AMAX_L2_TAIL_BYTES). LEGACY: the
+    previous kernel (integer max of the bits), kept as the benchmark baseline."""
     if GRID2D:
         rows, blks, mask2, _ = _tile_coords_2d(M, NBLK, False, BM, NB)
     else:
@@ -629,7 +633,15 @@ def _amax_kernel(x_ptr, signs_ptr, amax_ptr, M, NBLK, stride_xm,
             lo, hi = _rht16(lo, hi, signs_ptr, BM, NB)
         m = tl.maximum(_abs_bits_max(lo), _abs_bits_max(hi))
     else:
-        e0, o0, e1, o1 = _load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, False, BM, NB)
+        if GRID2D:
+            row0 = tl.program_id(1) * BM
+        else:
+            row0 = tl.program_id(0) // tl.cdiv(NBLK, NB) * BM
+        if row0 >= tail_row:
+            e0, o0, e1, o1 = _load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, "evict_last",
+                                      BM, NB)
+        else:
+            e0, o0, e1, o1 = _load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, False, BM, NB)
         if RHT:
             e0, o0, e1, o1 = _rht16_eo(e0, o0, e1, o1, SIGN_MASK, BM, NB)
         bm = _block_amax_eo(e0, o0, e1, o1, True)
@@ -884,6 +896,12 @@ def _amax_config(nblk: int, rows: int = 16):
 
 _I32_LIMIT = 2**31 - 1
 
+#: Bytes at the end of the input that the amax pass loads ``evict_last``, so that more of what the
+#: quantize pass reads first (it walks the tiles in reverse) is still in L2 (H200: 50 MB). 0: the
+#: default policy everywhere (LRU already keeps the tail; evict_last may also shield it from the
+#: quantize's own code writes). Not enabled blind: ``bench_nvfp4_quantize.py --sweep`` times it.
+AMAX_L2_TAIL_BYTES = 0
+
 
 def _needs_i64(rows: int, nblk: int, bm: int, nb: int, strides) -> bool:
     """Whether an element / word / Philox-counter offset of the padded grid may pass 2^31 - 1
@@ -957,8 +975,9 @@ def _launch_amax(x2, signs, amax_bits, rows: int, nblk: int, rht: bool, smask: i
     xk, stride_xk, xw = _x_operand(x2, legacy)
     i64 = _needs_i64(rows, nblk, bm, nb, (x2.stride(0),))
     grid, grid2d = _grid(rows, nblk, bm, nb, legacy)
+    tail_rows = AMAX_L2_TAIL_BYTES // max(nblk * 16 * x2.element_size(), 1)
     _amax_kernel[grid](
-        xk, signs, amax_bits, rows, nblk, stride_xk, RHT=rht, BM=bm, NB=nb, XW=xw, I64=i64,
+        xk, signs, amax_bits, rows, nblk, stride_xk, rows - tail_rows, RHT=rht, BM=bm, NB=nb, XW=xw, I64=i64,
         SIGN_MASK=smask, GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
 
 

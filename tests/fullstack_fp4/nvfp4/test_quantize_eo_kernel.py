@@ -142,9 +142,11 @@ def test_int64_offsets_and_1d_grid_match_default(kw, monkeypatch):
     monkeypatch.setattr(tq, "_needs_i64", lambda *args: True)
     b = tq.quantize_triton(x, **kw)
     _same(a, b, "int64 offsets")
+    monkeypatch.setattr(tq, "AMAX_L2_TAIL_BYTES", 20 * 96 * x.element_size())   # 20 rows
+    _same(a, tq.quantize_triton(x, **kw), "amax pass with an evict_last tail")
     monkeypatch.setattr(tq, "_grid", lambda rows, nblk, bm, nb, legacy:
                         ((triton.cdiv(rows, bm) * triton.cdiv(nblk, nb),), False))
-    _same(a, tq.quantize_triton(x, **kw), "1-D grid")
+    _same(a, tq.quantize_triton(x, **kw), "1-D grid (and the evict_last tail)")
     if kw.get("rounding") == "stochastic":
         u = tq.philox_uniforms(x.shape, kw["seed"], device=DEV)
         kw = dict(kw, rand=u, seed=None)
