@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""A few seconds on the GPU before a long call: the NVFP4 quantize kernels against the CPU
+reference, bit for bit (codes, block scales, tensor scale), for every mode the recipes use.
+Prints one line per case and exits 1 on any mismatch (the caller decides whether to go on).
+
+    python scripts/gpu/check_kernels_exact.py
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, hadamard16
+from fullstack_fp4.nvfp4.reference import quantize_reference
+from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
+
+
+def _same(a, b) -> bool:
+    return (torch.equal(a.data.cpu(), b.data.cpu())
+            and torch.equal(a.block_scale.cpu().view(torch.uint8), b.block_scale.cpu().view(torch.uint8))
+            and torch.equal(a.tensor_scale.cpu().float(), b.tensor_scale.cpu().float()))
+
+
+def main() -> int:
+    # on a machine without a GPU: TRITON_INTERPRET=1, small shapes only (a self-test of this script)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    shapes = ((64, 256), (1000, 4096), (4096, 3072)) if dev == "cuda" else ((32, 64),)
+    g = torch.Generator().manual_seed(0)
+    bad = 0
+    for rows, k in shapes:
+        x = (torch.randn(rows, k, generator=g) * torch.exp(torch.randn(rows, 1, generator=g))).bfloat16()
+        x[0, :16] = 0  # a zero block
+        x[1, :16] = 1e-30  # tiny values: subnormal scales
+        u = torch.rand(rows, k, generator=g)
+        cases = {
+            "1x16 nearest": (dict(), dict(), x),
+            "16x16 nearest": (dict(tile=(16, 16)), dict(tile=(16, 16)), x),
+            "1x16 stochastic": (dict(rounding="stochastic", rand=u.to(dev)),
+                                dict(rounding="stochastic", rand=u), x),
+            "1x16 4over6": (dict(scale_rule="4over6"), dict(scale_rule="4over6"), x),
+            "1x16 RHT nearest": (dict(rht_signs=DEFAULT_SIGNS), dict(), hadamard16(x, DEFAULT_SIGNS)),
+        }
+        if rows % 16:
+            cases.pop("16x16 nearest")
+        for name, (kw_gpu, kw_ref, x_ref) in cases.items():
+            try:
+                got = quantize_triton(x.to(dev), check_finite=False, **kw_gpu)
+                ok = _same(got, quantize_reference(x_ref, **kw_ref))
+            except Exception as e:  # report and go on: this is a pre-flight check
+                ok = False
+                print(f"  {rows}x{k} {name}: {type(e).__name__}: {e}")
+            bad += not ok
+            print(f"{'ok      ' if ok else 'MISMATCH'} {rows}x{k} {name}")
+    print("kernels exact" if not bad else f"{bad} case(s) differ from the reference")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
