@@ -35,7 +35,7 @@ reference's, in the reference's order; what a kernel adds is *how* each step is 
   nearest is ``rne(min(2a, a + 2, a/2 + 4, 7))`` in code space (three roundings at 2²³, the
   min of the rounded terms is the rounded min); stochastic takes ``inv`` from the exponent
   bits, ``r = rint(a·inv)`` and ``d = a·inv − r`` (exact), and the index
-  ``r + [u < d] − [u ≥ d + 1]`` (= ``floor + [u < frac]``).
+  ``r − [d < 0] + [u < (d < 0 ? d + 1 : d)]`` (= ``floor + [u < frac]``).
 * **4/6.** Both candidates are rounded to nearest; ``err = Σ |x − (q · s) · dec|`` with each term
   in FP32 and the sum in FP64 (``(q · s)`` is exact; ``| |x| − r·s·dec |`` equals
   ``|x − q·s·dec|`` bit for bit since ``q`` has ``x``'s sign); keep 4 iff ``err4 < err6``.
@@ -473,17 +473,18 @@ def _nib_sr(x, f, u):
     is ``2^(1-e)`` for ``a`` in ``[2^e, 2^(e+1))``, capped at 2 below 2 (and for 0). ``v = a·inv``
     is exact, in [0, 4). ``r = rint(v)`` by the 2^23 add; ``d = v - r`` is exact (Sterbenz) in
     [-½, ½]: if ``d >= 0`` then ``floor = r``, ``frac = d``; if ``d < 0`` then ``floor = r - 1``,
-    ``frac = d + 1`` (exact: d is a multiple of ulp(v) >= 2^-24). Both cases at once:
-    ``index = r + [u < d] - [u >= d + 1]`` (the first term is 0 when d < 0, the second when
-    d >= 0, as u is in [0, 1)). No float->int conversions (those issue at 1/8 rate)."""
+    ``frac = d + 1`` (exact: d is a multiple of ulp(v) >= 2^-24). No float->int conversions
+    (those issue at 1/8 of the FP32 rate)."""
     y = x * f
     a = tl.minimum(tl.abs(y), 6.0)
     invb = tl.minimum(~a.to(tl.int32, bitcast=True) & 0x7F800000, 0x40000000)
     v = a * invb.to(tl.float32, bitcast=True)
     t = v + MAGIC
     d = v - (t - MAGIC)
+    neg = d < 0.0
+    frac = tl.where(neg, d + 1.0, d)
     idx = t.to(tl.int32, bitcast=True) - MAGIC_BITS + ((0x40000000 - invb) >> 22)
-    idx = idx + (u < d).to(tl.int32) - (u >= d + 1.0).to(tl.int32)
+    idx = idx + (u < frac).to(tl.int32) - neg.to(tl.int32)
     return tl.where(y < 0.0, idx | 8, idx)
 
 
