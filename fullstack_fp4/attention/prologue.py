@@ -111,10 +111,9 @@ class SavedViews:
                 dec_vals = {"hd": dh, "sq": ds}
             else:
                 dec_vals = {n: v.values() for n, v in packed.items()}
-            ones = torch.ones_like(dec)
             for n, v in (("hd", hd), ("sq", sq)):
                 out[f"{t}_{n}"] = dec_vals[n] if n in packed else v.to(plain)
-                decs[f"dec_{t}_{n}"] = dec if n in packed else ones
+                decs[f"dec_{t}_{n}"] = dec if n in packed else torch.ones_like(dec)
         return QAttnViews(**out, **decs, smoothed=self.smoothed)
 
     def nbytes(self) -> int:
@@ -154,9 +153,10 @@ def prepare_views(q: torch.Tensor, k: torch.Tensor, *, qk_fp4: bool, ds_fp4: boo
     b, h, _, _ = q.shape
     hk = k.shape[1]
     dev = q.device
-    one_q = torch.ones(b, h, dtype=torch.float32, device=dev)
-    one_k = torch.ones(b, hk, dtype=torch.float32, device=dev)
     plain = torch.bfloat16 if backend == "triton" else torch.float32
+    if not (qk_fp4 and ds_fp4):      # a BF16 path: its views decode with 1
+        one_q = torch.ones(b, h, dtype=torch.float32, device=dev)
+        one_k = torch.ones(b, hk, dtype=torch.float32, device=dev)
     if not (qk_fp4 or ds_fp4):
         fwd = QAttnViews(q.to(plain), k.to(plain), None, None, one_q, one_k, one_q, one_k, False)
         if bf16_sq:

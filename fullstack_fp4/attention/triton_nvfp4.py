@@ -12,8 +12,11 @@ Choices that keep it exact on GPU and in the interpreter alike:
     (exact for 0 ≤ r < 2²², here r ≤ 16), and scaled back. Subnormals: exponent floor −6.
   * Divisions use ``tl.div_rn`` (IEEE), because ``/`` on FP32 may lower to an approximate
     ``div.full.f32`` on NVIDIA GPUs.
-  * E2M1 nearest by the format's threshold chain (ties to even); stochastic by
-    ``lo = floor(a / step) · step``, up iff ``u < (a − lo) / step`` (step a power of two).
+  * E2M1 nearest by the FP32 magic add (:func:`e2m1_nearest`, equal to the format's threshold
+    chain with ties to even); stochastic by ``lo = floor(a / step) · step``, up iff
+    ``u < (a − lo) / step`` (step a power of two).
+  * :func:`qdq_codes` also returns the 4-bit code (the saved views, ``packed.py``);
+    :func:`e4m3_bits` the scale byte.
 """
 
 import triton
