@@ -54,9 +54,12 @@ MODES = {
     "1x16 nearest RHT": dict(rht="default"),
     "1x16 stochastic RHT (wgrad dY)": dict(rht="default", rounding="stochastic", seed=1),
 }
-SWEEP = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (16, 8, 2), (32, 8, 8), (64, 8, 8), (4, 64, 4),
-         (8, 64, 4), (2, 64, 2), (128, 8, 8)]
-AMAX_SWEEP = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (128, 8, 4), (64, 8, 8), (128, 8, 8)]
+# tile configs (BLOCK_M rows, BLOCK_B blocks, warps) timed by --sweep: blocks a thread = BM·NB/32/warps
+SWEEP = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (32, 8, 8), (4, 64, 4), (8, 64, 4)]
+SWEEP_HEAVY = [(16, 8, 4), (32, 8, 4), (16, 8, 2), (32, 8, 8)]       # SR, 4/6: more registers
+SWEEP_MODES = ["1x16 nearest", "16x16 nearest", "1x16 stochastic (Philox)", "1x16 nearest RHT",
+               "1x16 stochastic RHT (wgrad dY)"]
+AMAX_SWEEP = [(32, 8, 4), (64, 8, 4), (128, 8, 4), (64, 8, 8)]
 
 
 def _kw(kw):
@@ -263,20 +266,35 @@ def main(argv=None):
     amax = float(x.float().abs().max())
 
     rows = []
+    print(f"copy (dst.copy_(src), 8192×8192 BF16): {t_copy * 1e3:.1f} µs = {copy_bw:.0f} GB/s (read + write)\n")
+    print("| kernel | timing | median µs | GB/s (min bytes 2.5625 B/el) | % copy (min) | "
+          "GB/s (actual bytes) | % copy (actual) | note |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |", flush=True)
+
+    def show(r):
+        if r["ms"] is None:
+            print(f"| {r['name']} | – | – | – | – | – | – | {r['note']} |", flush=True)
+        else:
+            print(f"| {r['name']} | {r['timing']} | {r['ms'] * 1e3:.1f} | {r['gbs_min']:.0f} | "
+                  f"{100 * r['frac_copy_min']:.0f}% | {r['gbs_actual']:.0f} | "
+                  f"{100 * r['frac_copy_actual']:.0f}% | {r['note']} |", flush=True)
 
     def add(name, fn, bytes_actual, note="", graph=False):
+        """Time ``fn`` and print its row at once (a run cut short keeps what it measured)."""
         try:
             fn()
             torch.cuda.synchronize()
             ms = bench_graph(fn) if graph else bench(fn)
         except Exception as e:  # a peer that fails should not sink the run
             rows.append(dict(name=name, ms=None, note=f"failed: {type(e).__name__}: {e}"[:120]))
+            show(rows[-1])
             return None
         gbs_min = MIN_B * n / (ms * 1e-3) / 1e9
         gbs_act = bytes_actual * n / (ms * 1e-3) / 1e9
         rows.append(dict(name=name, timing="graph" if graph else "eager", ms=ms, gbs_min=gbs_min,
                          gbs_actual=gbs_act, frac_copy_min=gbs_min / copy_bw,
                          frac_copy_actual=gbs_act / copy_bw, note=note))
+        show(rows[-1])
         return ms
 
     q = quantize_triton
@@ -300,10 +318,11 @@ def main(argv=None):
     add("amax pass alone, RHT", lambda: amax_triton(x, DEFAULT_SIGNS), 2.0, "bytes: 2 read", graph=True)
 
     if a.sweep:
-        for name, kw in MODES.items():
-            kw = _kw(kw)
+        for name in SWEEP_MODES:
+            kw = _kw(MODES[name])
             ga = amax_t if "rht_signs" in kw else amax
-            for cfg in SWEEP:
+            heavy = kw.get("rounding") == "stochastic" or kw.get("scale_rule") == "4over6"
+            for cfg in (SWEEP_HEAVY if heavy else SWEEP):
                 if kw.get("tile") == (16, 16) and cfg[0] % 16:
                     continue
                 add(f"sweep {name}, quantize cfg={cfg}, global_amax given",
@@ -339,18 +358,7 @@ def main(argv=None):
                 MIN_B, "peer")
         except ImportError as e:
             rows.append(dict(name="torchao NVFP4Tensor.to_nvfp4", ms=None, note=f"skipped: {e}"[:100]))
-
-    print(f"copy (dst.copy_(src), 8192×8192 BF16): {t_copy * 1e3:.1f} µs = {copy_bw:.0f} GB/s (read + write)\n")
-    print("| kernel | timing | median µs | GB/s (min bytes 2.5625 B/el) | % copy (min) | "
-          "GB/s (actual bytes) | % copy (actual) | note |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    for r in rows:
-        if r["ms"] is None:
-            print(f"| {r['name']} | – | – | – | – | – | – | {r['note']} |")
-        else:
-            print(f"| {r['name']} | {r['timing']} | {r['ms'] * 1e3:.1f} | {r['gbs_min']:.0f} | "
-                  f"{100 * r['frac_copy_min']:.0f}% | {r['gbs_actual']:.0f} | "
-                  f"{100 * r['frac_copy_actual']:.0f}% | {r['note']} |")
+            show(rows[-1])
 
     out = os.environ.get("OUT")
     if out:
