@@ -720,9 +720,10 @@ def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
                      TRACK_AMAX: tl.constexpr, REVERSE: tl.constexpr, AMAX_IMM: tl.constexpr,
                      BM: tl.constexpr, NB: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
                      SIGN_MASK: tl.constexpr, GRID2D: tl.constexpr, LEGACY: tl.constexpr):
-    """One [BM rows × NB blocks] tile (GRID2D: of a 2-D grid, see :func:`_tile_coords_2d`). LEGACY: :func:`_quantize_tile_v0` (``data_ptr`` uint8);
-    else the eo-form path (``data_ptr`` int32 words, XW/I64/SIGN_MASK as in :func:`_load_eo`,
-    :func:`_rht16_eo`)."""
+    """One [BM rows × NB blocks] tile (GRID2D: of a 2-D grid, see :func:`_tile_coords_2d`).
+
+    LEGACY: :func:`_quantize_tile_v0` (``data_ptr`` uint8); else the eo-form path
+    (``data_ptr`` int32 words; XW, I64, SIGN_MASK as in :func:`_load_eo`, :func:`_rht16_eo`)."""
     if LEGACY:
         pid = tl.program_id(0)
         if REVERSE:
@@ -798,8 +799,8 @@ def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
             soff = rows.to(tl.int64)[:, None] * NBLK + blks[None, :]
         else:
             soff = rows[:, None] * NBLK + blks[None, :]
-        # One byte a block from where it was computed: without the hint Triton vectorizes the
-        # store of a thread's two adjacent-block bytes, which costs a shared-memory transpose.
+        # One byte a block, stored from the registers that computed it: without the hint Triton
+        # re-lays the [BM, NB] bytes out for 2-byte vector stores (a shared-memory transpose).
         soff = tl.max_contiguous(soff, [1, 1])
         tl.store(scale_ptr + soff, s_bits.to(tl.uint8), mask=mask2)
 
