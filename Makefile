@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The triton of the GPU image (the H200 runs torch 2.11 + triton 3.6.0): the sm_90 compile gate
+# (tests/test_triton_compile_sm90.py) also compiles every kernel with it, beside the venv's own.
+GPU_TRITON := $(VENV)/triton-gpu-image
 
 .PHONY: install quickstart test test-fast clean-quickstart
 
@@ -21,6 +24,7 @@ $(STAMP): pyproject.toml
 	    $(PY) -m pip install -q torch==2.13.0; \
 	fi
 	$(PY) -m pip install -q -e '.[test,plots]'
+	$(PY) -m pip install -q --no-deps --upgrade --target $(GPU_TRITON) triton==3.6.0
 	@touch $@
 
 # Prepares the small real corpus + tokenizer if missing, then trains configs/quickstart.yaml.

@@ -7,6 +7,11 @@ with the interpreter off and compiles each distinct one with ``triton.compile`` 
 ``GPUTarget("cuda", 90, 32)`` down to a cubin. It needs a fresh process (``triton.jit`` decides
 interpreter vs compiler at import time), so this test runs it as a subprocess.
 ``FP4_COMPILE_GATE=full`` widens the all-pairs mode design to full products (minutes).
+
+It runs twice: with the triton this venv has (pip's newest) and with the triton of the GPU
+image (3.6.0, what the H200 runs; `make install` puts it in ``.venv/triton-gpu-image``). The two
+differ in what ``triton.language`` exports: ``tl.to_tensor`` compiles with 3.9 and fails with
+3.6, which only the GPU would have shown (it did, on 2026-11-29).
 """
 
 import json
@@ -28,11 +33,22 @@ def _compiler_available() -> bool:
         return False
 
 
+GPU_IMAGE_TRITON = os.path.join(ROOT, ".venv", "triton-gpu-image")  # Makefile: GPU_TRITON
+
+
 @pytest.mark.skipif(not _compiler_available(), reason="triton's NVIDIA backend / ptxas missing")
-def test_all_triton_kernels_compile_for_sm90(tmp_path):
+@pytest.mark.parametrize("triton_of", ["venv", "gpu_image"])
+def test_all_triton_kernels_compile_for_sm90(tmp_path, triton_of):
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    if triton_of == "gpu_image":
+        if not os.path.isdir(os.path.join(GPU_IMAGE_TRITON, "triton")):
+            pytest.skip(f"the GPU image's triton is not installed in {GPU_IMAGE_TRITON} (make install does it)")
+        env["PYTHONPATH"] = GPU_IMAGE_TRITON + os.pathsep + env["PYTHONPATH"]
+        ver = subprocess.run([sys.executable, "-c", "import triton; print(triton.__version__)"], env=env,
+                             capture_output=True, text=True, timeout=120).stdout.strip()
+        assert ver == "3.6.0", f"{GPU_IMAGE_TRITON} holds triton {ver!r}, not the GPU image's 3.6.0"
     out = tmp_path / "gate.json"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_compile_gate.py"),
                            "--json", str(out), "--jobs", str(min(4, os.cpu_count() or 1))],

@@ -99,6 +99,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+# `to_tensor` lives in triton.language.core; triton >= 3.7 also exports it as tl.to_tensor, the
+# 3.6 of the GPU image does not (tl.philox itself calls it through core)
+from triton.language import core as tlc
 
 from .hadamard import DEFAULT_SIGNS
 from .tensor import NVFP4Tensor
@@ -560,7 +563,7 @@ def _philox_eo(seed, rows, blks, NBLK, I64: tl.constexpr, BM: tl.constexpr, NB: 
         a3, b3, c3, d3 = tl.randint4x(seed, base + 3)
     else:
         base = (((rows * NBLK)[:, None] + blks[None, :]) * 4).to(tl.uint32)
-        s = tl.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
+        s = tlc.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
         k0 = (s & 0xFFFFFFFF).to(tl.uint32)
         k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
         a0, b0, c0, d0 = _philox10(base, k0, k1)
