@@ -11,7 +11,7 @@
 #   GPU 3 with MG_SNAP=DIR: the 1-GPU references and repeats of scripts/multi_gpu_check.sh
 #          (MG_PARTS=refs) run from DIR, a copy of an older commit (that of an earlier multi-GPU run)
 #          whose layouts they complete; then $G3_BENCHES on GPU 3.
-# ABL0 (optional): arms GPU 0 trains after its benchmarks, in the time left.
+# BENCHES_FIRST=1: GPU 0 runs $BENCHES before the efficiency table. ABL0 (optional): arms GPU 0 trains after its benchmarks, in the time left.
 # Carry .whl and data/quickstart. Everything comes back as $OUT/results.tgz + $OUT/log.txt (the
 # device tool returns at most 8 files). FULLSTACK_COMMIT names the commit (no .git there).
 set -u
@@ -32,9 +32,12 @@ BENCH_QSI=${BENCH_QSI:-100}           # telemetry interval of the overhead measu
 t0=$SECONDS
 g0() {
   export CUDA_VISIBLE_DEVICES=0
+  # BENCHES_FIRST=1: the kernel benchmarks (each checks its kernels against the reference first)
+  # before the efficiency table, e.g. when the kernels changed since the last GPU run
+  [ "${BENCHES_FIRST:-0}" = 1 ] && benches $R/g0 "$BENCHES"
   timeout "$BLOCKS_TIMEOUT" python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 \
     --quant-stats-interval "$BENCH_QSI" --out $R/g0
-  benches $R/g0 "$BENCHES"
+  [ "${BENCHES_FIRST:-0}" = 1 ] || benches $R/g0 "$BENCHES"
   # $ABL0: ablation arms GPU 0 trains after its benchmarks, in the time left of BUDGET + 60
   if [ -n "${ABL0:-}" ]; then
     local left=$((BUDGET + 60 - (SECONDS - t0) - 40))
