@@ -35,7 +35,10 @@ g0() {
   # BENCHES_FIRST=1: the kernel benchmarks (each checks its kernels against the reference first)
   # before the efficiency table, e.g. when the kernels changed since the last GPU run
   [ "${BENCHES_FIRST:-0}" = 1 ] && benches $R/g0 "$BENCHES"
-  timeout "$BLOCKS_TIMEOUT" python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 \
+  local bt=$BLOCKS_TIMEOUT left=$((BUDGET + 60 - (SECONDS - t0)))
+  [ $left -lt $bt ] && bt=$left
+  [ $bt -lt 30 ] && bt=1   # no time left: the table is skipped (timeout 1)
+  timeout "$bt" python3 scripts/bench_blocks.py --arms "$ARMS" --steps 6 --warmup 2 \
     --quant-stats-interval "$BENCH_QSI" --out $R/g0
   [ "${BENCHES_FIRST:-0}" = 1 ] || benches $R/g0 "$BENCHES"
   # $ABL0: ablation arms GPU 0 trains after its benchmarks, in the time left of BUDGET + 60
