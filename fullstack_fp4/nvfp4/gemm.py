@@ -22,6 +22,10 @@ Emulated path (every GPU before Blackwell, and the CPU):
    epilogue ``alpha``.
 
 The result equals the exact NVFP4 product up to FP32 accumulation order and the final cast.
+On CUDA step 3 is one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the FP32
+accumulator once, writes ``out_dtype``; bit-identical to ``(acc * alpha).to(out_dtype)``, which
+is two passes and an FP32 temporary). :func:`decoded_matmul` runs steps 2-3 on operands
+decoded elsewhere (the NVFP4 linear's fused quantize→decode kernels).
 
 Native path (Blackwell, sm_100 / sm_120): ``torch._scaled_mm`` with ``float4_e2m1fn_x2``
 operands and swizzled E4M3 block scales. UNTESTED: it has never run here (our GPU is an H200,
@@ -38,7 +42,7 @@ import torch
 from .e2m1 import e2m1_decode
 from .tensor import NVFP4Tensor
 
-__all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16"]
+__all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul"]
 
 
 def decode_to_bf16(t: NVFP4Tensor) -> torch.Tensor:
@@ -57,6 +61,33 @@ def decode_to_bf16(t: NVFP4Tensor) -> torch.Tensor:
     vals = e2m1_decode(t.codes()).reshape(-1, k // 16, 16)
     scale = t.block_scale.reshape(-1, k // 16, 1).to(torch.float32)
     return (vals * scale).reshape(-1, k).to(torch.bfloat16)
+
+
+def _scale_cast(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """``(acc · (ts_a · ts_b)).to(out_dtype)`` (step 3): one Triton pass on CUDA, else torch."""
+    if acc.is_cuda and out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        try:
+            from .triton_gemm_epilogue import scale_cast_triton  # noqa: PLC0415
+        except ImportError:
+            scale_cast_triton = None
+        if scale_cast_triton is not None:
+            return scale_cast_triton(acc, ts_a, ts_b, out_dtype)
+    alpha = ts_a.to(torch.float32) * ts_b.to(torch.float32)
+    return (acc * alpha).to(out_dtype)
+
+
+def decoded_matmul(a2: torch.Tensor, b2: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
+                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``(a2 @ b2) · (ts_a · ts_b)`` cast to ``out_dtype``: steps 2-3 on already decoded BF16
+    operands ``a2 [M, K]``, ``b2 [K, N]`` (any strides, e.g. ``decoded.t()``) and their FP32
+    tensor scales. The same GEMM call and epilogue as :func:`nvfp4_matmul` for the same
+    operand layouts, hence the same bits."""
+    if a2.is_cuda:
+        acc = torch.mm(a2, b2, out_dtype=torch.float32)
+    else:
+        acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32))
+    return _scale_cast(acc, ts_a, ts_b, out_dtype)
 
 
 def _check(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
@@ -78,8 +109,7 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.
         acc = torch.mm(a2, b2.t(), out_dtype=torch.float32)
     else:
         acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32).t())
-    alpha = a.tensor_scale.to(torch.float32) * b.tensor_scale.to(torch.float32)
-    out = (acc * alpha).to(out_dtype)
+    out = _scale_cast(acc, a.tensor_scale, b.tensor_scale, out_dtype)
     return out.reshape(*a.shape[:-1], b.shape[0])
 
 
@@ -95,12 +125,7 @@ def nvfp4_matmul_nt(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = tor
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"reduction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
     a2, b2 = decode_to_bf16(a), decode_to_bf16(b)      # b2: [K, N]
-    if a2.is_cuda:
-        acc = torch.mm(a2, b2, out_dtype=torch.float32)
-    else:
-        acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32))
-    alpha = a.tensor_scale.to(torch.float32) * b.tensor_scale.to(torch.float32)
-    out = (acc * alpha).to(out_dtype)
+    out = decoded_matmul(a2, b2, a.tensor_scale, b.tensor_scale, out_dtype)
     return out.reshape(*a.shape[:-1], b.shape[1])
 
 
