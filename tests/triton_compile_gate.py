@@ -163,6 +163,38 @@ def run_scenarios():
         from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton
         decode_bf16_triton(t)
 
+    # --- NVFP4 linear: fused two-way operands (the launches the linear makes) + GEMM epilogue
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton
+    rw, cw = tqd.RowWay, tqd.ColWay
+    sr = "stochastic"
+    ways = (  # (label, input dtype, channels, row way, column way, int64 offsets)
+        # The linear's three launches at the GPU tile (NB = 32), plus small-C tiles (NB < 32,
+        # fewer warps) with per-element reads (FP32 / FP16 input) and the int64-offset /
+        # tl.randint4x variant the host picks past 2^31 (forced here), one per way.
+        # (The dY kernel is the gate's slowest compile, ~40-80 s: the other on/off
+        # combinations of the same flags are left out.)
+        ("fprop x + saved RHT(xT)", torch.bfloat16, 1024, rw(), cw(), False),
+        ("W 16x16 decoded + saved codes", torch.bfloat16, 1024, rw(tile=(16, 16), codes=True), None,
+         False),
+        ("dY both ways SR", torch.bfloat16, 1024, rw(sr), cw(sr, decoded=True, codes=False), False),
+        ("dY dgrad only, small C, int64", torch.float32, 64, rw(sr), None, True),
+        ("wgrad operand codes SR, small C, int64", torch.float16, 32, None, cw(sr), True),
+    )
+    needs_i64 = tqd._needs_i64
+    for label, dt, c, row, col, i64 in ways:
+        m = torch.randn(48, c, dtype=dt)
+        _scenario(f"linear two-way operands: {label}")
+        tqd._needs_i64 = (lambda *a: True) if i64 else needs_i64
+        try:
+            obs = tqd.amax_two_ways(m, row=row is not None, col=col is not None)
+            tqd.quantize_two_ways(m, obs, row=row, col=col, seed_row=1, seed_col=2)
+        finally:
+            tqd._needs_i64 = needs_i64
+    for out in dtypes:
+        _scenario(f"gemm epilogue scale_cast_triton -> {out}")
+        scale_cast_triton(torch.randn(64, 96), torch.tensor(0.5), torch.tensor(3.0), out)
+
     # --- Q-Attn: prologue, forward, backward -----------------------------------------------
     from fullstack_fp4.attention.prologue import make_views, prepare_views
     from fullstack_fp4.attention.triton_bwd import attention_backward
@@ -335,7 +367,8 @@ def _ptxas_verbose(ptx: str) -> str:
 
 
 _JOBS: list = []
-_COST = {"q_adamw_kernel": 40, "_quantize_kernel": 6, "_dkdv_kernel": 4, "_dq_kernel": 3}  # rough s
+_COST = {"q_adamw_kernel": 40, "_quantize_two_ways_kernel": 30, "_quantize_kernel": 6,
+         "_dkdv_kernel": 4, "_dq_kernel": 3}  # rough s
 
 
 def compile_job(i: int) -> dict:

@@ -1,0 +1,614 @@
+"""One read of an activation (or weight) → every NVFP4 operand the linear needs from it.
+
+The NVFP4 linear (``fullstack_fp4.linear.nvfp4_linear``) needs two quantizations of each of
+``x [T, C]`` and ``dY [T, C]``, and the GEMMs on Hopper are emulated on *decoded* BF16
+operands ``e2m1(code) · fp32(block_scale)`` (exact in BF16, see ``gemm.py``):
+
+* **row way**: 1×16 blocks along C (fprop's x, dgrad's dY), or 16×16 tiles (the weight);
+* **column way**: ``RHT16`` along the tokens, then 1×16 blocks along the tokens — the wgrad
+  operand ``quantize(hadamard16(pad(m)ᵀ))`` of shape ``[C, T_pad]`` (T_pad = T rounded up
+  to 16, padded tokens are zeros).
+
+The earlier path wrote each operand's packed codes, read them back to decode them, and made a
+BF16 transposed copy of ``m`` for the column way. Here one kernel reads a tile of ``m`` **in
+its own layout** (16 tokens × ``16·NB`` channels), does both ways in registers and writes only
+what a consumer reads: the decoded BF16 operand of each way the GEMMs use now, and packed
+codes + E4M3 scales only for what is saved for backward (the weight's 16×16 codes for dgrad,
+``RHT(xᵀ)``'s codes for wgrad). The global amaxes of both ways come from one earlier pass
+(:func:`amax_two_ways`), because every block scale depends on the tensor scale.
+
+**Numerics** are :func:`fullstack_fp4.nvfp4.reference.quantize_reference`'s bit for bit (the
+FP32 contract of docs/nvfp4-format.md, 6-rule), through :mod:`.triton_quantize`'s own jit
+helpers (its "eo" kernels' ones): ``_tensor_scales`` (enc/dec), ``_candidate_fast`` (E4M3 block
+scale and element factor), ``_nib_rne`` / ``_nib_sr`` (E2M1 codes, nearest / stochastic),
+``_e2m1_rne_val`` (the nearest value, when only the decoded operand is written),
+``_bf16w_to_f32`` (BF16 read as int32 words), ``_philox10``. The RHT is
+:func:`fullstack_fp4.nvfp4.hadamard.hadamard16`'s arithmetic — × signs (compile-time: ``x·(−1)``
+is written ``−x``, the same value), butterflies with strides 1, 2, 4, 8 as ``(a + b, a − b)``,
+× ¼ — on the 16 tokens of a block. A decoded value ``±e2m1 · s`` (``s`` the E4M3 scale as FP32)
+is exact in FP32 and in BF16, so its BF16 is the top half of its FP32 bits; its sign is the
+code's (``-0`` for a negative value rounded to 0), as decoding the code gives.
+
+**Stochastic rounding draws are the Philox draws of ``quantize_triton``** for the same seed:
+element ``(row, 16·blk + 8·h + 2·g + b)`` of the *quantized* tensor takes output ``2·h + b``
+of Philox counter ``(row·NBLK + blk)·4 + g``. For the row way the quantized tensor is ``m``
+(row = token); for the column way it is ``[C, T_pad]`` (row = channel, blk = token block,
+the position inside the block = token mod 16), so ``quantize_triton(hadamard16(pad(m)ᵀ),
+seed=s)`` and this kernel round every element with the same uniform. Counters below 2³¹ go
+through ``_philox10`` (the same rounds as ``tl.randint4x``), larger ones through
+``tl.randint4x`` on int64 (``I64``, chosen on the host with the offsets' width).
+
+**Layout.** A program owns 16 tokens × ``16·NB`` channels (NB = 32: 512 channels, 4 warps).
+Each token row is held in triton_quantize's "eo" form: four ``[NB, 4]`` tensors, elements
+``2q, 2q+1`` (low half) and ``8+2q, 9+2q`` (high half) of each block, read as int32 words of
+two BF16. The 16 rows are 16-tuples, so the lane of ``(block, q)`` holds its four channels for
+all 16 tokens (64 FP32 values): the column way (RHT butterflies, block amax over tokens,
+per-channel scale) is register arithmetic between tuple entries; the row way's block amax is a
+4-lane reduction (its scale computed by each of the 4 lanes). A lane's channel pair
+``(2q, 2q+1)`` is one Philox counter's outputs in the row way; in the column way each channel
+takes 4 counters for its 16 tokens. Column outputs (16 tokens of a channel: 8 words of BF16
+or 2 words of codes) are stored per channel from registers.
+
+**Non-finite input, no host sync.** A NaN/Inf in ``m`` (seen by the amax pass), or a given
+amax that is NaN/Inf/negative, stores a NaN tensor scale (as ``quantize_triton`` with
+``check_finite=False``): every product with that operand is NaN.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
+
+from .hadamard import DEFAULT_SIGNS
+from .tensor import NVFP4Tensor
+from .triton_quantize import (FP32_MAX, INV6, NAN_BITS, _bf16w_to_f32, _candidate_fast,
+                              _e2m1_rne_val, _nib_rne, _nib_sr, _philox10, _tensor_scales)
+
+__all__ = ["RowWay", "ColWay", "TwoWays", "amax_two_ways", "quantize_two_ways", "draw_seed"]
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_I32_LIMIT = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------- jit helpers
+# A token row of a tile is held in "eo" form (triton_quantize's): four [NB, 4] FP32 tensors
+# e0, o0, e1, o1 = elements 2q, 2q+1 (low half) and 8+2q, 9+2q (high half) of each block; the
+# lane of (block, q) holds those four channels for all 16 tokens. A 16-tuple over the tokens of
+# one of the four tensors is a "channel group" of the column way.
+@triton.jit
+def _row_mask(cmask, t, T):
+    """``cmask & (t < T)`` for a scalar token t, broadcast explicitly (the interpreter rejects
+    a load mask made by broadcasting a scalar comparison; the compiler folds the ``0 ·``)."""
+    return cmask & ((cmask.to(tl.int32) * 0 + t) < T)
+
+
+@triton.jit
+def _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW: tl.constexpr, I64: tl.constexpr):
+    """The 16 token rows of token block ``tb`` as four 16-tuples (e0, o0, e1, o1) of FP32
+    ``[NB, 4]`` (tokens past ``T`` and channels past C load as 0: the column way's zero padding).
+    XW: ``x_ptr`` is BF16 viewed as int32 words (``stride_t`` in words): one word = (e, o)."""
+    E0 = ()
+    O0 = ()
+    E1 = ()
+    O1 = ()
+    for i in tl.static_range(16):
+        t = tb * 16 + i
+        m = _row_mask(cmask, t, T)
+        if I64:
+            roff = t.to(tl.int64) * stride_t
+        else:
+            roff = t * stride_t
+        if XW:
+            p = x_ptr + roff + (blk * 8)[:, None] + q[None, :]
+            e0, o0 = _bf16w_to_f32(tl.load(p, mask=m, other=0))
+            e1, o1 = _bf16w_to_f32(tl.load(p + 4, mask=m, other=0))
+        else:
+            p = (x_ptr + roff + (blk * 16)[:, None, None] + 2 * q[None, :, None]
+                 + tl.arange(0, 2)[None, None, :])
+            m3 = m[:, :, None]
+            e0, o0 = tl.split(tl.load(p, mask=m3, other=0.0).to(tl.float32))
+            e1, o1 = tl.split(tl.load(p + 8, mask=m3, other=0.0).to(tl.float32))
+        E0 = E0 + (e0,)
+        O0 = O0 + (o0,)
+        E1 = E1 + (e1,)
+        O1 = O1 + (o1,)
+    return E0, O0, E1, O1
+
+
+@triton.jit
+def _rht16_tokens(v, SIGNS: tl.constexpr):
+    """hadamard16 along the tuple (the 16 tokens of a block): × signs, strides 1, 2, 4, 8, × ¼.
+    ``SIGNS`` has bit i set where s_i = −1: ``x · (−1)`` is written ``−x`` (the same value, an
+    exact negation), which the compiler folds into the first butterfly's adds."""
+    s = ()
+    for i in tl.static_range(16):
+        if ((SIGNS >> i) & 1) != 0:
+            s = s + (-v[i],)
+        else:
+            s = s + (v[i],)
+    for k in tl.static_range(4):
+        o = ()
+        for i in tl.static_range(16):
+            if (i & (1 << k)) == 0:
+                o = o + (s[i] + s[i + (1 << k)],)
+            else:
+                o = o + (s[i - (1 << k)] - s[i],)
+        s = o
+    o = ()
+    for i in tl.static_range(16):
+        o = o + (s[i] * 0.25,)
+    return o
+
+
+@triton.jit
+def _abs_max_tuple(v):
+    a = tl.abs(v[0])
+    for i in tl.static_range(1, 16):
+        a = tl.maximum(a, tl.abs(v[i]))
+    return a
+
+
+@triton.jit
+def _bits_max_tuple(v):
+    a = v[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    for i in tl.static_range(1, 16):
+        a = tl.maximum(a, v[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    return tl.max(tl.max(a, 1), 0)
+
+
+@triton.jit
+def _stack8(v):
+    """8-tuple of ``[NB, 4]`` (index k) -> ``[NB, 4, 8]`` with k on the last axis (in-thread)."""
+    b = ()
+    for k in tl.static_range(4):
+        b = b + (tl.join(v[k], v[k + 4]),)          # new axis: bit 2 of k
+    c = (tl.join(b[0], b[2]), tl.join(b[1], b[3]))  # bit 1
+    d = tl.join(c[0], c[1])                         # bit 0
+    nb: tl.constexpr = d.shape[0]
+    return tl.reshape(d, (nb, 4, 8))
+
+
+@triton.jit
+def _tensor_scale(gamax_ptr, obs_ptr):
+    """(enc, dec, dec to store) from the amax the scales use (``gamax_ptr``, FP32) and the
+    amax bits the pass observed in the input (``obs_ptr``, int32): the reference's order
+    (``_tensor_scales``); the stored tensor scale is NaN for a non-finite input or a
+    NaN/Inf/negative amax."""
+    gbits = tl.load(gamax_ptr).to(tl.int32, bitcast=True)
+    enc, dec = _tensor_scales(gbits, 448.0)
+    bad = (((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gbits.to(tl.float32, bitcast=True) < 0.0)
+           | (tl.load(obs_ptr) >= 0x7F800000))
+    nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+    return enc, dec, tl.where(bad, nan, dec)
+
+
+@triton.jit
+def _dec_rne_bits(x, f, s_val):
+    """FP32 bits of the decoded nearest-rounded value ``±rne(min(|x·f|, 6)) · s`` (exact, so its
+    BF16 is the top 16 bits); ``-0`` where a negative ``x·f`` rounds to 0, as the code's decode."""
+    y = x * f
+    r = _e2m1_rne_val(tl.minimum(tl.abs(y), 6.0)) * s_val
+    return tl.where(y < 0.0, -r, r).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _dec_nib_bits(nib, s_val):
+    """FP32 bits of ``e2m1(nib) · s`` (exact): magnitude bits from the 3-bit code (0, ½ below
+    2; ``(c << 22) + bits(0.5)`` from 2 on: 1, 1.5, 2, 3, 4, 6), × s, the nibble's sign bit."""
+    c = nib & 7
+    mag = tl.where(c >= 2, (c << 22) + 0x3F000000, c * 0x3F000000).to(tl.float32, bitcast=True)
+    return ((mag * s_val).to(tl.int32, bitcast=True)) | ((nib & 8) << 28)
+
+
+@triton.jit
+def _bf16_word(lo_bits, hi_bits):
+    """Two exact-in-BF16 FP32 bit patterns -> one int32 word (``lo`` in the low 16 bits)."""
+    return (hi_bits & -65536) | ((lo_bits >> 16) & 0xFFFF)
+
+
+@triton.jit
+def _col_uniforms(seed, c, tb, NBLKT, I64: tl.constexpr):
+    """Philox uniforms of the column way for channels ``c`` ``[NB, 4]``: a 16-tuple over the
+    tokens p of block ``tb`` (p = 8h + 2g + b takes output 2h + b of counter (c·NBLKT + tb)·4 + g,
+    the stream of ``quantize_triton`` on the ``[C, T_pad]`` operand)."""
+    first = ()
+    second = ()
+    if I64:
+        base = (c.to(tl.int64) * NBLKT + tb) * 4
+    else:
+        base = ((c * NBLKT + tb) * 4).to(tl.uint32)
+        s = tlc.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
+        k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+        k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    for g in tl.static_range(4):
+        if I64:
+            r0, r1, r2, r3 = tl.randint4x(seed, base + g)
+        else:
+            r0, r1, r2, r3 = _philox10(base + g, k0, k1)
+        first = first + (tl.random.uint_to_uniform_float(r0), tl.random.uint_to_uniform_float(r1))
+        second = second + (tl.random.uint_to_uniform_float(r2), tl.random.uint_to_uniform_float(r3))
+    return first + second
+
+
+@triton.jit
+def _row_uniforms(seed, t, blk, q, NBLK, I64: tl.constexpr):
+    """Philox uniforms of the row way for token t: (u_e0, u_o0, u_e1, u_o1) ``[NB, 4]``, outputs
+    0..3 of counter (t·NBLK + blk)·4 + q (``quantize_triton``'s stream on ``[T, C]``)."""
+    if I64:
+        r0, r1, r2, r3 = tl.randint4x(seed, ((t.to(tl.int64) * NBLK + blk) * 4)[:, None] + q[None, :])
+    else:
+        s = tlc.to_tensor(seed).to(tl.uint64)
+        k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+        k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+        r0, r1, r2, r3 = _philox10((((t * NBLK + blk) * 4)[:, None] + q[None, :]).to(tl.uint32),
+                                   k0, k1)
+    return (tl.random.uint_to_uniform_float(r0), tl.random.uint_to_uniform_float(r1),
+            tl.random.uint_to_uniform_float(r2), tl.random.uint_to_uniform_float(r3))
+
+
+@triton.jit
+def _tile_coords(T, C, NB: tl.constexpr):
+    pid = tl.program_id(0)
+    ntb = tl.cdiv(T, 16)
+    tb = pid % ntb
+    blk = (pid // ntb) * NB + tl.arange(0, NB)
+    q = tl.arange(0, 4)
+    cmask = (blk < C // 16)[:, None] & (q < 4)[None, :]
+    return pid, ntb, tb, blk, q, cmask
+
+
+# ----------------------------------------------------------------------------- kernels
+@triton.jit
+def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
+                          ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
+                          I64: tl.constexpr, NB: tl.constexpr):
+    """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL)."""
+    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
+    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW, I64)
+    if ROW:
+        m = tl.maximum(tl.maximum(_bits_max_tuple(E0), _bits_max_tuple(O0)),
+                       tl.maximum(_bits_max_tuple(E1), _bits_max_tuple(O1)))
+        tl.atomic_max(obs_ptr, m)
+    if COL:
+        m = tl.maximum(tl.maximum(_bits_max_tuple(_rht16_tokens(E0, SIGNS)),
+                                  _bits_max_tuple(_rht16_tokens(O0, SIGNS))),
+                       tl.maximum(_bits_max_tuple(_rht16_tokens(E1, SIGNS)),
+                                  _bits_max_tuple(_rht16_tokens(O1, SIGNS))))
+        tl.atomic_max(obs_ptr + 1, m)
+
+
+@triton.jit
+def _col_group(z, c, tb, tpad, ntb, enc, dec, seed, cmask, col_dec_ptr, col_data_ptr,
+               col_scale_ptr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
+               COL_SR: tl.constexpr, I64: tl.constexpr):
+    """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``."""
+    s_val, s_bits, f = _candidate_fast(_abs_max_tuple(z), enc, dec, INV6)    # per channel
+    if COL_SR:
+        u = _col_uniforms(seed, c, tb, ntb, I64)
+    if I64:
+        cc = c.to(tl.int64)
+    else:
+        cc = c
+    k8 = tl.arange(0, 8)[None, None, :]
+    m3 = cmask[:, :, None]
+    if COL_DEC:
+        words = ()
+        for k in tl.static_range(8):
+            if COL_SR:
+                lo = _dec_nib_bits(_nib_sr(z[2 * k], f, u[2 * k]), s_val)
+                hi = _dec_nib_bits(_nib_sr(z[2 * k + 1], f, u[2 * k + 1]), s_val)
+            else:
+                lo = _dec_rne_bits(z[2 * k], f, s_val)
+                hi = _dec_rne_bits(z[2 * k + 1], f, s_val)
+            words = words + (_bf16_word(lo, hi),)
+        # 16 BF16 = 8 words per channel, contiguous in the [C, T_pad] operand (viewed as int32)
+        tl.store(col_dec_ptr + (cc * (tpad // 2) + tb * 8)[:, :, None] + k8, _stack8(words),
+                 mask=m3)
+    if COL_CODES:
+        w0 = tl.zeros(c.shape, tl.int32)
+        w1 = tl.zeros(c.shape, tl.int32)
+        for k in tl.static_range(16):
+            if COL_SR:
+                nib = _nib_sr(z[k], f, u[k])
+            else:
+                nib = _nib_rne(z[k], f)
+            if k < 8:
+                w0 = w0 | (nib << (4 * k))
+            else:
+                w1 = w1 | (nib << (4 * (k - 8)))
+        # 16 codes = 8 bytes = 2 words per channel ([C, T_pad / 2] viewed as int32)
+        k2 = tl.arange(0, 2)[None, None, :]
+        tl.store(col_data_ptr + (cc * (tpad // 8) + tb * 2)[:, :, None] + k2,
+                 tl.join(w0, w1), mask=cmask[:, :, None])
+        tl.store(col_scale_ptr + cc * ntb + tb, s_bits.to(tl.uint8), mask=cmask)
+
+
+@triton.jit(do_not_specialize=["seed_row", "seed_col"])
+def _quantize_two_ways_kernel(
+        x_ptr, gamax_row_ptr, gamax_col_ptr, obs_ptr, ts_ptr,
+        row_dec_ptr, row_data_ptr, row_scale_ptr, col_dec_ptr, col_data_ptr, col_scale_ptr,
+        seed_row, seed_col, T, C, stride_t, SIGNS: tl.constexpr,
+        ROW_DEC: tl.constexpr, ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr,
+        TILE2D: tl.constexpr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
+        COL_SR: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr, NB: tl.constexpr):
+    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
+    nblk = C // 16
+    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW, I64)
+
+    if ROW_DEC or ROW_CODES:
+        enc, dec, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
+        if pid == 0:
+            tl.store(ts_ptr, dec_out)
+        if TILE2D:
+            # 16x16 tile = these 16 rows x one 16-channel block: one scale for the tile.
+            bm = tl.max(tl.maximum(tl.maximum(_abs_max_tuple(E0), _abs_max_tuple(O0)),
+                                   tl.maximum(_abs_max_tuple(E1), _abs_max_tuple(O1))), 1)
+            s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+        for i in tl.static_range(16):
+            t = tb * 16 + i
+            m = _row_mask(cmask, t, T)
+            e0, o0, e1, o1 = E0[i], O0[i], E1[i], O1[i]
+            if not TILE2D:
+                bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
+                                       tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
+                s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+            f2 = f[:, None]
+            s2 = s_val[:, None]
+            if I64:
+                t_ = t.to(tl.int64)
+            else:
+                t_ = t
+            if ROW_SR:
+                u0, u1, u2, u3 = _row_uniforms(seed_row, t, blk, q, nblk, I64)
+                n0 = _nib_sr(e0, f2, u0)
+                n1 = _nib_sr(o0, f2, u1)
+                n2 = _nib_sr(e1, f2, u2)
+                n3 = _nib_sr(o1, f2, u3)
+            elif ROW_CODES:
+                n0 = _nib_rne(e0, f2)
+                n1 = _nib_rne(o0, f2)
+                n2 = _nib_rne(e1, f2)
+                n3 = _nib_rne(o1, f2)
+            if ROW_DEC:
+                if ROW_SR:
+                    w_lo = _bf16_word(_dec_nib_bits(n0, s2), _dec_nib_bits(n1, s2))
+                    w_hi = _bf16_word(_dec_nib_bits(n2, s2), _dec_nib_bits(n3, s2))
+                else:
+                    w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
+                    w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
+                p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]   # int32 words
+                tl.store(p, w_lo, mask=m)
+                tl.store(p + 4, w_hi, mask=m)
+            if ROW_CODES:
+                p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]  # bytes
+                tl.store(p, (n0 | (n1 << 4)).to(tl.uint8), mask=m)
+                tl.store(p + 4, (n2 | (n3 << 4)).to(tl.uint8), mask=m)
+                tl.store(row_scale_ptr + t_ * nblk + blk, s_bits.to(tl.uint8),
+                         mask=(blk < nblk) & ((blk * 0 + t) < T))
+
+    if COL_DEC or COL_CODES:
+        enc, dec, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
+        if pid == 0:
+            tl.store(ts_ptr + 1, dec_out)
+        tpad = ntb * 16
+        c0 = (blk * 16)[:, None] + 2 * q[None, :]          # channel of e0; o0 = +1, e1 = +8
+        _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+        _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+        _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+        _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+
+
+# ----------------------------------------------------------------------------- host side
+@dataclass(frozen=True)
+class RowWay:
+    """Quantization of ``m [T, C]`` along C: 1×16 blocks, or 16×16 tiles (``tile=(16, 16)``,
+    T a multiple of 16: the weight). ``decoded``: write the BF16 GEMM operand ``[T, C]``;
+    ``codes``: write packed codes + E4M3 scales (an :class:`NVFP4Tensor`, e.g. to save)."""
+    rounding: str = "nearest"
+    tile: tuple = (1, 16)
+    decoded: bool = True
+    codes: bool = False
+
+
+@dataclass(frozen=True)
+class ColWay:
+    """Quantization of ``hadamard16(pad(m)ᵀ)`` (``[C, T_pad]``, RHT-16 and 1×16 blocks along
+    the tokens): the wgrad operand. ``decoded`` / ``codes`` as in :class:`RowWay`."""
+    rounding: str = "nearest"
+    decoded: bool = False
+    codes: bool = True
+
+
+@dataclass
+class TwoWays:
+    """What :func:`quantize_two_ways` wrote; ``None`` for what was not asked. ``*_scale`` is
+    the FP32 0-dim tensor (decode) scale of that way, ``*_decoded`` the BF16 operand
+    ``e2m1 · e4m3`` without it, ``*_q`` the NVFP4 tensor (codes, block scales, tensor scale)."""
+    row_decoded: Optional[torch.Tensor] = None
+    row_q: Optional[NVFP4Tensor] = None
+    row_scale: Optional[torch.Tensor] = None
+    col_decoded: Optional[torch.Tensor] = None
+    col_q: Optional[NVFP4Tensor] = None
+    col_scale: Optional[torch.Tensor] = None
+
+
+def _interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _config(nblk: int):
+    """(NB 16-channel blocks per program, num_warps): 16 tokens × 512 channels, 4 warps, i.e.
+    each thread holds 4 channels × 16 tokens (64 FP32 values); fewer blocks for small C."""
+    nb = 32 if nblk >= 32 else triton.next_power_of_2(max(nblk, 1))
+    if _interpreter():
+        nb = min(nb, 4)          # the interpreter's cost grows with masked padding
+    return nb, max(1, nb // 8)
+
+
+def _x_args(m: torch.Tensor):
+    """(kernel pointer, row stride, XW): BF16 with an even row stride and a 4-byte aligned base
+    is read as int32 words (one word = an even/odd element pair); anything else per element."""
+    if m.dtype == torch.bfloat16 and m.stride(0) % 2 == 0 and m.data_ptr() % 4 == 0:
+        return m.view(torch.int32), m.stride(0) // 2, True
+    return m, m.stride(0), False
+
+
+def _needs_i64(t: int, c: int, stride: int) -> bool:
+    """Whether an element / word offset or a Philox counter of the padded tile grid may pass
+    2^31 - 1 (then offsets are int64 and the counters go through ``tl.randint4x``)."""
+    tpad = -(-t // 16) * 16
+    cpad = -(-c // 512) * 512
+    return max(tpad * max(stride, c) + cpad, cpad * (tpad + 16)) > _I32_LIMIT
+
+
+def _check_m(m: torch.Tensor) -> torch.Tensor:
+    if m.dim() != 2:
+        raise ValueError(f"expected a 2-D [tokens, channels] tensor, got shape {tuple(m.shape)}")
+    if m.dtype not in _INPUT_DTYPES:
+        raise ValueError(f"input dtype must be bf16, fp16 or fp32, got {m.dtype}")
+    if m.shape[1] % 16:
+        raise ValueError(f"channels must be a multiple of 16, got shape {tuple(m.shape)}")
+    return m if m.stride(1) == 1 else m.contiguous()
+
+
+def _signs_mask(rht_signs) -> int:
+    """The 16 RHT signs (±1, validated on the host) as a bit mask: bit i set where s_i = −1."""
+    if isinstance(rht_signs, torch.Tensor):
+        rht_signs = rht_signs.detach().to("cpu", torch.float64).reshape(-1).tolist()
+    vals = [float(v) for v in rht_signs]
+    if len(vals) != 16 or any(v not in (1.0, -1.0) for v in vals):
+        raise ValueError("rht_signs must be 16 values of +-1")
+    return sum(1 << i for i, v in enumerate(vals) if v < 0)
+
+
+def draw_seed(generator: Optional[torch.Generator]) -> int:
+    """The Philox seed ``quantize_triton`` draws for stochastic rounding (same call, same
+    generator state consumed), so a caller that draws seeds in the same order gets the same
+    rounding."""
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+
+
+def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
+                  rht_signs=DEFAULT_SIGNS) -> torch.Tensor:
+    """One read of ``m [T, C]``: int32 ``[2]`` device tensor with the FP32 bits of
+    ``max |m|`` (if ``row``) and of ``max |hadamard16(pad(m)ᵀ)|`` (if ``col``), 0 otherwise.
+    NaN bit patterns order above +Inf, so a non-finite input shows as bits >= 0x7F800000.
+    ``obs.view(torch.float32)[i]`` is the amax as a 0-dim FP32 tensor (for ``amax_reduce``)."""
+    m = _check_m(m)
+    t, c = m.shape
+    obs = torch.zeros((2,), dtype=torch.int32, device=m.device)
+    if t == 0 or c == 0 or not (row or col):
+        return obs
+    nb, nw = _config(c // 16)
+    grid = (triton.cdiv(t, 16) * triton.cdiv(c // 16, nb),)
+    xp, stride, xw = _x_args(m)
+    _amax_two_ways_kernel[grid](xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs), ROW=row,
+                                COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb,
+                                num_warps=nw, enable_fp_fusion=False)
+    return obs
+
+
+def _amax_arg(given, obs: torch.Tensor, i: int) -> torch.Tensor:
+    if given is None:
+        return obs.view(torch.float32)[i:i + 1]
+    if not isinstance(given, torch.Tensor):
+        raise ValueError("a given amax must be a tensor (e.g. the amax_reduce result)")
+    return given.detach().to(device=obs.device, dtype=torch.float32).reshape(1)
+
+
+def _raise_if_nonfinite(obs, gamax, used) -> None:
+    """The host check of ``check_finite=True`` (one sync): same messages as ``quantize``."""
+    for i in used:
+        if int(obs[i]) >= 0x7F800000:
+            raise ValueError("quantize: input holds NaN or Inf")
+        g = float(gamax[i])
+        if not (g >= 0 and g != float("inf")):
+            raise ValueError(f"global_amax must be finite and >= 0, got {g}")
+
+
+def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWay] = None,
+                      col: Optional[ColWay] = None, amax_row=None, amax_col=None,
+                      seed_row: Optional[int] = None, seed_col: Optional[int] = None,
+                      rht_signs=DEFAULT_SIGNS, check_finite: bool = False) -> TwoWays:
+    """The row and/or column quantization of ``m [T, C]`` in one read (module docstring).
+
+    ``obs``: :func:`amax_two_ways`'s result for ``m`` (its observed amax bits; the scales use
+    them unless ``amax_row`` / ``amax_col`` — FP32 tensors, e.g. ``amax_reduce`` results — are
+    given). ``seed_*``: the Philox seed of a stochastic way (:func:`draw_seed`). Bit-identical to
+    ``quantize_triton(m, tile=row.tile, rounding=row.rounding, global_amax=..., seed=seed_row)``
+    (decoded: ``decode_to_bf16`` of it) and to ``quantize_triton(hadamard16(pad(m)ᵀ), ...,
+    seed=seed_col)``. ``check_finite``: raise ``ValueError`` on a non-finite input or amax (one
+    host sync) instead of the NaN tensor scale.
+    """
+    m = _check_m(m)
+    t, c = m.shape
+    dev = m.device
+    for way in (row, col):
+        if way is not None and way.rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {way.rounding!r}")
+        if way is not None and not (way.decoded or way.codes):
+            raise ValueError("a way must write its decoded operand, its codes or both")
+    if row is not None:
+        if tuple(row.tile) not in ((1, 16), (16, 16)):
+            raise ValueError(f"tile must be (1, 16) or (16, 16), got {row.tile}")
+        if tuple(row.tile) == (16, 16) and t % 16:
+            raise ValueError(f"16x16 tiles need the rows ({t}) to be a multiple of 16")
+    row_sr = row is not None and row.rounding == "stochastic"
+    col_sr = col is not None and col.rounding == "stochastic"
+    if (row_sr and seed_row is None) or (col_sr and seed_col is None):
+        raise ValueError("stochastic rounding needs a seed (draw_seed(generator))")
+    g_row, g_col = _amax_arg(amax_row, obs, 0), _amax_arg(amax_col, obs, 1)
+    if check_finite:
+        _raise_if_nonfinite(obs.cpu(), torch.cat([g_row, g_col]).cpu(),
+                            [i for i, w in enumerate((row, col)) if w is not None])
+
+    nblk, tpad = c // 16, -(-t // 16) * 16
+    ts = torch.empty((2,), dtype=torch.float32, device=dev)
+    out = TwoWays()
+    u8 = dict(dtype=torch.uint8, device=dev)
+    dummy = ts                      # pointer never written when its output is off
+    row_dec = row_data = row_scale = col_dec = col_data = col_scale = dummy
+    if row is not None:
+        if row.decoded:
+            row_dec = out.row_decoded = torch.empty((t, c), dtype=torch.bfloat16, device=dev)
+        if row.codes:
+            row_data, row_scale = torch.empty((t, c // 2), **u8), torch.empty((t, nblk), **u8)
+            out.row_q = NVFP4Tensor(row_data, row_scale.view(torch.float8_e4m3fn), ts[0],
+                                    torch.Size((t, c)), m.dtype, tuple(row.tile))
+        out.row_scale = ts[0]
+    if col is not None:
+        if col.decoded:
+            col_dec = out.col_decoded = torch.empty((c, tpad), dtype=torch.bfloat16, device=dev)
+        if col.codes:
+            col_data, col_scale = torch.empty((c, tpad // 2), **u8), torch.empty((c, tpad // 16), **u8)
+            out.col_q = NVFP4Tensor(col_data, col_scale.view(torch.float8_e4m3fn), ts[1],
+                                    torch.Size((c, tpad)), m.dtype, (1, 16))
+        out.col_scale = ts[1]
+    if t == 0 or c == 0:
+        ts.fill_(1.0 / FP32_MAX.value)   # reference: amax 0 -> enc FP32_MAX
+        return out
+
+    nb, nw = _config(nblk)
+    grid = (triton.cdiv(t, 16) * triton.cdiv(nblk, nb),)
+    xp, stride, xw = _x_args(m)
+    words = (lambda b: b.view(torch.int32) if b is not dummy else b)   # BF16 / code words
+    _quantize_two_ways_kernel[grid](
+        xp, g_row, g_col, obs, ts, words(row_dec), row_data, row_scale, words(col_dec),
+        words(col_data), col_scale, int(seed_row or 0), int(seed_col or 0), t, c, stride,
+        SIGNS=_signs_mask(rht_signs),
+        ROW_DEC=row is not None and row.decoded, ROW_CODES=row is not None and row.codes,
+        ROW_SR=row_sr, TILE2D=row is not None and tuple(row.tile) == (16, 16),
+        COL_DEC=col is not None and col.decoded, COL_CODES=col is not None and col.codes,
+        COL_SR=col_sr, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb, num_warps=nw,
+        enable_fp_fusion=False)
+    return out

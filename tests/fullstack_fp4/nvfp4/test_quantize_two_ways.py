@@ -1,0 +1,222 @@
+"""Fused row/column NVFP4 operands (``triton_quantize_decode``) against the reference composition.
+
+Oracles, all independent of the kernels under test: ``quantize_reference`` (the FP32 contract),
+``hadamard16`` of the zero-padded transpose for the column way, the PyTorch decode of
+``gemm.decode_to_bf16`` on CPU tensors, and for stochastic rounding the uniforms that
+``philox_uniforms`` dumps for a seed (the Philox mapping ``quantize_triton`` documents).
+Everything is compared bit for bit. Kernels run on CUDA, or on CPU under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16, quantize_reference
+from fullstack_fp4.nvfp4.gemm import decode_to_bf16
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+pytestmark = pytest.mark.skipif(not (_INTERPRET or torch.cuda.is_available()),
+                                reason="needs CUDA or TRITON_INTERPRET=1")
+DEV = "cuda" if (torch.cuda.is_available() and not _INTERPRET) else "cpu"
+
+
+def _m(t, c, seed, dtype=torch.bfloat16):
+    """Spread magnitudes with an outlier, a zero block, a block whose E4M3 scale is subnormal
+    (~1e-3 of the amax range) and one whose scale underflows to 0 (~1e-6)."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(t, c, generator=g) * torch.logspace(-2, 1, c)
+    m[1, 3] = 37.0
+    m[16:32, 16:32] = 0
+    m[:, 32:48] = torch.randn(t, 16, generator=g) * 4e-4    # block scale ~0.01 < 2^-6
+    m[:, 48:64] = torch.randn(t, 16, generator=g) * 1e-6    # block scale rounds to 0
+    return m.to(dtype)
+
+
+def _col_ref(m):
+    t = m.shape[0]
+    return hadamard16(F.pad(m.float(), (0, 0, 0, (-t) % 16)).t(), DEFAULT_SIGNS)
+
+
+def _same_q(a, b):
+    assert torch.equal(a.data.cpu(), b.data.cpu())
+    assert torch.equal(a.block_scale.cpu().view(torch.uint8), b.block_scale.cpu().view(torch.uint8))
+    assert int(a.tensor_scale.cpu().view(torch.int32)) == int(b.tensor_scale.cpu().view(torch.int32))
+    assert tuple(a.shape) == tuple(b.shape) and tuple(a.tile) == tuple(b.tile)
+
+
+def _same_bf16(a, b):
+    assert a.dtype == b.dtype == torch.bfloat16 and a.shape == b.shape
+    assert torch.equal(a.cpu().view(torch.int16), b.cpu().view(torch.int16))
+
+
+def _bits(v) -> int:
+    return int(v.reshape(()).float().view(torch.int32))
+
+
+@pytest.mark.parametrize("t", [40, 32])
+def test_amax_both_ways(t):
+    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+    m = _m(t, 128, 1)
+    obs = amax_two_ways(m.to(DEV)).cpu()
+    assert int(obs[0]) == _bits(m.float().abs().amax())
+    assert int(obs[1]) == _bits(_col_ref(m).abs().amax())
+    assert int(amax_two_ways(m.to(DEV), col=False).cpu()[1]) == 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_amax_sees_non_finite(bad):
+    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+    m = _m(24, 64, 2)
+    m[20, 5] = bad
+    obs = amax_two_ways(m.to(DEV)).cpu()
+    assert int(obs[0]) >= 0x7F800000 and int(obs[1]) >= 0x7F800000
+
+
+@pytest.mark.parametrize("dtype,c", [(torch.bfloat16, 128), (torch.float32, 64)])
+def test_x_operands_nearest(dtype, c):
+    """fprop x (1×16, decoded) and RHT(xᵀ) (codes, and decoded) from one read; T % 16 != 0;
+    128 channels: two channel blocks under the interpreter's tile."""
+    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    m = _m(40, c, 3, dtype)
+    md = m.to(DEV)
+    q = quantize_two_ways(md, amax_two_ways(md), row=RowWay(codes=True),
+                          col=ColWay(decoded=True, codes=True))
+    rr, rc = quantize_reference(m), quantize_reference(_col_ref(m))
+    rc.dtype = m.dtype
+    _same_q(q.row_q, rr)
+    _same_bf16(q.row_decoded, decode_to_bf16(rr))
+    _same_q(q.col_q, rc)
+    _same_bf16(q.col_decoded, decode_to_bf16(rc))
+    assert q.col_q.shape == (c, 48) and q.col_decoded.shape == (c, 48)
+    # the reference itself saw subnormal and zero block scales in both ways
+    for r in (rr, rc):
+        s = r.block_scale.view(torch.uint8)
+        assert bool((s == 0).any()) and bool(((s > 0) & (s < 8)).any())
+
+
+def test_dy_operands_stochastic_match_philox_draws():
+    """dgrad dY (1×16, SR) and wgrad RHT(dYᵀ) (SR), decoded, with quantize_triton's Philox
+    draws for the two seeds."""
+    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
+    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    m = _m(40, 64, 4)
+    md = m.to(DEV)
+    q = quantize_two_ways(md, amax_two_ways(md), row=RowWay("stochastic", codes=True),
+                          col=ColWay("stochastic", decoded=True, codes=True), seed_row=1234,
+                          seed_col=987654)
+    mt = _col_ref(m)
+    rr = quantize_reference(m, rounding="stochastic", rand=philox_uniforms(m.shape, 1234))
+    rc = quantize_reference(mt, rounding="stochastic", rand=philox_uniforms(mt.shape, 987654))
+    rc.dtype = m.dtype
+    _same_q(q.row_q, rr)
+    _same_bf16(q.row_decoded, decode_to_bf16(rr))
+    _same_q(q.col_q, rc)
+    _same_bf16(q.col_decoded, decode_to_bf16(rc))
+
+
+def test_weight_16x16_codes_and_decoded():
+    from fullstack_fp4.nvfp4.triton_quantize_decode import RowWay, amax_two_ways, quantize_two_ways
+    w = _m(48, 64, 5)
+    wd = w.to(DEV)
+    q = quantize_two_ways(wd, amax_two_ways(wd, col=False), row=RowWay(tile=(16, 16), codes=True))
+    r = quantize_reference(w, tile=(16, 16))
+    _same_q(q.row_q, r)
+    _same_bf16(q.row_decoded, decode_to_bf16(r))
+    assert q.col_q is None and q.col_decoded is None
+
+
+def test_given_amax_sets_the_tensor_scales():
+    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    m = _m(32, 64, 6)
+    md = m.to(DEV)
+    ga, gb = torch.tensor(80.0), torch.tensor(3.0 * float(_col_ref(m).abs().amax()))
+    q = quantize_two_ways(md, amax_two_ways(md), row=RowWay(), col=ColWay(),
+                          amax_row=ga.to(DEV), amax_col=gb.to(DEV))
+    _same_bf16(q.row_decoded, decode_to_bf16(quantize_reference(m, global_amax=ga)))
+    rc = quantize_reference(_col_ref(m), global_amax=gb)
+    rc.dtype = m.dtype
+    _same_q(q.col_q, rc)
+
+
+@pytest.mark.parametrize("where", ["input_nan", "input_inf", "amax_nan", "amax_negative"])
+def test_non_finite_poisons_tensor_scales_or_raises(where):
+    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    m = _m(32, 64, 7)
+    given = None
+    if where == "input_nan":
+        m[9, 9] = float("nan")
+    elif where == "input_inf":
+        m[9, 9] = float("-inf")
+    else:
+        given = torch.tensor(float("nan") if where == "amax_nan" else -1.0, device=DEV)
+    md = m.to(DEV)
+    obs = amax_two_ways(md)
+    kw = dict(row=RowWay(), col=ColWay(decoded=True), amax_row=given, amax_col=given)
+    q = quantize_two_ways(md, obs, **kw)
+    assert torch.isnan(q.row_scale.cpu()) and torch.isnan(q.col_scale.cpu())
+    assert torch.isnan(q.col_q.dequantize()).all()
+    with pytest.raises(ValueError):
+        quantize_two_ways(md, obs, check_finite=True, **kw)
+
+
+def test_bad_arguments_give_one_clear_error():
+    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    m = _m(24, 64, 8).to(DEV)
+    obs = amax_two_ways(m)
+    with pytest.raises(ValueError, match="seed"):
+        quantize_two_ways(m, obs, col=ColWay("stochastic"))
+    with pytest.raises(ValueError, match="decoded operand, its codes"):
+        quantize_two_ways(m, obs, row=RowWay(decoded=False))
+    with pytest.raises(ValueError, match="16 values"):
+        quantize_two_ways(m, obs, col=ColWay(), rht_signs=(1.0,) * 15)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quantize_two_ways(m, obs, row=RowWay(tile=(16, 16)))
+    with pytest.raises(ValueError, match="2-D"):
+        amax_two_ways(m.reshape(2, 12, 64))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        amax_two_ways(m[:, :40])
+
+
+def test_other_rht_signs():
+    """The signs are compile-time in the kernel: a sign vector other than TE's gives
+    ``hadamard16(pad(m)ᵀ, signs)`` too (amax and codes)."""
+    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, amax_two_ways, quantize_two_ways
+    signs = tuple(float(v) for v in torch.tensor([1, -1] * 8))
+    m = _m(24, 64, 9)
+    md = m.to(DEV)
+    obs = amax_two_ways(md, row=False, rht_signs=signs)
+    mt = hadamard16(F.pad(m.float(), (0, 0, 0, 8)).t(), signs)
+    assert int(obs.cpu()[1]) == _bits(mt.abs().amax())
+    q = quantize_two_ways(md, obs, col=ColWay(), rht_signs=signs)
+    r = quantize_reference(mt)
+    r.dtype = m.dtype
+    _same_q(q.col_q, r)
+
+
+@pytest.mark.parametrize("i64", [False, True])
+def test_int64_offsets_and_element_reads(i64, monkeypatch):
+    """A BF16 view with an odd row stride is read per element instead of as int32 words; the
+    int64 offsets / ``tl.randint4x`` counters (what the host picks past 2^31) give the same bits."""
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
+    monkeypatch.setattr(tqd, "_needs_i64", lambda t, c, stride: i64)
+    big = torch.zeros(24, 81, dtype=torch.bfloat16)
+    big[:, :64] = _m(24, 64, 10)
+    m = big[:, :64]                                   # row stride 81: no word view
+    md = big.to(DEV)[:, :64]
+    assert tqd._x_args(md)[2] is False
+    q = tqd.quantize_two_ways(md, tqd.amax_two_ways(md), row=tqd.RowWay("stochastic", codes=True),
+                              col=tqd.ColWay("stochastic", decoded=True, codes=True),
+                              seed_row=5, seed_col=6)
+    mt = _col_ref(m)
+    rr = quantize_reference(m, rounding="stochastic", rand=philox_uniforms(m.shape, 5))
+    rc = quantize_reference(mt, rounding="stochastic", rand=philox_uniforms(mt.shape, 6))
+    rc.dtype = m.dtype
+    _same_q(q.row_q, rr)
+    _same_bf16(q.row_decoded, decode_to_bf16(rr))
+    _same_q(q.col_q, rc)
+    _same_bf16(q.col_decoded, decode_to_bf16(rc))
