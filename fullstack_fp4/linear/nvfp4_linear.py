@@ -51,11 +51,27 @@ per-step checks the training loop already does (megatron's NaN check on the loss
 quantize (5 per linear per step, ~200 µs each with the pipeline drained).
 ``FULLSTACK_FP4_NAN_CHECK=raise`` restores the per-quantize host check (debugging).
 
-GPU path (see fullstack_fp4/nvfp4/PERF.md): the RHT is fused into the quantize kernel
-(``rht_signs``), the amax for ``amax_reduce`` comes from the kernel's amax pass (of the
-transformed tensor for wgrad), decodes for the emulated GEMM are one Triton pass, and dgrad
-reads W's decoded operand transposed (``nvfp4_matmul_nt``) instead of repacking its nibbles.
-The codes are those of the reference composition, bit for bit.
+GPU path (see fullstack_fp4/nvfp4/PERF.md, "Fused operands"): every operand is built by one
+read of its source in its own layout (``fullstack_fp4.nvfp4.triton_quantize_decode``), after
+one amax pass that gives both of its amaxes:
+
+=========  ===========================================================================
+forward    amax(x) and amax(RHT over tokens of x) in one pass; one kernel reads x and writes
+           the decoded BF16 fprop operand (1×16) and RHT(xᵀ)'s codes (saved, 4-bit) without
+           a transposed copy; one kernel reads W and writes its decoded operand and its 16×16
+           codes (saved for dgrad).
+backward   one amax pass over dY (both amaxes); one kernel reads dY and writes both decoded
+           operands, dY (1×16, SR) for dgrad and RHT(dYᵀ) ``[out, T_pad]`` (SR) for wgrad,
+           neither as codes; the saved W and RHT(xᵀ) codes are decoded (one Triton pass each).
+GEMMs      ``torch.mm`` with FP32 output on the same operand layouts as before, then one
+           Triton pass for ``(acc · ts_a · ts_b) → out dtype`` (``gemm.decoded_matmul``).
+=========  ===========================================================================
+
+Same codes, scales, stochastic-rounding draws (Philox seeds drawn from ``generator`` in the
+same order: dY's, then RHT(dYᵀ)'s) and GEMM calls as the composition
+``quantize`` → ``decode_to_bf16`` → ``nvfp4_matmul``: y, dX and dW are bit-identical to it
+(tests under ``TRITON_INTERPRET=1``). The CPU path is that composition with the reference
+quantizer.
 """
 
 from __future__ import annotations
@@ -67,7 +83,7 @@ import torch
 import torch.nn.functional as F
 
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, quantize
-from fullstack_fp4.nvfp4.gemm import nvfp4_matmul, nvfp4_matmul_nt
+from fullstack_fp4.nvfp4.gemm import decode_to_bf16, decoded_matmul, nvfp4_matmul, nvfp4_matmul_nt
 
 __all__ = ["NVFP4LinearFunction", "nvfp4_linear", "quantize_wgrad_operand"]
 
@@ -77,6 +93,19 @@ AmaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
 def _check_finite(t: torch.Tensor) -> bool:
     """Host NaN check per quantize only off the GPU path (see module docstring)."""
     return not t.is_cuda or os.environ.get("FULLSTACK_FP4_NAN_CHECK", "") == "raise"
+
+
+def _fused_kernels():
+    """The fused-operand kernels (None without Triton)."""
+    try:
+        from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd  # noqa: PLC0415
+    except ImportError:
+        return None
+    return tqd
+
+
+def _use_fused(t: torch.Tensor) -> bool:
+    return t.is_cuda and _fused_kernels() is not None
 
 
 def _amax(t: torch.Tensor, rht_signs) -> torch.Tensor:
@@ -103,7 +132,18 @@ def _quantize(t: torch.Tensor, amax_reduce: AmaxReduce, rht_signs=None, **kw) ->
 
 def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
                            amax_reduce: AmaxReduce = None) -> NVFP4Tensor:
-    """``[T, C]`` -> NVFP4 of ``RHT16(pad(m)ᵀ)``, shape ``[C, T_pad]``, quantized along tokens."""
+    """``[T, C]`` -> NVFP4 of ``RHT16(pad(m)ᵀ)``, shape ``[C, T_pad]``, quantized along tokens.
+
+    CUDA: :mod:`fullstack_fp4.nvfp4.triton_quantize_decode` reads ``m`` in place (no transposed
+    copy): one amax pass, then the codes; same amax_reduce call and seed draw, same bits."""
+    if _use_fused(m):
+        tqd = _fused_kernels()
+        obs = tqd.amax_two_ways(m, row=False, col=True)
+        gamax = amax_reduce(obs.view(torch.float32)[1]) if amax_reduce is not None else None
+        seed = tqd.draw_seed(generator) if rounding == "stochastic" else None
+        return tqd.quantize_two_ways(m, obs, col=tqd.ColWay(rounding, decoded=False, codes=True),
+                                     amax_col=gamax, seed_col=seed,
+                                     check_finite=_check_finite(m)).col_q
     t = m.shape[0]
     pad = (-t) % 16
     if pad:
@@ -123,6 +163,86 @@ def _unpack(tensors, meta) -> NVFP4Tensor:
     return NVFP4Tensor(*tensors, *meta)
 
 
+def _composed_forward(x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype,
+                      need_dx: bool, need_dw: bool, amax_reduce: AmaxReduce):
+    """CPU / reference path of the forward (the composition the GPU path reproduces)."""
+    qx = _quantize(x2, amax_reduce, tile=(1, 16), rounding="nearest")
+    qw = _quantize(weight, amax_reduce, tile=(16, 16), rounding="nearest")
+    y = nvfp4_matmul(qx, qw, out_dtype=out_dtype)
+    qxt = quantize_wgrad_operand(x2, rounding="nearest", amax_reduce=amax_reduce) if need_dw else None
+    return y, (qw if need_dx else None), qxt
+
+
+def _composed_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
+                       x_dtype: torch.dtype, w_dtype: torch.dtype, generator,
+                       amax_reduce: AmaxReduce):
+    """CPU / reference path of the backward: dX from dY (1×16, SR) and W's saved 16×16 codes
+    (read transposed), dW from RHT(dYᵀ) (SR) and RHT(xᵀ)'s saved codes."""
+    dx = dw = None
+    if qw is not None:
+        qdy = _quantize(dy2, amax_reduce, tile=(1, 16), rounding="stochastic", generator=generator)
+        dx = nvfp4_matmul_nt(qdy, qw, out_dtype=x_dtype)
+    if qxt is not None:
+        qdyt = quantize_wgrad_operand(dy2, rounding="stochastic", generator=generator,
+                                      amax_reduce=amax_reduce)
+        dw = nvfp4_matmul(qdyt, qxt, out_dtype=w_dtype)
+    return dx, dw
+
+
+def _fused_forward(x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, need_dx: bool,
+                   need_dw: bool, amax_reduce: AmaxReduce):
+    """GPU path of the forward: ``(y [T, out], W's 16×16 codes or None, RHT(xᵀ)'s codes or
+    None)``. amax_reduce is called on x's, W's, then RHT(xᵀ)'s amax (the reference order)."""
+    tqd = _fused_kernels()
+    check = _check_finite(x2)
+    obs_x = tqd.amax_two_ways(x2, row=True, col=need_dw)
+    obs_w = tqd.amax_two_ways(weight, row=True, col=False)
+    g_x = g_w = g_xt = None
+    if amax_reduce is not None:
+        g_x = amax_reduce(obs_x.view(torch.float32)[0])
+        g_w = amax_reduce(obs_w.view(torch.float32)[0])
+        if need_dw:
+            g_xt = amax_reduce(obs_x.view(torch.float32)[1])
+    qx = tqd.quantize_two_ways(x2, obs_x, row=tqd.RowWay("nearest"),
+                               col=tqd.ColWay("nearest") if need_dw else None,
+                               amax_row=g_x, amax_col=g_xt, check_finite=check)
+    qw = tqd.quantize_two_ways(weight, obs_w, row=tqd.RowWay("nearest", (16, 16), codes=need_dx),
+                               amax_row=g_w, check_finite=check)
+    y = decoded_matmul(qx.row_decoded, qw.row_decoded.t(), qx.row_scale, qw.row_scale, out_dtype)
+    return y, qw.row_q, qx.col_q
+
+
+def _fused_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
+                    x_dtype: torch.dtype, w_dtype: torch.dtype, generator, amax_reduce: AmaxReduce):
+    """GPU path of the backward: ``(dX [T, in] or None, dW [out, in] or None)`` from the saved
+    codes (``qw`` for dX, ``qxt`` for dW). Per way in this order: amax_reduce, then the SR seed
+    from ``generator`` (dY's way, then RHT(dYᵀ)'s), as the composed path draws them."""
+    tqd = _fused_kernels()
+    need_dx, need_dw = qw is not None, qxt is not None
+    if not (need_dx or need_dw):
+        return None, None
+    obs = tqd.amax_two_ways(dy2, row=need_dx, col=need_dw)
+    g_row = g_col = seed_row = seed_col = None
+    if need_dx:
+        g_row = amax_reduce(obs.view(torch.float32)[0]) if amax_reduce is not None else None
+        seed_row = tqd.draw_seed(generator)
+    if need_dw:
+        g_col = amax_reduce(obs.view(torch.float32)[1]) if amax_reduce is not None else None
+        seed_col = tqd.draw_seed(generator)
+    q = tqd.quantize_two_ways(
+        dy2, obs, row=tqd.RowWay("stochastic") if need_dx else None,
+        col=tqd.ColWay("stochastic", decoded=True, codes=False) if need_dw else None,
+        amax_row=g_row, amax_col=g_col, seed_row=seed_row, seed_col=seed_col,
+        check_finite=_check_finite(dy2))
+    dx = dw = None
+    if need_dx:
+        dx = decoded_matmul(q.row_decoded, decode_to_bf16(qw), q.row_scale, qw.tensor_scale, x_dtype)
+    if need_dw:
+        dw = decoded_matmul(q.col_decoded, decode_to_bf16(qxt).t(), q.col_scale, qxt.tensor_scale,
+                            w_dtype)
+    return dx, dw
+
+
 class NVFP4LinearFunction(torch.autograd.Function):
     """``y = x Wᵀ + b`` with NVFP4 fprop, dgrad and wgrad (see module docstring)."""
 
@@ -132,19 +252,17 @@ class NVFP4LinearFunction(torch.autograd.Function):
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
         x2 = x.reshape(-1, in_f)
-        qx = _quantize(x2, amax_reduce, tile=(1, 16), rounding="nearest")
-        qw = _quantize(weight, amax_reduce, tile=(16, 16), rounding="nearest")
-        y = nvfp4_matmul(qx, qw, out_dtype=x.dtype)
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        forward = _fused_forward if _use_fused(x2) else _composed_forward
+        y, qw, qxt = forward(x2, weight, x.dtype, need_dx, need_dw, amax_reduce)
         if bias is not None:
             y = y + bias.to(y.dtype)
 
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved, ctx.meta = [], {}
         if need_dx:
             tw, ctx.meta["w"] = _pack(qw)
             saved += tw
         if need_dw:
-            qxt = quantize_wgrad_operand(x2, rounding="nearest", amax_reduce=amax_reduce)
             tx, ctx.meta["xt"] = _pack(qxt)
             saved += tx
         ctx.save_for_backward(*saved)
@@ -157,20 +275,17 @@ class NVFP4LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         saved = list(ctx.saved_tensors)
-        out_f = grad_out.shape[-1]
-        dy2 = grad_out.reshape(-1, out_f)
-        gen, red = ctx.generator, ctx.amax_reduce
-        dx = dw = db = None
+        dy2 = grad_out.reshape(-1, grad_out.shape[-1])
+        qw = qxt = None
         if "w" in ctx.meta:
-            qw = _unpack(saved[:3], ctx.meta["w"])
-            saved = saved[3:]
-            qdy = _quantize(dy2, red, tile=(1, 16), rounding="stochastic", generator=gen)
-            dx = nvfp4_matmul_nt(qdy, qw, out_dtype=ctx.x_dtype).reshape(ctx.x_shape)
+            qw, saved = _unpack(saved[:3], ctx.meta["w"]), saved[3:]
         if "xt" in ctx.meta:
             qxt = _unpack(saved[:3], ctx.meta["xt"])
-            qdyt = quantize_wgrad_operand(dy2, rounding="stochastic", generator=gen,
-                                          amax_reduce=red)
-            dw = nvfp4_matmul(qdyt, qxt, out_dtype=ctx.w_dtype)
+        backward = _fused_backward if _use_fused(dy2) else _composed_backward
+        dx, dw = backward(dy2, qw, qxt, ctx.x_dtype, ctx.w_dtype, ctx.generator, ctx.amax_reduce)
+        if dx is not None:
+            dx = dx.reshape(ctx.x_shape)
+        db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(dim=0).to(ctx.bias_dtype)
         return dx, dw, db, None, None

@@ -1,0 +1,177 @@
+"""The NVFP4 linear's GPU path (fused operands) gives the reference composition's y, dX, dW bit for bit.
+
+Oracle: each operand quantized by ``quantize_reference`` (RHT operands: ``hadamard16`` of the
+zero-padded transpose), stochastic rounding fed the uniforms ``philox_uniforms`` dumps for the
+seeds the path must draw (``torch.randint(0, 2**31 - 1, (1,), generator=g)``, dY's first, then
+RHT(dYᵀ)'s: what ``quantize_triton`` draws on the composed path), multiplied by
+``nvfp4_matmul`` / ``nvfp4_matmul_nt`` with the same operand layouts. On CPU the GEMM is an FP32
+``torch.mm`` of the same values in the same layouts, so equality is exact.
+
+The GPU path is selected for CUDA tensors only; on CPU (``TRITON_INTERPRET=1``) the tests call
+it directly, and once through the autograd function with the dispatch forced.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16, quantize_reference
+from fullstack_fp4.nvfp4.gemm import nvfp4_matmul, nvfp4_matmul_nt
+
+# the package re-exports the function ``nvfp4_linear``, which shadows the submodule's name
+lin = importlib.import_module("fullstack_fp4.linear.nvfp4_linear")
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+pytestmark = pytest.mark.skipif(not (_INTERPRET or torch.cuda.is_available()),
+                                reason="needs CUDA or TRITON_INTERPRET=1")
+DEV = "cuda" if (torch.cuda.is_available() and not _INTERPRET) else "cpu"
+
+
+def _data(t, fin, fout, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(t, fin, generator=g) * torch.logspace(-1, 1, fin)).bfloat16()
+    w = (torch.randn(fout, fin, generator=g) / fin ** 0.5).bfloat16()
+    dy = torch.randn(t, fout, generator=g).bfloat16()
+    return x, w, dy
+
+
+def _rht_t(m):
+    return hadamard16(F.pad(m.float(), (0, 0, 0, (-m.shape[0]) % 16)).t(), DEFAULT_SIGNS)
+
+
+def _seeds(gen_seed, n):
+    g = torch.Generator().manual_seed(gen_seed)
+    return [int(torch.randint(0, 2**31 - 1, (1,), generator=g).item()) for _ in range(n)]
+
+
+def _oracle(x, w, dy, seeds, scale=None):
+    """y, dX, dW and the saved codes by the reference composition (``scale``: the factor an
+    amax_reduce applies to every amax)."""
+    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
+
+    def q(m, **kw):
+        if scale is not None:
+            kw["global_amax"] = scale * m.float().abs().amax()
+        return quantize_reference(m, **kw)
+
+    qx, qw = q(x), q(w, tile=(16, 16))
+    xt, dyt = _rht_t(x), _rht_t(dy)
+    qxt = q(xt)
+    qdy = q(dy, rounding="stochastic", rand=philox_uniforms(dy.shape, seeds[0]))
+    qdyt = q(dyt, rounding="stochastic", rand=philox_uniforms(dyt.shape, seeds[1]))
+    y = nvfp4_matmul(qx, qw, out_dtype=x.dtype)
+    dx = nvfp4_matmul_nt(qdy, qw, out_dtype=x.dtype)
+    dw = nvfp4_matmul(qdyt, qxt, out_dtype=w.dtype)
+    return y, dx, dw, qw, qxt
+
+
+def _eq(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a.cpu().view(torch.int16), b.cpu().view(torch.int16))
+
+
+def _eq_q(a, b):
+    assert torch.equal(a.data.cpu(), b.data.cpu())
+    assert torch.equal(a.block_scale.cpu().view(torch.uint8), b.block_scale.cpu().view(torch.uint8))
+    assert int(a.tensor_scale.cpu().view(torch.int32)) == int(b.tensor_scale.cpu().view(torch.int32))
+
+
+def test_fused_forward_backward_bit_identical_to_reference_composition():
+    # T = 40: the wgrad token blocks are zero-padded to 48.
+    x, w, dy = _data(40, 64, 48, 0)
+    y, qw, qxt = lin._fused_forward(x.to(DEV), w.to(DEV), x.dtype, True, True, None)
+    dx, dw = lin._fused_backward(dy.to(DEV), qw, qxt, x.dtype, w.dtype,
+                                 torch.Generator().manual_seed(11), None)
+    ry, rdx, rdw, rqw, rqxt = _oracle(x, w, dy, _seeds(11, 2))
+    _eq_q(qw, rqw)
+    _eq_q(qxt, rqxt)
+    _eq(y, ry)
+    _eq(dx, rdx)
+    _eq(dw, rdw)
+
+
+def test_fused_path_only_what_is_needed_and_amax_reduce_order():
+    x, w, dy = _data(32, 64, 32, 1)
+    seen = []
+
+    def reduce(a):
+        seen.append(int(a.float().view(torch.int32)))
+        return a * 2
+
+    def bits(v):
+        return int(v.float().abs().amax().view(torch.int32))
+
+    y, qw, qxt = lin._fused_forward(x.to(DEV), w.to(DEV), x.dtype, True, True, reduce)
+    dx, dw = lin._fused_backward(dy.to(DEV), qw, qxt, x.dtype, w.dtype,
+                                 torch.Generator().manual_seed(3), reduce)
+    # x, W, RHT(xᵀ) in the forward; dY, RHT(dYᵀ) in the backward: the composed path's order
+    assert seen == [bits(x), bits(w), bits(_rht_t(x)), bits(dy), bits(_rht_t(dy))]
+    ry, rdx, rdw, _, _ = _oracle(x, w, dy, _seeds(3, 2), scale=2.0)
+    _eq(y, ry)
+    _eq(dx, rdx)
+    _eq(dw, rdw)
+    # no weight gradient wanted: RHT(xᵀ) is not quantized, dY draws only its own seed
+    y2, qw2, qxt2 = lin._fused_forward(x.to(DEV), w.to(DEV), x.dtype, True, False, None)
+    assert qxt2 is None and qw2 is not None
+    dx2, dw2 = lin._fused_backward(dy.to(DEV), qw2, None, x.dtype, w.dtype,
+                                   torch.Generator().manual_seed(3), None)
+    assert dw2 is None
+    _eq(dx2, _oracle(x, w, dy, _seeds(3, 2))[1])
+
+
+def test_autograd_function_on_the_fused_path(monkeypatch):
+    """The Function's wiring (saved codes, megatron [s, b, h] shapes, bias) with the GPU path."""
+    monkeypatch.setattr(lin, "_use_fused", lambda t: True)
+    x, w, dy = _data(48, 64, 32, 2)
+    b = torch.randn(32, generator=torch.Generator().manual_seed(5)).bfloat16()
+    xx = x.reshape(6, 8, 64).to(DEV).requires_grad_()
+    ww, bb = w.to(DEV).requires_grad_(), b.to(DEV).requires_grad_()
+    out = lin.nvfp4_linear(xx, ww, bb, generator=torch.Generator().manual_seed(8))
+    out.backward(dy.reshape(6, 8, 32).to(DEV))
+    ry, rdx, rdw, _, _ = _oracle(x, w, dy, _seeds(8, 2))
+    _eq(out.detach().reshape(48, 32), ry + b)
+    _eq(xx.grad.reshape(48, 64), rdx)
+    _eq(ww.grad, rdw)
+    assert torch.equal(bb.grad.cpu(), dy.float().sum(0).bfloat16())
+
+
+@pytest.mark.parametrize("where", ["x", "dy"])
+def test_fused_path_nan_propagates_without_raising(where, monkeypatch):
+    x, w, dy = _data(32, 64, 32, 4)
+    if where == "x":
+        x[5, 7] = float("nan")
+    else:
+        dy[5, 7] = float("nan")
+    step = (lin._fused_forward if where == "x" else lin._fused_backward)
+    with pytest.raises(ValueError, match="NaN or Inf"):   # CPU / FULLSTACK_FP4_NAN_CHECK=raise
+        if where == "x":
+            step(x.to(DEV), w.to(DEV), x.dtype, True, True, None)
+        else:
+            q = lin._fused_forward(x.to(DEV), w.to(DEV), x.dtype, True, True, None)
+            step(dy.to(DEV), q[1], q[2], x.dtype, w.dtype, None, None)
+    monkeypatch.setattr(lin, "_check_finite", lambda t: False)   # the CUDA default: no sync
+    y, qw, qxt = lin._fused_forward(x.to(DEV), w.to(DEV), x.dtype, True, True, None)
+    dx, dw = lin._fused_backward(dy.to(DEV), qw, qxt, x.dtype, w.dtype, None, None)
+    if where == "x":
+        assert torch.isnan(y.float()).all() and torch.isnan(dw.float()).all()
+        assert not torch.isnan(dx.float()).any()
+    else:
+        assert not torch.isnan(y.float()).any()
+        assert torch.isnan(dx.float()).all() and torch.isnan(dw.float()).all()
+
+
+def test_wgrad_operand_public_function_on_the_fused_path(monkeypatch):
+    monkeypatch.setattr(lin, "_use_fused", lambda t: True)
+    x, _, dy = _data(40, 64, 48, 6)
+    _eq_q(lin.quantize_wgrad_operand(x.to(DEV), rounding="nearest"), quantize_reference(_rht_t(x)))
+    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
+    q = lin.quantize_wgrad_operand(dy.to(DEV), rounding="stochastic",
+                                   generator=torch.Generator().manual_seed(9))
+    dyt = _rht_t(dy)
+    _eq_q(q, quantize_reference(dyt, rounding="stochastic",
+                                rand=philox_uniforms(dyt.shape, _seeds(9, 1)[0])))
+    assert q.shape == (48, 48) and q.dtype == torch.bfloat16
