@@ -302,7 +302,9 @@ def main(argv=None):
         kw = _kw(kw)
         ga = amax_t if "rht_signs" in kw else amax
         add(f"{name}, amax pass", lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B,
-            "kernels only", graph=True)
+            "kernels only, the default kernel", graph=True)
+        add(f"{name}, amax pass, eo kernels", lambda kw=kw: q(x, check_finite=False, legacy=False, **kw),
+            TWO_PASS_B, "eo form", graph=True)
         add(f"{name}, amax pass", lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B,
             "as called, no NaN check")
         add(f"{name}, amax pass, legacy kernels", lambda kw=kw: q(x, check_finite=False, legacy=True, **kw),
@@ -310,7 +312,10 @@ def main(argv=None):
         add(f"{name}, amax pass + NaN check", lambda kw=kw: q(x, **kw), TWO_PASS_B,
             "what callers get by default (1 host sync)")
         add(f"{name}, global_amax given", lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, **kw),
-            MIN_B, "single read", graph=True)
+            MIN_B, "single read, the default kernel", graph=True)
+        add(f"{name}, global_amax given, eo kernels",
+            lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, legacy=False, **kw),
+            MIN_B, "eo form", graph=True)
         add(f"{name}, global_amax given, legacy kernels",
             lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, legacy=True, **kw),
             MIN_B, "before/after baseline", graph=True)

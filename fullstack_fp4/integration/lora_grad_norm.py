@@ -32,7 +32,13 @@ below what the choice of a clip threshold resolves. Using ``β·g`` instead of `
 weighting a per-element scale, which also works on the distributed optimizer's flat shards
 (where a shard holds a slice of L1's rows and ``R`` mixes rows).
 
-`fp4.lora_svd.clip_dense_norm: false` turns this off (the parameter-gradient norm, as before).
+Measured, and why it is off by default (`fp4.lora_svd.clip_dense_norm: false`): on the H200
+ablation model (BENCHMARKS.md §0, run9) LoRA-SVD with the dense-norm clip ended at +3.18%
+validation loss against BF16, against +2.41% with the parameter-gradient norm (run7; the BF16
+baselines of the two runs agree to 0.02%). Clipping harder helped this recipe: it is the more
+sensitive one to large steps (the CPU runs of docs/lora-svd.md showed the same without any
+clipping). So the hypothesis that the inflated norm caused the gap is rejected; the option
+stays for experiments, and the default keeps megatron's parameter-gradient norm.
 """
 from __future__ import annotations
 

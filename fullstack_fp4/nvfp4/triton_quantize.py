@@ -1012,7 +1012,7 @@ def quantize_triton(
     generator: Optional[torch.Generator] = None,
     config: Optional[tuple] = None,
     check_finite: bool = True,
-    legacy: bool = False,
+    legacy: Optional[bool] = None,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (BF16/FP16/FP32, any leading dims, contiguous last dim K % 16 == 0) to NVFP4.
 
@@ -1034,10 +1034,16 @@ def quantize_triton(
         meaningless. Finite inputs give bit-identical results either way.
     Host numbers as ``global_amax`` are passed by value (no H2D copy, no sync); a CUDA tensor
     is read on the device.
-    legacy: run the previous kernels (one block a thread, select ladders; bit-identical output)
-        instead of the eo-form ones: the benchmark's before/after baseline.
+    legacy: True runs the previous kernels (one block a thread, select ladders), False the
+        eo-form ones; both give bit-identical output. None (default): the one measured faster
+        for the mode on the H200 (BENCHMARKS.md, 8192² BF16 with the amax pass, CUDA graph):
+        legacy for nearest rounding with the 6 rule (152 vs 210 µs 1×16, 146 vs 211 16×16,
+        169 vs 212 with RHT), eo for stochastic rounding (187 vs 209; 195 vs 232 with RHT)
+        and for 4/6 (164 vs 271).
     """
     tile, rows, k = _check_input(x, tile, rounding, scale_rule)
+    if legacy is None:
+        legacy = rounding == "nearest" and scale_rule == "6"
     dev = x.device
     nblk = k // 16
     stochastic = rounding == "stochastic"

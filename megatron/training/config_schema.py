@@ -92,7 +92,7 @@ class LoRASVDConfig:
     realign_interval: int = 2048  # re-split W by randomized SVD every N steps
     oversample: int = 8  # randomized SVD oversampling
     power_iters: int = 2  # randomized SVD power iterations
-    clip_dense_norm: bool = True  # grad clipping / logged grad norm use beta*g_L1, the dense gradient's norm (docs/lora-svd.md)
+    clip_dense_norm: bool = False  # true: grad clipping / logged grad norm use beta*g_L1, the dense gradient's norm (measured worse, docs/lora-svd.md)
 
 
 @dataclass

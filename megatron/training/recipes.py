@@ -78,8 +78,9 @@ def convert_optimizer(optimizer, cfg, model_chunks) -> None:
 
 
 def configure_grad_norm(optimizer, cfg, model_chunks) -> None:
-    """LoRA-SVD: clip (and log) by the norm of the dense-equivalent gradient, not of the routed
-    factor gradients (fullstack_fp4/integration/lora_grad_norm.py)."""
+    """LoRA-SVD with `fp4.lora_svd.clip_dense_norm`: clip (and log) by the norm of the
+    dense-equivalent gradient, not of the routed factor gradients
+    (fullstack_fp4/integration/lora_grad_norm.py). Off by default: measured worse."""
     if cfg.fp4.linear == "lora_svd" and cfg.fp4.lora_svd.clip_dense_norm:
         from fullstack_fp4.integration.lora_grad_norm import clip_by_dense_norm
 

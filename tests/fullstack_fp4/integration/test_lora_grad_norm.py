@@ -3,7 +3,7 @@
 Oracle: the BF16-spec model with the same seed has exactly the same initial weights as the
 LoRA-SVD model's merged weights (fp32 run; test_lora_svd_megatron checks that), so with exact
 (unquantized) matmuls its megatron grad norm on the same batch is ‖G‖ of the dense model — what
-the LoRA-SVD model must report with `clip_dense_norm` on. Off, the norm is the parameter-gradient
+the LoRA-SVD model must report with `clip_dense_norm` on. Off (the default), the norm is the parameter-gradient
 norm ‖g_Wres‖² + ‖g_L1‖², which counts the in-subspace part 1/β times.
 """
 from __future__ import annotations
@@ -53,12 +53,13 @@ def _l1_sq_norm(t):
 
 def test_clip_norm_is_the_dense_gradient_norm():
     dense = _norm_after_backward(_trainer())
-    on = _trainer(*LORA)
+    on = _trainer(*LORA, "fp4.lora_svd.clip_dense_norm=true")
     n_on = _norm_after_backward(on)
     # fp32 factors: L2 orthonormal to fp32 rounding, so R = I and the weighting is exact
     assert math.isclose(n_on, dense, rel_tol=2e-4), (n_on, dense)
 
-    off = _trainer(*LORA, "fp4.lora_svd.clip_dense_norm=false")
+    off = _trainer(*LORA)  # the default: megatron's parameter-gradient norm
+    assert off.cfg.fp4.lora_svd.clip_dense_norm is False
     n_off = _norm_after_backward(off)
     beta = off.cfg.fp4.lora_svd.beta
     l1 = _l1_sq_norm(off)
@@ -87,7 +88,7 @@ def test_weighting_reaches_the_main_params_of_every_wrapper(extra):
     from fullstack_fp4.integration.lora_grad_norm import _wrappers
     from fullstack_fp4.integration.lora_svd_layers import lora_svd_modules
 
-    t = _trainer(*LORA, *extra)
+    t = _trainer(*LORA, "fp4.lora_svd.clip_dense_norm=true", *extra)
     _norm_after_backward(t)
     beta = t.cfg.fp4.lora_svd.beta
     l1 = sum(float(m.lora_l1.main_grad.double().pow(2).sum()) for _, m in lora_svd_modules([t.model]))
