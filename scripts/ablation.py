@@ -390,9 +390,11 @@ def main(argv=None) -> int:
             break
         except (OSError, ValueError, KeyError):
             pass
-    # a copy without .git (the GPU machine) names its commit in FULLSTACK_COMMIT
-    commit = (subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-              or os.environ.get("FULLSTACK_COMMIT", "unknown"))
+    # FULLSTACK_COMMIT, when set, wins: a `git archive` copy run inside an older checkout (the GPU
+    # machine's) would otherwise report the enclosing checkout's HEAD (it did: run11 said 8d4929b)
+    commit = (os.environ.get("FULLSTACK_COMMIT")
+              or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=REPO).stdout.strip() or "unknown")
     m = cfg.model
     header = {"model": f"{m.num_layers} layers, hidden {m.hidden_size}, FFN {m.ffn_hidden_size}, "
                        f"{m.num_attention_heads} heads / {m.num_query_groups} KV groups, seq {m.seq_length}",
