@@ -39,7 +39,8 @@ def sample_indices(n_total: int, n: int, generator: Optional[torch.Generator]) -
 _AMAX_CHUNK = 1 << 24      # FP32 elements per pass of rht16_tokens_amax (64 MiB per temporary)
 
 
-def rht16_tokens_amax(m: torch.Tensor, *, chunk_elems: int = _AMAX_CHUNK) -> torch.Tensor:
+def rht16_tokens_amax(m: torch.Tensor, *, chunk_elems: int = _AMAX_CHUNK,
+                      kernel: Optional[bool] = None) -> torch.Tensor:
     """``hadamard16(pad(m)ᵀ, DEFAULT_SIGNS).abs().amax()`` of ``m [T, C]`` (any float dtype, or
     ``[..., C]`` flattened to tokens), without the FP32 copy of ``m``, the padding copy, the
     transpose or the full transformed tensor: ``m`` is viewed as ``[T/16, 16, C]`` and the
@@ -51,9 +52,23 @@ def rht16_tokens_amax(m: torch.Tensor, *, chunk_elems: int = _AMAX_CHUNK) -> tor
     ``max(|fl(a + b)|, |fl(a − b)|) = fl(|a| + |b|)`` (round-to-nearest is symmetric and
     monotone), so the maximum is the same number. The zero tokens of the padding are
     zero-filled in a separate ``[16, C]`` tail (only when ``T % 16``).
+
+    ``kernel`` (default: on CUDA tensors): the NVFP4 linear's own one-read Triton pass
+    (:func:`fullstack_fp4.nvfp4.triton_quantize_decode.amax_two_ways`, the column way only),
+    which computes the same FP32 butterflies and takes the max on the FP32 bits: the same number,
+    without the chunked torch passes and their FP32 temporaries — the largest GPU cost of the
+    linears' telemetry step (BENCHMARKS.md §0.2). Needs bf16/fp16/fp32 and C % 16 == 0, else the
+    torch path runs.
     """
     m2 = m.detach().reshape(-1, m.shape[-1])
     t, c = m2.shape
+    if kernel is None:
+        kernel = m2.is_cuda
+    if kernel and c % 16 == 0 and t > 0 and m2.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+
+        # the kernel's RHT is ``hadamard16``'s (× signs, butterflies, × ¼): the amax itself
+        return amax_two_ways(m2, row=False, col=True).view(torch.float32)[1].clone()
     s = rht_signs_on(m2.device).view(1, 16, 1)
     amax = torch.zeros((), dtype=torch.float32, device=m2.device)
 

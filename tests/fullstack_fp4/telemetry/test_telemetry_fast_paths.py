@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import math
 
+import os
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -63,6 +65,21 @@ def test_rht16_tokens_amax_is_the_reference_amax_bit_for_bit(shape, dtype, chunk
     want = hadamard16(_operand(m), DEFAULT_SIGNS).abs().amax()
     got = rs.rht16_tokens_amax(m, chunk_elems=chunk)
     assert got.dtype == torch.float32 and torch.equal(got, want), (float(got), float(want))
+
+
+@pytest.mark.parametrize("shape,dtype", [((40, 32), torch.float32), ((123, 48), torch.bfloat16),
+                                         ((4, 8, 32), torch.bfloat16), ((64, 16), torch.float16)])
+def test_rht16_tokens_amax_kernel_path_is_the_reference_amax_bit_for_bit(shape, dtype):
+    # the Triton pass CUDA tensors take (here under TRITON_INTERPRET=1 on CPU tensors)
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("the Triton path needs a GPU or TRITON_INTERPRET=1")
+    dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    m = _wide(shape, 5, dtype) if dtype != torch.float16 else torch.randn(shape).to(dtype)
+    want = hadamard16(_operand(m), DEFAULT_SIGNS).abs().amax()
+    got = rs.rht16_tokens_amax(m.to(dev), kernel=True)
+    assert got.dtype == torch.float32 and got.dim() == 0
+    assert torch.equal(got.cpu(), want), (float(got), float(want))
+    assert torch.equal(got.cpu(), rs.rht16_tokens_amax(m, kernel=False))
 
 
 def test_rht16_tokens_amax_reads_m_in_place():
