@@ -11,7 +11,7 @@ reads any strides, so ``X`` quantized along dim 0 (the operand of ``B'·X``) is 
 written directly in ``X``'s layout, ready for a plain NN GEMM.
 
 Numerics are the project contract (docs/nvfp4-format.md, RTN, 1×16, 6-rule): the E4M3 and E2M1
-rounding helpers are imported from ``fullstack_fp4.nvfp4.triton_quantize`` (bit-exact with the
+rounding helpers are imported from ``fullstack_fp4.nvfp4.triton_quantize_jit`` (bit-exact with the
 reference there), the tensor scale follows the reference's FP32 order. So
 ``decoded · tensor_scale == quantize(x).dequantize()`` bit for bit (tested under
 TRITON_INTERPRET=1), and ``decoded_matmul`` equals ``nvfp4_matmul`` up to accumulation order.
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_quantize import FP32_MAX, INV6, _e2m1_code, _e4m3_rne
+from fullstack_fp4.nvfp4.triton_quantize_jit import FP32_MAX, INV6, _e2m1_code, _e4m3_rne
 
 __all__ = ["quantize_decode", "decoded_matmul", "decoded_matmul_unscaled", "abs_max"]
 

@@ -1,0 +1,347 @@
+"""The kernels of triton_quantize_decode.py (one read of ``m [T, C]``, both ways) and their
+``@triton.jit`` helpers: ``_amax_two_ways_kernel`` (max |m| and max |RHT16 along tokens of
+pad(m)| in one pass) and ``_quantize_two_ways_kernel`` (the row way and the column way of one
+16-token tile, decoded BF16 and/or codes). The math, the layouts and the Philox counters are
+in triton_quantize_decode.py's docstring; the rounding arithmetic is triton_quantize_jit.py's.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
+
+from .triton_quantize_jit import (INV6, NAN_BITS, _bf16w_to_f32, _candidate_fast, _e2m1_rne_val,
+                                  _nib_rne, _nib_sr, _philox10, _tensor_scales)
+
+
+
+# ----------------------------------------------------------------------------- jit helpers
+# A token row of a tile is held in "eo" form (triton_quantize's): four [NB, 4] FP32 tensors
+# e0, o0, e1, o1 = elements 2q, 2q+1 (low half) and 8+2q, 9+2q (high half) of each block; the
+# lane of (block, q) holds those four channels for all 16 tokens. A 16-tuple over the tokens of
+# one of the four tensors is a "channel group" of the column way.
+@triton.jit
+def _row_mask(cmask, t, T):
+    """``cmask & (t < T)`` for a scalar token t, broadcast explicitly (the interpreter rejects
+    a load mask made by broadcasting a scalar comparison; the compiler folds the ``0 ·``)."""
+    return cmask & ((cmask.to(tl.int32) * 0 + t) < T)
+
+
+@triton.jit
+def _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW: tl.constexpr, I64: tl.constexpr):
+    """The 16 token rows of token block ``tb`` as four 16-tuples (e0, o0, e1, o1) of FP32
+    ``[NB, 4]`` (tokens past ``T`` and channels past C load as 0: the column way's zero padding).
+    XW: ``x_ptr`` is BF16 viewed as int32 words (``stride_t`` in words): one word = (e, o)."""
+    E0 = ()
+    O0 = ()
+    E1 = ()
+    O1 = ()
+    for i in tl.static_range(16):
+        t = tb * 16 + i
+        m = _row_mask(cmask, t, T)
+        if I64:
+            roff = t.to(tl.int64) * stride_t
+        else:
+            roff = t * stride_t
+        if XW:
+            p = x_ptr + roff + (blk * 8)[:, None] + q[None, :]
+            e0, o0 = _bf16w_to_f32(tl.load(p, mask=m, other=0))
+            e1, o1 = _bf16w_to_f32(tl.load(p + 4, mask=m, other=0))
+        else:
+            p = (x_ptr + roff + (blk * 16)[:, None, None] + 2 * q[None, :, None]
+                 + tl.arange(0, 2)[None, None, :])
+            m3 = m[:, :, None]
+            e0, o0 = tl.split(tl.load(p, mask=m3, other=0.0).to(tl.float32))
+            e1, o1 = tl.split(tl.load(p + 8, mask=m3, other=0.0).to(tl.float32))
+        E0 = E0 + (e0,)
+        O0 = O0 + (o0,)
+        E1 = E1 + (e1,)
+        O1 = O1 + (o1,)
+    return E0, O0, E1, O1
+
+
+@triton.jit
+def _rht16_tokens(v, SIGNS: tl.constexpr):
+    """hadamard16 along the tuple (the 16 tokens of a block): × signs, strides 1, 2, 4, 8, × ¼.
+    ``SIGNS`` has bit i set where s_i = −1: ``x · (−1)`` is written ``−x`` (the same value, an
+    exact negation), which the compiler folds into the first butterfly's adds."""
+    s = ()
+    for i in tl.static_range(16):
+        if ((SIGNS >> i) & 1) != 0:
+            s = s + (-v[i],)
+        else:
+            s = s + (v[i],)
+    for k in tl.static_range(4):
+        o = ()
+        for i in tl.static_range(16):
+            if (i & (1 << k)) == 0:
+                o = o + (s[i] + s[i + (1 << k)],)
+            else:
+                o = o + (s[i - (1 << k)] - s[i],)
+        s = o
+    o = ()
+    for i in tl.static_range(16):
+        o = o + (s[i] * 0.25,)
+    return o
+
+
+@triton.jit
+def _abs_max_tuple(v):
+    a = tl.abs(v[0])
+    for i in tl.static_range(1, 16):
+        a = tl.maximum(a, tl.abs(v[i]))
+    return a
+
+
+@triton.jit
+def _bits_max_tuple(v):
+    a = v[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    for i in tl.static_range(1, 16):
+        a = tl.maximum(a, v[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    return tl.max(tl.max(a, 1), 0)
+
+
+@triton.jit
+def _stack8(v):
+    """8-tuple of ``[NB, 4]`` (index k) -> ``[NB, 4, 8]`` with k on the last axis (in-thread)."""
+    b = ()
+    for k in tl.static_range(4):
+        b = b + (tl.join(v[k], v[k + 4]),)          # new axis: bit 2 of k
+    c = (tl.join(b[0], b[2]), tl.join(b[1], b[3]))  # bit 1
+    d = tl.join(c[0], c[1])                         # bit 0
+    nb: tl.constexpr = d.shape[0]
+    return tl.reshape(d, (nb, 4, 8))
+
+
+@triton.jit
+def _tensor_scale(gamax_ptr, obs_ptr):
+    """(enc, dec, dec to store) from the amax the scales use (``gamax_ptr``, FP32) and the
+    amax bits the pass observed in the input (``obs_ptr``, int32): the reference's order
+    (``_tensor_scales``); the stored tensor scale is NaN for a non-finite input or a
+    NaN/Inf/negative amax."""
+    gbits = tl.load(gamax_ptr).to(tl.int32, bitcast=True)
+    enc, dec = _tensor_scales(gbits, 448.0)
+    bad = (((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gbits.to(tl.float32, bitcast=True) < 0.0)
+           | (tl.load(obs_ptr) >= 0x7F800000))
+    nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+    return enc, dec, tl.where(bad, nan, dec)
+
+
+@triton.jit
+def _dec_rne_bits(x, f, s_val):
+    """FP32 bits of the decoded nearest-rounded value ``±rne(min(|x·f|, 6)) · s`` (exact, so its
+    BF16 is the top 16 bits); ``-0`` where a negative ``x·f`` rounds to 0, as the code's decode."""
+    y = x * f
+    r = _e2m1_rne_val(tl.minimum(tl.abs(y), 6.0)) * s_val
+    return tl.where(y < 0.0, -r, r).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _dec_nib_bits(nib, s_val):
+    """FP32 bits of ``e2m1(nib) · s`` (exact): magnitude bits from the 3-bit code (0, ½ below
+    2; ``(c << 22) + bits(0.5)`` from 2 on: 1, 1.5, 2, 3, 4, 6), × s, the nibble's sign bit."""
+    c = nib & 7
+    mag = tl.where(c >= 2, (c << 22) + 0x3F000000, c * 0x3F000000).to(tl.float32, bitcast=True)
+    return ((mag * s_val).to(tl.int32, bitcast=True)) | ((nib & 8) << 28)
+
+
+@triton.jit
+def _bf16_word(lo_bits, hi_bits):
+    """Two exact-in-BF16 FP32 bit patterns -> one int32 word (``lo`` in the low 16 bits)."""
+    return (hi_bits & -65536) | ((lo_bits >> 16) & 0xFFFF)
+
+
+@triton.jit
+def _col_uniforms(seed, c, tb, NBLKT, I64: tl.constexpr):
+    """Philox uniforms of the column way for channels ``c`` ``[NB, 4]``: a 16-tuple over the
+    tokens p of block ``tb`` (p = 8h + 2g + b takes output 2h + b of counter (c·NBLKT + tb)·4 + g,
+    the stream of ``quantize_triton`` on the ``[C, T_pad]`` operand)."""
+    first = ()
+    second = ()
+    if I64:
+        base = (c.to(tl.int64) * NBLKT + tb) * 4
+    else:
+        base = ((c * NBLKT + tb) * 4).to(tl.uint32)
+        s = tlc.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
+        k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+        k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    for g in tl.static_range(4):
+        if I64:
+            r0, r1, r2, r3 = tl.randint4x(seed, base + g)
+        else:
+            r0, r1, r2, r3 = _philox10(base + g, k0, k1)
+        first = first + (tl.random.uint_to_uniform_float(r0), tl.random.uint_to_uniform_float(r1))
+        second = second + (tl.random.uint_to_uniform_float(r2), tl.random.uint_to_uniform_float(r3))
+    return first + second
+
+
+@triton.jit
+def _row_uniforms(seed, t, blk, q, NBLK, I64: tl.constexpr):
+    """Philox uniforms of the row way for token t: (u_e0, u_o0, u_e1, u_o1) ``[NB, 4]``, outputs
+    0..3 of counter (t·NBLK + blk)·4 + q (``quantize_triton``'s stream on ``[T, C]``)."""
+    if I64:
+        r0, r1, r2, r3 = tl.randint4x(seed, ((t.to(tl.int64) * NBLK + blk) * 4)[:, None] + q[None, :])
+    else:
+        s = tlc.to_tensor(seed).to(tl.uint64)
+        k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+        k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+        r0, r1, r2, r3 = _philox10((((t * NBLK + blk) * 4)[:, None] + q[None, :]).to(tl.uint32),
+                                   k0, k1)
+    return (tl.random.uint_to_uniform_float(r0), tl.random.uint_to_uniform_float(r1),
+            tl.random.uint_to_uniform_float(r2), tl.random.uint_to_uniform_float(r3))
+
+
+@triton.jit
+def _tile_coords(T, C, NB: tl.constexpr):
+    pid = tl.program_id(0)
+    ntb = tl.cdiv(T, 16)
+    tb = pid % ntb
+    blk = (pid // ntb) * NB + tl.arange(0, NB)
+    q = tl.arange(0, 4)
+    cmask = (blk < C // 16)[:, None] & (q < 4)[None, :]
+    return pid, ntb, tb, blk, q, cmask
+
+
+# ----------------------------------------------------------------------------- kernels
+@triton.jit
+def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
+                          ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
+                          I64: tl.constexpr, NB: tl.constexpr):
+    """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL)."""
+    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
+    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW, I64)
+    if ROW:
+        m = tl.maximum(tl.maximum(_bits_max_tuple(E0), _bits_max_tuple(O0)),
+                       tl.maximum(_bits_max_tuple(E1), _bits_max_tuple(O1)))
+        tl.atomic_max(obs_ptr, m)
+    if COL:
+        m = tl.maximum(tl.maximum(_bits_max_tuple(_rht16_tokens(E0, SIGNS)),
+                                  _bits_max_tuple(_rht16_tokens(O0, SIGNS))),
+                       tl.maximum(_bits_max_tuple(_rht16_tokens(E1, SIGNS)),
+                                  _bits_max_tuple(_rht16_tokens(O1, SIGNS))))
+        tl.atomic_max(obs_ptr + 1, m)
+
+
+@triton.jit
+def _col_group(z, c, tb, tpad, ntb, enc, dec, seed, cmask, col_dec_ptr, col_data_ptr,
+               col_scale_ptr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
+               COL_SR: tl.constexpr, I64: tl.constexpr):
+    """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``."""
+    s_val, s_bits, f = _candidate_fast(_abs_max_tuple(z), enc, dec, INV6)    # per channel
+    if COL_SR:
+        u = _col_uniforms(seed, c, tb, ntb, I64)
+    if I64:
+        cc = c.to(tl.int64)
+    else:
+        cc = c
+    k8 = tl.arange(0, 8)[None, None, :]
+    m3 = cmask[:, :, None]
+    if COL_DEC:
+        words = ()
+        for k in tl.static_range(8):
+            if COL_SR:
+                lo = _dec_nib_bits(_nib_sr(z[2 * k], f, u[2 * k]), s_val)
+                hi = _dec_nib_bits(_nib_sr(z[2 * k + 1], f, u[2 * k + 1]), s_val)
+            else:
+                lo = _dec_rne_bits(z[2 * k], f, s_val)
+                hi = _dec_rne_bits(z[2 * k + 1], f, s_val)
+            words = words + (_bf16_word(lo, hi),)
+        # 16 BF16 = 8 words per channel, contiguous in the [C, T_pad] operand (viewed as int32)
+        tl.store(col_dec_ptr + (cc * (tpad // 2) + tb * 8)[:, :, None] + k8, _stack8(words),
+                 mask=m3)
+    if COL_CODES:
+        w0 = tl.zeros(c.shape, tl.int32)
+        w1 = tl.zeros(c.shape, tl.int32)
+        for k in tl.static_range(16):
+            if COL_SR:
+                nib = _nib_sr(z[k], f, u[k])
+            else:
+                nib = _nib_rne(z[k], f)
+            if k < 8:
+                w0 = w0 | (nib << (4 * k))
+            else:
+                w1 = w1 | (nib << (4 * (k - 8)))
+        # 16 codes = 8 bytes = 2 words per channel ([C, T_pad / 2] viewed as int32)
+        k2 = tl.arange(0, 2)[None, None, :]
+        tl.store(col_data_ptr + (cc * (tpad // 8) + tb * 2)[:, :, None] + k2,
+                 tl.join(w0, w1), mask=cmask[:, :, None])
+        tl.store(col_scale_ptr + cc * ntb + tb, s_bits.to(tl.uint8), mask=cmask)
+
+
+@triton.jit(do_not_specialize=["seed_row", "seed_col"])
+def _quantize_two_ways_kernel(
+        x_ptr, gamax_row_ptr, gamax_col_ptr, obs_ptr, ts_ptr,
+        row_dec_ptr, row_data_ptr, row_scale_ptr, col_dec_ptr, col_data_ptr, col_scale_ptr,
+        seed_row, seed_col, T, C, stride_t, SIGNS: tl.constexpr,
+        ROW_DEC: tl.constexpr, ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr,
+        TILE2D: tl.constexpr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
+        COL_SR: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr, NB: tl.constexpr):
+    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
+    nblk = C // 16
+    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW, I64)
+
+    if ROW_DEC or ROW_CODES:
+        enc, dec, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
+        if pid == 0:
+            tl.store(ts_ptr, dec_out)
+        if TILE2D:
+            # 16x16 tile = these 16 rows x one 16-channel block: one scale for the tile.
+            bm = tl.max(tl.maximum(tl.maximum(_abs_max_tuple(E0), _abs_max_tuple(O0)),
+                                   tl.maximum(_abs_max_tuple(E1), _abs_max_tuple(O1))), 1)
+            s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+        for i in tl.static_range(16):
+            t = tb * 16 + i
+            m = _row_mask(cmask, t, T)
+            e0, o0, e1, o1 = E0[i], O0[i], E1[i], O1[i]
+            if not TILE2D:
+                bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
+                                       tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
+                s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+            f2 = f[:, None]
+            s2 = s_val[:, None]
+            if I64:
+                t_ = t.to(tl.int64)
+            else:
+                t_ = t
+            if ROW_SR:
+                u0, u1, u2, u3 = _row_uniforms(seed_row, t, blk, q, nblk, I64)
+                n0 = _nib_sr(e0, f2, u0)
+                n1 = _nib_sr(o0, f2, u1)
+                n2 = _nib_sr(e1, f2, u2)
+                n3 = _nib_sr(o1, f2, u3)
+            elif ROW_CODES:
+                n0 = _nib_rne(e0, f2)
+                n1 = _nib_rne(o0, f2)
+                n2 = _nib_rne(e1, f2)
+                n3 = _nib_rne(o1, f2)
+            if ROW_DEC:
+                if ROW_SR:
+                    w_lo = _bf16_word(_dec_nib_bits(n0, s2), _dec_nib_bits(n1, s2))
+                    w_hi = _bf16_word(_dec_nib_bits(n2, s2), _dec_nib_bits(n3, s2))
+                else:
+                    w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
+                    w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
+                p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]   # int32 words
+                tl.store(p, w_lo, mask=m)
+                tl.store(p + 4, w_hi, mask=m)
+            if ROW_CODES:
+                p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]  # bytes
+                tl.store(p, (n0 | (n1 << 4)).to(tl.uint8), mask=m)
+                tl.store(p + 4, (n2 | (n3 << 4)).to(tl.uint8), mask=m)
+                tl.store(row_scale_ptr + t_ * nblk + blk, s_bits.to(tl.uint8),
+                         mask=(blk < nblk) & ((blk * 0 + t) < T))
+
+    if COL_DEC or COL_CODES:
+        enc, dec, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
+        if pid == 0:
+            tl.store(ts_ptr + 1, dec_out)
+        tpad = ntb * 16
+        c0 = (blk * 16)[:, None] + 2 * q[None, :]          # channel of e0; o0 = +1, e1 = +8
+        _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+        _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+        _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+        _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc, dec, seed_col, cmask,
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
