@@ -57,8 +57,17 @@ _NEAREST_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True),
                        (2.5, False), (3.5, True), (5.0, False))
 
 
+_GRIDS: dict = {}
+
+
 def _grid(device: torch.device) -> torch.Tensor:
-    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+    # cached per device and only ever indexed: building it per call is a host-to-device copy
+    # from pageable memory, i.e. a stream sync on every quantize/decode on a GPU
+    key = str(torch.device(device))
+    g = _GRIDS.get(key)
+    if g is None:
+        g = _GRIDS[key] = torch.tensor(E2M1_VALUES, dtype=torch.float32).to(device)
+    return g
 
 
 def _with_sign(mag_code: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,9 @@ _SCALE_RULES = {"6": 448.0, "4over6": 256.0}
 
 
 def _f32(v: float, device) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32, device=device)
+    # a fill on the device, not torch.tensor(v, device=...): that is a copy from pageable host
+    # memory, which synchronises the stream on a GPU (several per call here)
+    return torch.full((), v, dtype=torch.float32, device=device)
 
 
 def tensor_scales(global_amax: torch.Tensor, scale_rule: str = "6"):

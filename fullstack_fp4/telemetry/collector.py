@@ -29,6 +29,14 @@ installed and ``end_step`` returns ``{}`` without touching a tensor). On an enab
   (one orthogonalised block each) and records ``ns_step`` (worst one-step NS error),
   ``ns_orth`` and ``ns_orth_fp32`` (‖XXᵀ − I‖/‖I‖ of the NVFP4 and of the FP32 iteration).
 
+The hooks only *gather* the sampled blocks of the linears (and their tensor amax); ``end_step``
+quantizes all samples of one kind (tile, rounding, RHT) in one batched call with a per-row
+tensor scale (``batched_qdq.qdq_rows``, the reference arithmetic bit for bit) and adds each
+sample's sums to its name: ~15 launches per operand in the hooks instead of ~100, and a few
+dozen per kind at the end (the per-sample calls made the host, not the GPU, the telemetry
+step's cost; BENCHMARKS.md §A.2). The stochastic-rounding uniforms are drawn there, from the
+step's generator, in the order the samples were gathered.
+
 Sums of squared errors and of squares (or counts) are accumulated per name over micro-batches
 (and activation recomputation) on the device; ``end_step`` does the one host sync and turns
 ``*/rel_err`` sums into ``sqrt(Σe²/Σx²)``, ``*/frac`` and ``lora_energy/frac`` into ratios.
@@ -48,7 +56,8 @@ from typing import Callable, Dict, Optional
 import torch
 
 from . import recipe_stats as rs
-from .stats import nvfp4_qdq, sampled_sums
+from .batched_qdq import qdq_rows
+from .stats import sample_blocks, to_device
 
 __all__ = ["TelemetryCollector", "is_nvfp4_linear", "is_lora_svd_linear", "is_q_attn",
            "module_recipe", "module_path", "main_param_names"]
@@ -138,6 +147,7 @@ class TelemetryCollector:
         self.registry: Dict[str, float] = {}
         self._sums: Dict[str, list] = {}
         self._direct: Dict[str, torch.Tensor] = {}
+        self._pending: Dict[tuple, list] = {}   # (tile, rounding, rht) -> [(name, sample, amax)]
         self._handles: list = []
         self._gen: Optional[torch.Generator] = None
         self._done_w: set = set()
@@ -164,16 +174,42 @@ class TelemetryCollector:
             return
         t = t.detach()
         gamax = t.abs().amax().float()
-        qdq = nvfp4_qdq(global_amax=gamax, tile=tile, rounding=rounding,
-                        generator=self._gen if rounding == "stochastic" else None)
-        e2, x2, _, _ = sampled_sums(t, qdq, blocks=self.blocks, generator=self._gen, tile=tile)
-        self._acc(f"quant/{path}/{tensor}/rel_err", e2, x2)
+        smp, _ = sample_blocks(t, blocks=self.blocks, generator=self._gen, tile=tile)
+        self._defer(f"quant/{path}/{tensor}/rel_err", smp, gamax, tuple(tile), rounding, False)
 
     def _add_wgrad(self, path: str, tensor: str, t: torch.Tensor, rounding: str):
         if not self.wgrad or t.shape[-1] % 16:
             return
-        e2, x2 = rs.wgrad_operand_sums(t, rounding=rounding, blocks=self.blocks, generator=self._gen)
-        self._acc(f"quant/{path}/{tensor}/rel_err", e2, x2)
+        smp, gamax = rs.wgrad_operand_sample(t, blocks=self.blocks, generator=self._gen)
+        self._defer(f"quant/{path}/{tensor}/rel_err", smp, gamax, (1, 16), rounding, True)
+
+    def _defer(self, key: str, sample: torch.Tensor, gamax: torch.Tensor, tile, rounding: str,
+               rht: bool) -> None:
+        """Keep a sample (``[n·th, 16]`` FP32) and its tensor amax for ``_quantize_pending``."""
+        self._pending.setdefault((tile, rounding, rht), []).append((key, sample, gamax.reshape(1)))
+
+    def _quantize_pending(self) -> None:
+        """Quantize every gathered sample, one ``qdq_rows`` call per kind, and add each
+        sample's (Σ err², Σ x²) to its name (no host sync)."""
+        from fullstack_fp4.nvfp4 import DEFAULT_SIGNS
+
+        for (tile, rounding, rht), items in self._pending.items():
+            rows = [it[1].shape[0] for it in items]
+            x = torch.cat([it[1] for it in items])
+            dev = x.device
+            counts = to_device(torch.tensor(rows), dev)
+            gam = torch.cat([it[2] for it in items]).repeat_interleave(counts, output_size=x.shape[0])
+            rand = None
+            if rounding == "stochastic":
+                rand = to_device(torch.rand(x.shape, generator=self._gen), dev)
+            e = x - qdq_rows(x, gam, tile=tile, rounding=rounding, rand=rand,
+                             rht_signs=DEFAULT_SIGNS if rht else None)
+            seg = torch.arange(len(items), device=dev).repeat_interleave(counts, output_size=x.shape[0])
+            e2 = torch.zeros(len(items), device=dev).index_add_(0, seg, e.pow(2).sum(-1))
+            x2 = torch.zeros(len(items), device=dev).index_add_(0, seg, x.pow(2).sum(-1))
+            for i, it in enumerate(items):
+                self._acc(it[0], e2[i], x2[i])
+        self._pending = {}
 
     def record(self, name: str, value: float) -> None:
         """Record any other scalar statistic in this interval's registry."""
@@ -217,9 +253,10 @@ class TelemetryCollector:
                     if wname == "w":
                         self._add(path, "w", w, (16, 16), "nearest")
                     else:
-                        st = rs.lora_svd_sums(w, module.lora_l1, module.lora_l2, module.lora_beta,
-                                              tiles=self.blocks, generator=self._gen)
-                        self._acc(f"quant/{path}/w_res/rel_err", *st["w_res"])
+                        st = rs.lora_svd_sample(w, module.lora_l1, module.lora_l2, module.lora_beta,
+                                                tiles=self.blocks, generator=self._gen)
+                        self._defer(f"quant/{path}/w_res/rel_err", st["w_res_tiles"],
+                                    st["w_res_amax"], (16, 16), "nearest", False)
                         self._acc(f"quant/{path}/lora_energy/frac", *st["energy"])
             y = output[0] if isinstance(output, (tuple, list)) else output
             if torch.is_tensor(y) and y.requires_grad:
@@ -341,6 +378,8 @@ class TelemetryCollector:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._pending:
+            self._quantize_pending()
         if not self._sums and not self.registry and not self._direct:
             return {}
         keys = list(self._sums) + list(self._direct)

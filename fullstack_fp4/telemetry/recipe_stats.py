@@ -24,7 +24,7 @@ import torch
 
 from .stats import nvfp4_qdq, rht_signs_on, to_device
 
-__all__ = ["q_adamw_group_sums", "wgrad_operand_sums", "rht16_tokens_amax", "wgrad_operand_blocks", "lora_svd_sums", "q_adamw_chunk_sums", "q_adamw_sample_sums",
+__all__ = ["q_adamw_group_sums", "wgrad_operand_sums", "rht16_tokens_amax", "wgrad_operand_blocks", "wgrad_operand_sample", "lora_svd_sums", "lora_svd_sample", "q_adamw_chunk_sums", "q_adamw_sample_sums",
            "ns_stats", "attn_s_sums", "attn_ds_sums", "sample_indices"]
 
 
@@ -125,20 +125,28 @@ def wgrad_operand_sums(m: torch.Tensor, *, rounding: str, blocks: int = 64,
     """
     from fullstack_fp4.nvfp4 import DEFAULT_SIGNS
 
-    c = m.shape[-1]
-    t = m.numel() // c if c else 0
-    gamax = rht16_tokens_amax(m)
+    sblk, gamax = wgrad_operand_sample(m, blocks=blocks, generator=generator)
     qdq = nvfp4_qdq(global_amax=gamax, tile=(1, 16), rounding=rounding,
                     generator=generator if rounding == "stochastic" else None,
                     rht_signs=DEFAULT_SIGNS)
+    e = sblk - qdq(sblk)
+    return e.pow(2).sum(), sblk.pow(2).sum()
+
+
+def wgrad_operand_sample(m: torch.Tensor, *, blocks: int = 64,
+                         generator: Optional[torch.Generator] = None):
+    """(``[n, 16]`` FP32 blocks of ``pad(m)ᵀ`` before the RHT, the transformed operand's tensor
+    amax): what ``wgrad_operand_sums`` quantizes (the same draws), for a caller that quantizes
+    many samples at once (``batched_qdq.qdq_rows`` with the default RHT signs)."""
+    c = m.shape[-1]
+    t = m.numel() // c if c else 0
+    gamax = rht16_tokens_amax(m)
     n_total = c * (-(-t // 16))
     if blocks >= n_total:
         idx = torch.arange(n_total, device=m.device)
     else:
         idx = to_device(torch.randint(n_total, (blocks,), generator=generator, device="cpu"), m.device)
-    sblk = wgrad_operand_blocks(m, idx)
-    e = sblk - qdq(sblk)
-    return e.pow(2).sum(), sblk.pow(2).sum()
+    return wgrad_operand_blocks(m, idx), gamax
 
 
 # ----------------------------------------------------------------------------- LoRA-SVD
@@ -153,6 +161,18 @@ def lora_svd_sums(w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, beta:
     A tile of the branch is ``β L2[rows] L1[:, cols]`` (16×r by r×16): the full product
     ``L2 L1`` is never formed.
     """
+    smp = lora_svd_sample(w_res, l1, l2, beta, tiles=tiles, generator=generator)
+    qdq = nvfp4_qdq(global_amax=smp["w_res_amax"], tile=(16, 16), rounding="nearest")
+    tiles2 = smp["w_res_tiles"]
+    err = tiles2 - qdq(tiles2)
+    return {"energy": smp["energy"], "w_res": (err.pow(2).sum(), tiles2.pow(2).sum())}
+
+
+def lora_svd_sample(w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, beta: float, *,
+                    tiles: int = 64, generator: Optional[torch.Generator] = None) -> Dict[str, object]:
+    """``lora_svd_sums`` before W_res's quantization: ``energy`` (its sums), ``w_res_tiles``
+    (``[n·16, 16]`` FP32, the sampled tiles of W_res) and ``w_res_amax`` (W_res's full amax,
+    its tensor scale), for a caller that quantizes many samples at once."""
     wr = w_res.detach()
     out_f, in_f = wr.shape
     if out_f % 16 or in_f % 16:
@@ -168,11 +188,9 @@ def lora_svd_sums(w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, beta:
     l1s = l1.detach().float()[:, cols].permute(1, 0, 2)           # [n, r, 16]
     branch = float(beta) * torch.bmm(l2s, l1s)                    # [n, 16, 16]
     full = res + branch
-    qdq = nvfp4_qdq(global_amax=wr.abs().amax().float(), tile=(16, 16), rounding="nearest")
-    tiles2 = res.reshape(-1, 16)                                  # 16-row tiles stay tiles
-    err = tiles2 - qdq(tiles2)
     return {"energy": (branch.pow(2).sum(), full.pow(2).sum()),
-            "w_res": (err.pow(2).sum(), tiles2.pow(2).sum())}
+            "w_res_tiles": res.reshape(-1, 16),                   # 16-row tiles stay tiles
+            "w_res_amax": wr.abs().amax().float()}
 
 
 # ----------------------------------------------------------------------------- Q-AdamW
@@ -480,16 +498,16 @@ def ds_row_tile_dequant(ds: torch.Tensor, *, zero_from: Optional[int] = None) ->
     (fullstack_fp4.attention.quant), without its host syncs: ``tile_dequant`` tests every
     64×64 tile's amax on the host (``if amax == 0``) and quantizes it with the reference
     quantizer (finite checks: more syncs), i.e. several syncs per tile. Here the tiles' amaxes
-    are one reduction, each tile goes through ``fullstack_fp4.nvfp4.quantize`` (the Triton
-    kernel on CUDA, bit-identical to the reference; ``check_finite=False``: no sync) with its
-    own amax, the same ``codes · block scale · tensor scale`` dequantization, and an all-zero
+    are one reduction, all tiles are quantized and dequantized in one batched call with the
+    reference's arithmetic, each with its own amax (``batched_qdq.qdq_rows``: no finite check,
+    no sync, a few dozen launches instead of ~30 per tile), and an all-zero
     tile is set to zero on the device (``torch.where``) instead of being skipped on the host.
     ``zero_from``: tiles from this key on are known to be zero (above the causal diagonal);
     they are not quantized at all. Nearest rounding only (a stochastic draw per tile would
     depend on which tiles the host skips)."""
     from fullstack_fp4.attention.quant import DS_TILE
-    from fullstack_fp4.nvfp4 import quantize
-    from fullstack_fp4.nvfp4.e2m1 import e2m1_decode
+
+    from .batched_qdq import qdq_rows
 
     r, n = ds.shape
     T = DS_TILE
@@ -501,12 +519,9 @@ def ds_row_tile_dequant(ds: torch.Tensor, *, zero_from: Optional[int] = None) ->
         return out[:r, :n]
     tiles = xp[:, : nt * T].reshape(T, nt, T).permute(1, 0, 2).contiguous()     # [nt, T, T]
     amax = tiles.abs().amax(dim=(1, 2))                                           # one reduction
-    deq = []
-    for i in range(nt):
-        q = quantize(tiles[i], global_amax=amax[i], rounding="nearest", check_finite=False)
-        vals = e2m1_decode(q.codes()).reshape(T, -1, 16) * q.block_scale.to(torch.float32).unsqueeze(-1)
-        deq.append(vals.reshape(T, T) * q.tensor_scale)
-    deq = torch.stack(deq)
+    # all tiles in one call, each row with its tile's tensor scale (batched_qdq: the
+    # reference's arithmetic per row, bit for bit)
+    deq = qdq_rows(tiles.reshape(nt * T, T), amax.repeat_interleave(T)).reshape(nt, T, T)
     deq = torch.where((amax == 0)[:, None, None], torch.zeros((), device=deq.device), deq)
     out[:, : nt * T] = deq.permute(1, 0, 2).reshape(T, nt * T)
     return out[:r, :n]

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["rel_err", "snr_db", "sampled_sums", "sampled_rel_err", "nvfp4_qdq", "rel_err_from_sums",
+__all__ = ["rel_err", "snr_db", "sampled_sums", "sample_blocks", "sampled_rel_err", "nvfp4_qdq", "rel_err_from_sums",
            "snr_db_from_rel_err", "to_device", "rht_signs_on", "wht16", "inverse_rht16"]
 
 QDQ = Callable[[torch.Tensor], torch.Tensor]
@@ -158,6 +158,14 @@ def sampled_sums(x: torch.Tensor, xq_fn: QDQ, *, blocks: int = 64, generator=Non
 
     ``n >= N``: every block exactly once (exact sums). The sums are FP32 0-dim tensors.
     """
+    s, n_total = sample_blocks(x, blocks=blocks, generator=generator, tile=tile)
+    e = s - xq_fn(s)
+    return e.pow(2).sum(), s.pow(2).sum(), s.shape[0] // tile[0], n_total
+
+
+def sample_blocks(x: torch.Tensor, *, blocks: int = 64, generator=None, tile=(1, 16)):
+    """(``[n·th, 16]`` FP32 sample, N): ``blocks`` uniformly drawn blocks of ``x`` (all N once
+    if ``blocks >= N``), stacked as ``_gather_blocks`` does; the draws are ``sampled_sums``'s."""
     x2 = x.detach().reshape(-1, x.shape[-1])
     th, tw = tile
     if x2.shape[1] % tw or x2.shape[0] % th:
@@ -167,9 +175,7 @@ def sampled_sums(x: torch.Tensor, xq_fn: QDQ, *, blocks: int = 64, generator=Non
         idx = torch.arange(n_total, device=x2.device)
     else:
         idx = to_device(torch.randint(n_total, (blocks,), generator=generator, device="cpu"), x2.device)
-    s = _gather_blocks(x2, idx, tile).float()
-    e = s - xq_fn(s)
-    return e.pow(2).sum(), s.pow(2).sum(), idx.numel(), n_total
+    return _gather_blocks(x2, idx, tile).float(), n_total
 
 
 def sampled_rel_err(x: torch.Tensor, xq_fn: QDQ, *, blocks: int = 64, generator=None,
