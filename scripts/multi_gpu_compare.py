@@ -133,12 +133,19 @@ def fmt(x, spec=".3e") -> str:
 
 def summarize(runs: list[dict], earlier: list[dict] | None = None) -> dict:
     """`earlier`: run rows of summaries written by earlier calls (their `train` / `val` losses are
-    stored in the JSON). A run of this manifest wins over an earlier one of the same name; the
+    stored in the JSON). A run of this manifest wins over an earlier one of the same name, unless
+    it was skipped (no rc: e.g. MG_SKIP named it because an earlier call measured it); among the
+    earlier rows the first that ran wins (``--earlier`` files in order of precedence). The
     earlier ones are listed with `from_earlier: true`, and runs of either call are compared with
     references of either call (same commit assumed: the caller's business)."""
-    names = {r["name"] for r in runs}
-    old = [dict(r, from_earlier=True) for r in (earlier or []) if r.get("name") not in names]
-    runs = list(runs) + old
+    ran = lambda r: r.get("rc") is not None  # noqa: E731
+    old, seen = [], {r["name"] for r in runs if ran(r)}
+    for r in sorted(earlier or [], key=lambda r: not ran(r)):   # stable: rows that ran first
+        if r.get("name") not in seen:
+            seen.add(r.get("name"))
+            old.append(dict(r, from_earlier=True))
+    olds = {r["name"] for r in old}
+    runs = [r for r in runs if ran(r) or r["name"] not in olds] + old
     by_name = {r["name"]: r for r in runs}
     metrics = {r["name"]: read_metrics(r.get("logdir")) for r in runs if r.get("kind") != "bench"}
     for r in old:

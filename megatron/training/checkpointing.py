@@ -263,6 +263,22 @@ def _last_line(e: BaseException) -> str:
     return (lines[-1] if lines else repr(e))[:300]
 
 
+def _distopt_switch_error(meta: dict, cfg, path: str) -> str | None:
+    """megatron-core's AdamW keeps its state in one form with the distributed optimizer (flat
+    per-DP-rank buckets, ``dp_reshardable``) and in another without it (per-parameter tensors),
+    and reads neither form into the other: refuse the switch before a tensor is read, with the
+    setting that resumes (the FP4 optimizers' own states are handled by resume_layout_error /
+    reshard, which convert them)."""
+    saved = _lookup(meta.get("config", {}), "parallel").get("use_distributed_optimizer")
+    now = cfg.parallel.use_distributed_optimizer
+    if cfg.optimizer.name != "adamw" or saved is None or bool(saved) == bool(now):
+        return None
+    return (f"checkpoint {path} was saved with parallel.use_distributed_optimizer={str(saved).lower()} "
+            f"and this run has {str(now).lower()}: megatron-core's AdamW state is stored in another form "
+            "for each and is not converted — resume with "
+            f"parallel.use_distributed_optimizer={str(saved).lower()}")
+
+
 @torch.no_grad()
 def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
     """Load model, optimizer and RNG from `path`; returns meta (iteration, consumed samples...)."""
@@ -284,7 +300,7 @@ def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
                 f"PP={ps.get_pipeline_model_parallel_world_size()}, and {why_not} "
                 "(docs/multi-gpu.md, Resharding) — resume with the saved layout")
     else:
-        layout_error = resume_layout_error(meta, optimizer, path)
+        layout_error = resume_layout_error(meta, optimizer, path) or _distopt_switch_error(meta, cfg, path)
         if layout_error:
             raise CheckpointError(layout_error)
     rank = _rank()

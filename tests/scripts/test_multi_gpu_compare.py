@@ -114,3 +114,34 @@ def test_summary_joins_an_earlier_calls_runs(tmp_path):
     assert math.isclose(c["max_rel_diff"], 0.001)
     assert "(earlier call)" in open(tmp_path / "s2.md").read()
     assert mgc.main(["summary", "--manifest", str(m2), "--earlier", str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_skipped_run_does_not_hide_the_earlier_run_of_that_name(tmp_path):
+    # call 1 measured the reference; call 2 skipped it (MG_SKIP) and ran the TP=2 run; the summary
+    # of call 2, and one rebuilt from both summaries alone, compare TP=2 with call 1's reference
+    ref = _metrics(tmp_path / "ref", {1: 5.0, 2: 4.0}, {2: 4.5})
+    m1 = tmp_path / "m1.jsonl"
+    m1.write_text(json.dumps({"name": "a_1gpu", "part": "1", "arm": "a", "layout": "1 GPU", "kind": "train",
+                              "rc": 0, "logdir": ref}) + "\n")
+    assert mgc.main(["summary", "--manifest", str(m1), "--json", str(tmp_path / "s1.json")]) == 0
+    tp = _metrics(tmp_path / "tp", {1: 5.0, 2: 4.008}, {2: 4.5})
+    m2 = tmp_path / "m2.jsonl"
+    m2.write_text("\n".join(json.dumps(r) for r in [
+        {"name": "a_1gpu", "part": "1", "arm": "a", "layout": "1 GPU", "kind": "train", "note": "skipped: MG_SKIP"},
+        {"name": "a_tp2", "part": "1", "arm": "a", "layout": "TP=2", "kind": "train", "rc": 0, "logdir": tp,
+         "ref": "a_1gpu"}]) + "\n")
+    assert mgc.main(["summary", "--manifest", str(m2), "--json", str(tmp_path / "s2.json"),
+                     "--earlier", str(tmp_path / "s1.json")]) == 0
+    for s in (json.load(open(tmp_path / "s2.json")),):
+        rows = {r["name"]: r for r in s["runs"]}
+        assert rows["a_1gpu"]["from_earlier"] and rows["a_1gpu"]["status"] == "ok"
+        (c,) = s["comparisons"]
+        assert (c["run"], c["ref"], c["steps"]) == ("a_tp2", "a_1gpu", 2) and math.isclose(c["max_rel_diff"], 0.002)
+    # rebuilt from the two summaries only (empty manifest): call 2's summary first; its skipped
+    # row must not hide call 1's measured one
+    assert mgc.main(["summary", "--manifest", str(tmp_path / "none.jsonl"), "--json", str(tmp_path / "s3.json"),
+                     "--earlier", str(tmp_path / "s2.json"), "--earlier", str(tmp_path / "s1.json")]) == 0
+    s3 = json.load(open(tmp_path / "s3.json"))
+    assert [r["name"] for r in s3["runs"]].count("a_1gpu") == 1
+    (c,) = s3["comparisons"]
+    assert (c["run"], c["ref"], c["steps"]) == ("a_tp2", "a_1gpu", 2)

@@ -54,12 +54,18 @@ def runs(tmp_path_factory):
     shape = helpers.start(cfg, common + [f"checkpoint.save_dir={d}/shape_ckpt", f"checkpoint.load={snap}",
                                          "model.hidden_size=64", f"logging.dir={d}/log_shape"],
                           log=os.path.join(d, "shape.txt"))
+    # saved with megatron's plain AdamW, resumed with its distributed optimizer: another state form
+    distopt = helpers.start(cfg, common + [f"checkpoint.save_dir={d}/distopt_ckpt", f"checkpoint.load={snap}",
+                                           "parallel.use_distributed_optimizer=true", f"logging.dir={d}/log_distopt"],
+                            log=os.path.join(d, "distopt.txt"))
     rc_resumed, resumed_out = helpers.finish(resumed)
     rc_shape, shape_out = helpers.finish(shape)
+    rc_distopt, distopt_out = helpers.finish(distopt)
     assert rc_resumed == 0, resumed_out[-3000:]
     baseline.join()
     return dict(dir=d, save=save, snap=snap, snap_digest=snap_digest, part_out=part_out,
                 resumed_out=resumed_out, rc_shape=rc_shape, shape_out=shape_out,
+                rc_distopt=rc_distopt, distopt_out=distopt_out,
                 straight=helpers.read_metrics(os.path.join(helpers.straight_run_dir(), "log")),
                 part=helpers.read_metrics(os.path.join(d, "log_part")),
                 resumed=helpers.read_metrics(os.path.join(d, "log_resumed")))
@@ -196,6 +202,17 @@ def test_no_checkpoint_at_all(tmp_path):
         resolve_load_path(str(tmp_path / "nope"), None)
     with pytest.raises(CheckpointError):
         resolve_load_path(str(tmp_path), None)  # an explicit dir without a checkpoint
+
+
+def test_switching_to_the_distributed_optimizer_is_refused_in_one_line(runs):
+    out = runs["distopt_out"]
+    assert runs["rc_distopt"] == 2, out[-3000:]
+    assert "Traceback" not in out and "KeyError" not in out, out[-3000:]
+    errs = helpers.error_lines(out)
+    assert len(errs) == 1 and "use_distributed_optimizer=false" in errs[0], out[-3000:]
+    assert not os.path.exists(os.path.join(runs["dir"], "log_distopt", "metrics.jsonl")) or \
+        helpers.read_metrics(os.path.join(runs["dir"], "log_distopt"))[0] == {}
+    assert _tree_digest(runs["snap"]) == runs["snap_digest"]
 
 
 def test_different_model_shape_refuses_to_load(runs):
