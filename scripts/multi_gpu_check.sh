@@ -14,7 +14,7 @@
 #  1. 1-GPU references and repeats (run-to-run noise); ARM1 at TP=2 (checkpoints at 25) and DP=2 (distributed optimizer, else plain DDP);
 #  2. checkpoint TP=2 @25 -> resume at DP=2 and on 1 GPU: bf16 (DDP and dist-opt) and ARM1;
 #  3. 4-block 3b benchmark: 1 GPU vs TP=2 (scripts/bench_blocks_tp.py), tokens/s per GPU;
-#  4. ARM2 at TP=2 / DP=2;
+#  4. ARM2 at TP=2 / DP=2 (DDP and the distributed optimizer);
 #  5. PP=2 x DP=2 (4 GPUs, or 4 gloo processes in the smoke): ARM1, ARM2, bf16 with the dist-opt;
 #  6. bf16 DP=2 with the distributed optimizer.
 set -u
@@ -232,6 +232,8 @@ if part 4; then
 say "== part 4: $ARM2 TP=2 / DP=2"
 par ${ARM2}_tp2 2 "$PA" $T_RUN 4 $ARM2 "TP=2" train ${ARM2}_1gpu "" -- $A2 parallel.tensor_model_parallel_size=2 $NOSAVE
 par ${ARM2}_dp2 2 "$PB" $T_RUN 4 $ARM2 "DP=2 (DDP)" train ${ARM2}_1gpu "" -- $A2 $NOSAVE
+wait
+par ${ARM2}_dp2_distopt 2 "$PA" $T_RUN 4 $ARM2 "DP=2 (dist-opt)" train ${ARM2}_1gpu "" -- $A2 $DISTOPT $NOSAVE
 wait
 
 fi

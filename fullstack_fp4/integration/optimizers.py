@@ -55,7 +55,7 @@ from fullstack_fp4.optim.root import Root
 
 __all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix",
            "STATE_KEY", "OptimizerLayoutError", "resume_layout_error", "place_distributed_shards",
-           "converted_wrappers", "inner_params", "canonical_name"]
+           "converted_wrappers", "inner_params", "canonical_name", "dp_matrix_specs"]
 
 MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
                    "linear_fc2.weight")
@@ -158,6 +158,46 @@ def _main_to_model(wrapper) -> dict:
     if isinstance(wrapper, FP32Optimizer):
         return {id(p): p for g in wrapper.optimizer.param_groups for p in g["params"]}
     raise TypeError(f"no main-param map for {type(wrapper).__name__}")
+
+
+def _shard_pairs(wrapper):
+    """(model param, its FP32 main shard on this DP rank) of megatron's DistributedOptimizer,
+    for the params of which this rank holds a piece."""
+    pairs = [(wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
+             (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)]
+    for model_groups, shard_groups in pairs:
+        for mg, sg in zip(model_groups, shard_groups):
+            for mp, sp in zip(mg, sg):
+                if sp is not None:
+                    yield mp, sp
+
+
+def _shard_to_model(wrapper) -> dict:
+    """id(FP32 main shard of megatron's DistributedOptimizer) -> model param."""
+    return {id(sp): mp for mp, sp in _shard_pairs(wrapper)}
+
+
+def dp_matrix_specs(wrapper, named) -> list:
+    """``[(model param, DPMatrix)]`` for every orthogonalised matrix of the distributed
+    optimizer ``wrapper``'s grad buffers — also those of which this DP rank holds no piece —
+    in model-parameter order (the same on every DP rank of the stage), with this rank's piece
+    (the FP32 main shard) and its range in the flattened matrix (fullstack_fp4/optim/muon.py,
+    data parallelism)."""
+    from fullstack_fp4.optim.muon import DPMatrix
+
+    in_buffers = {id(p) for b in wrapper.buffers for p in b.param_index_map}
+    piece_of = {id(mp): sp for mp, sp in _shard_pairs(wrapper)}
+    out = []
+    for n, mp in named:
+        if id(mp) not in in_buffers or not is_orthogonal_matrix(n, mp):
+            continue
+        sp = piece_of.get(id(mp))
+        if sp is None:
+            out.append((mp, DPMatrix(mp.shape, device=mp.device)))
+            continue
+        rng = wrapper._get_model_param_range_map(mp)["param"]
+        out.append((mp, DPMatrix(mp.shape, sp, rng.start, rng.end)))
+    return out
 
 
 def _layout(wrapper) -> dict:
@@ -326,13 +366,14 @@ def _convert_methods(wrapper) -> None:
 
 
 # ------------------------------------------------------------------------ building
-def _over_groups(cls, groups: list[dict], **kw):
+def _over_groups(cls, groups: list[dict], placeholder=(1,), **kw):
     """`cls(groups, **kw)` keeping megatron's group dicts (and their param order, which the
-    distributed optimizer's group-index map relies on). Built over leaf placeholders, then the
-    groups are attached as megatron-core's DistributedOptimizer does for its own AdamW: its
-    FP32 main shards are views, which torch's `add_param_group` would reject."""
+    distributed optimizer's group-index map relies on). Built over leaf placeholders (of shape
+    ``placeholder``), then the groups are attached as megatron-core's DistributedOptimizer does
+    for its own AdamW: its FP32 main shards are views, which torch's `add_param_group` would
+    reject."""
     placeholders = [{**{k: v for k, v in g.items() if k != "params"},
-                     "params": [torch.zeros(1)]} for g in groups]
+                     "params": [torch.zeros(placeholder)]} for g in groups]
     opt = cls(placeholders, **kw)
     for g, filled in zip(groups, opt.param_groups):
         for k, v in filled.items():
@@ -342,12 +383,14 @@ def _over_groups(cls, groups: list[dict], **kw):
     return opt
 
 
-def _same_kind(old: torch.optim.Optimizer, groups: list[dict]) -> torch.optim.Optimizer:
-    """A fresh optimizer of megatron's kind (torch AdamW) with its defaults, over `groups`."""
+def _same_kind(old: torch.optim.Optimizer, groups: list[dict], pieces: bool = False) -> torch.optim.Optimizer:
+    """A fresh optimizer of megatron's kind (torch AdamW) with its defaults, over `groups`
+    (``pieces``: the distributed optimizer's views, attached after construction)."""
     import inspect
 
     accepted = inspect.signature(type(old).__init__).parameters
-    return type(old)(groups, **{k: v for k, v in old.defaults.items() if k in accepted})
+    kw = {k: v for k, v in old.defaults.items() if k in accepted}
+    return _over_groups(type(old), groups, **kw) if pieces else type(old)(groups, **kw)
 
 
 def _q_adamw(groups, cfg) -> QAdamW:
@@ -404,7 +447,7 @@ def _coefficients(name: str, choice: str) -> str:
     return {"fitted": "fp4"}.get(choice, choice)
 
 
-def _orthogonal(groups, cfg):
+def _orthogonal(groups, cfg, pieces: bool = False):
     name, oc = cfg.optimizer.name, cfg.optimizer.orthogonal
     kw = dict(momentum=oc.momentum, ns_steps=oc.ns_steps,
               ns_precision="nvfp4" if name.startswith("q_") else "bf16",
@@ -412,6 +455,8 @@ def _orthogonal(groups, cfg):
               ns_clip_percentile=oc.clip_percentile, weight_decay=cfg.optimizer.weight_decay,
               ns_nvfp4_terms=oc.nvfp4_terms if name.startswith("q_") else None)
     cls = Muon if name.endswith("muon") else Root
+    if pieces:   # the distributed optimizer's 1-D views: attached after construction (2-D placeholders)
+        return _over_groups(cls, groups, placeholder=(1, 1), lr=cfg.optimizer.lr * oc.lr_scale, **kw)
     return cls(groups, lr=cfg.optimizer.lr * oc.lr_scale, **kw)
 
 
@@ -481,19 +526,28 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
                       "pad_buckets_for_high_nccl_busbw=True for DP-invariant states.",
                       flush=True)
     else:
-        if isinstance(wrapper, DistributedOptimizer):
+        distopt = isinstance(wrapper, DistributedOptimizer)
+        tp = ps.get_tensor_model_parallel_world_size()
+        if distopt and tp > 1:
             from megatron.training.errors import ConfigError
             raise ConfigError(f"optimizer.name={name} with parallel.use_distributed_optimizer=true "
-                              "is not supported (its inner optimizer sees 1-D flat shards, not "
-                              "matrices); set parallel.use_distributed_optimizer=false")
-        model_of = _main_to_model(wrapper)
+                              f"at TP={tp} is not supported (the distributed optimizer's pieces of "
+                              "TP shards are not gathered over TP); use TP=1 or "
+                              "parallel.use_distributed_optimizer=false")
+        model_of = _shard_to_model(wrapper) if distopt else _main_to_model(wrapper)
         named = [(n, p) for c in model_chunks for n, p in c.named_parameters()]
         name_of = {id(p): n for n, p in named}
-        main_of = {id(model_of[id(m)]): m for g in groups for m in g["params"]}
         mats, rest = [], []
+        if distopt:
+            if name == "q_root":   # the rest goes to QAdamW: pieces need their placement
+                place_distributed_shards(wrapper, model_chunks)
+            dp_mats = dp_matrix_specs(wrapper, named)
+            main_of = {id(mp): spec for mp, spec in dp_mats}
+        else:
+            main_of = {id(model_of[id(m)]): m for g in groups for m in g["params"]}
         for g in groups:
             base = {k: v for k, v in g.items() if k != "params"}
-            is_m = [is_orthogonal_matrix(name_of.get(id(model_of[id(m)]), ""), m)
+            is_m = [is_orthogonal_matrix(name_of.get(id(model_of[id(m)]), ""), model_of[id(m)])
                     for m in g["params"]]
             pm = [m for m, f in zip(g["params"], is_m) if f]
             pr = [m for m, f in zip(g["params"], is_m) if not f]
@@ -504,14 +558,20 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
                 mats.append({**mg, "params": pm})
             if pr:
                 rest.append({**base, "params": pr})
+        if distopt and not mats and dp_mats:
+            # no piece of any matrix on this rank: it still joins the optimizer's collectives
+            mats = [{**{k: v for k, v in groups[0].items() if k not in ("params",) + _ADAM_KEYS},
+                     "params": []}]
         if not mats:
             raise RuntimeError(f"optimizer.name={name}: no transformer-layer matrices found")
         mc = model_chunks[0].config if hasattr(model_chunks[0], "config") else None
-        tag_fused_matrices(named, main_of, mc, ps.get_tensor_model_parallel_world_size(),
-                           tp_mode=cfg.optimizer.orthogonal.tp_mode)
-        subs = [_orthogonal(mats, cfg)]
+        tag_fused_matrices(named, main_of, mc, tp, tp_mode=cfg.optimizer.orthogonal.tp_mode)
+        orth = _orthogonal(mats, cfg, pieces=distopt)
+        if distopt:
+            orth.set_dp_matrices([spec for _, spec in dp_mats], wrapper.data_parallel_group)
+        subs = [orth]
         if rest:
-            subs.append(_q_adamw(rest, cfg) if name == "q_root" else _same_kind(old, rest))
+            subs.append(_q_adamw(rest, cfg) if name == "q_root" else _same_kind(old, rest, pieces=distopt))
         new = SplitOptimizer(subs)
     wrapper.optimizer = new
     wrapper.fp4_param_names = _inner_param_names(wrapper, model_chunks)

@@ -28,8 +28,25 @@ thing) and the rank keeps its slice, so the update equals the 1-GPU update. Mome
 local (element-wise). Without these attributes (plain tensors, TP=1, ``tp_mode=blockwise``)
 each block is orthogonalised as stored.
 
-Only 2-D parameters are accepted; ``split_params_for_orthogonal`` separates them from the
-rest (embeddings, output layer, norms, biases), which go to AdamW / QAdamW.
+Data parallelism with a distributed optimizer (megatron's ``DistributedOptimizer``, which
+hands each DP rank one flat 1-D piece ``W.view(-1)[start:end]`` of some matrices): the
+optimizer is given every matrix of the model in one order common to all DP ranks
+(``set_dp_matrices``: a list of :class:`DPMatrix`, each with this rank's piece or none, and the
+DP group); the pieces themselves are its params (1-D, each tagged ``ns_dp_spec``). A step then
+updates each piece's momentum (element-wise, as before), writes every piece into one zeroed
+buffer holding all the whole matrices, sums that buffer over the DP group (each entry has
+exactly one non-zero contributor, so the sum is exact) — and the gradient too when ``_pre_ns``
+reads it (Root's ε) — and every rank that holds a piece of a matrix runs the 1-GPU update on
+the whole matrix (row permutation, blocks, ``_pre_ns``, NS, scale) and keeps its piece. The
+update therefore equals the 1-GPU update given the same gradients; the NS of a matrix is
+computed by each rank holding a piece of it (twice for a matrix cut by a shard boundary).
+Cost: two all-reduces of FP32 buffers of the size of all matrices per step (one without Root's
+ε from the gradient). Momentum stays in the pieces, so the state is sharded as the
+distributed optimizer intends. Not combined with ``ns_tp_axis`` (TP > 1): refused upstream.
+
+Only 2-D parameters (or tagged pieces) are accepted; ``split_params_for_orthogonal``
+separates them from the rest (embeddings, output layer, norms, biases), which go to AdamW /
+QAdamW.
 """
 
 from __future__ import annotations
@@ -41,7 +58,28 @@ import torch
 
 from .newton_schulz import newton_schulz
 
-__all__ = ["Muon", "OrthogonalOptimizer", "split_params_for_orthogonal", "split_blocks"]
+__all__ = ["Muon", "OrthogonalOptimizer", "DPMatrix", "split_params_for_orthogonal", "split_blocks"]
+
+
+class DPMatrix:
+    """One whole matrix of the model as a DP rank of a distributed optimizer sees it:
+    ``shape`` (rows, cols); ``piece``, this rank's 1-D piece of its flattened FP32 main weight
+    (the optimizer's param) or None; ``start``/``end``: where the piece sits in the flattened
+    matrix. Carries ``ns_split_sizes`` / ``ns_row_perm`` like a whole param would."""
+
+    def __init__(self, shape, piece: Optional[torch.Tensor] = None, start: int = 0, end: int = 0,
+                 device=None):
+        rows, cols = (int(v) for v in shape)
+        if piece is not None and (piece.dim() != 1 or piece.numel() != end - start
+                                  or not 0 <= start < end <= rows * cols):
+            raise ValueError(f"piece of {tuple(piece.shape)} at [{start}, {end}) does not fit a "
+                             f"{rows}x{cols} matrix")
+        self.shape, self.piece, self.start, self.end = (rows, cols), piece, start, end
+        self.device = piece.device if piece is not None else device
+
+    @property
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
 
 
 def split_blocks(t: torch.Tensor, p: torch.nn.Parameter) -> list[torch.Tensor]:
@@ -82,9 +120,11 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
                         ns_clip_percentile=ns_clip_percentile, ns_backend=ns_backend,
                         ns_nvfp4_terms=ns_nvfp4_terms, **defaults_extra)
         super().__init__(params, defaults)
+        self.dp_matrices: list[DPMatrix] = []
+        self.dp_group = None
         for group in self.param_groups:
             for p in group["params"]:
-                if p.ndim != 2:
+                if p.ndim != 2 and getattr(p, "ns_dp_spec", None) is None:
                     raise ValueError(f"{type(self).__name__} takes 2-D weights only, got "
                                      f"{tuple(p.shape)}; give it to AdamW "
                                      "(split_params_for_orthogonal)")
@@ -102,6 +142,22 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         """Whether ``_pre_ns`` reads its gradient block (then TP gathers that block too)."""
         return False
 
+    def set_dp_matrices(self, matrices: list, dp_group) -> None:
+        """Every matrix of the model, in an order common to all ranks of ``dp_group``, each a
+        :class:`DPMatrix` (module docstring, data parallelism). Each local piece must be one of
+        this optimizer's params; the pieces get ``ns_dp_spec``."""
+        mine = {id(p) for g in self.param_groups for p in g["params"]}
+        for m in matrices:
+            if m.piece is not None:
+                if id(m.piece) not in mine:
+                    raise ValueError("a DPMatrix piece is not a param of this optimizer")
+                m.piece.ns_dp_spec = m
+        untagged = [tuple(p.shape) for g in self.param_groups for p in g["params"]
+                    if p.ndim != 2 and getattr(p, "ns_dp_spec", None) is None]
+        if untagged:
+            raise ValueError(f"params {untagged[:3]} are neither 2-D nor a piece of a DPMatrix")
+        self.dp_matrices, self.dp_group = list(matrices), dp_group
+
     def orthogonalize(self, d: torch.Tensor, group) -> torch.Tensor:
         return newton_schulz(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
                              precision=group["ns_precision"],
@@ -118,8 +174,8 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
+                if p.grad is None or getattr(p, "ns_dp_spec", None) is not None:
+                    continue   # pieces of a matrix: _step_dp_pieces, after the whole params
                 g = p.grad
                 d = self._momentum(g, self.state[p], group)
                 perm = getattr(p, "ns_row_perm", None)
@@ -141,7 +197,63 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
                 if wd:
                     p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr)
+        if self.dp_matrices:
+            self._step_dp_pieces()
         return loss
+
+    def _whole_update(self, d, g, spec, group, dtype):
+        """The 1-GPU update of a whole matrix from its momentum ``d`` and gradient ``g`` (rows
+        permuted, blocks, ``_pre_ns``, NS, shape scale, permuted back); ``spec`` carries the
+        split tags."""
+        perm = getattr(spec, "ns_row_perm", None)
+        if perm is not None:
+            perm = perm.to(d.device)
+            d, g = d.index_select(0, perm), g.index_select(0, perm)
+        update = torch.empty_like(d, dtype=dtype)
+        for d_b, g_b, u_b in zip(split_blocks(d, spec), split_blocks(g, spec), split_blocks(update, spec)):
+            o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
+            u_b.copy_(o.to(dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
+        if perm is not None:
+            update = torch.empty_like(update).index_copy_(0, perm, update)
+        return update
+
+    def _step_dp_pieces(self):
+        """Pieces of whole matrices under a distributed optimizer (module docstring)."""
+        import torch.distributed as dist
+
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        mats = self.dp_matrices
+        live = [m for m in mats if m.piece is not None and m.piece.grad is not None]
+        dev = next((m.device for m in mats if m.device is not None), None)
+        # the same answer on every DP rank (the collectives below must match): the defaults,
+        # not the groups (a rank may hold no piece)
+        reads_g = self._pre_ns_reads_grad(self.defaults)
+        base, n = [], 0
+        for m in mats:
+            base.append(n)
+            n += m.numel
+        D = torch.zeros(n, dtype=torch.float32, device=dev)
+        G = torch.zeros(n, dtype=torch.float32, device=dev) if reads_g else None
+        at = {id(m): b for m, b in zip(mats, base)}
+        for m in live:
+            b, p = at[id(m)], m.piece
+            D[b + m.start: b + m.end] = self._momentum(p.grad, self.state[p], group_of[id(p)])
+            if G is not None:
+                G[b + m.start: b + m.end] = p.grad
+        # one non-zero contributor per entry: the sums are the whole matrices, exactly
+        dist.all_reduce(D, group=self.dp_group)
+        if G is not None:
+            dist.all_reduce(G, group=self.dp_group)
+        for m in live:
+            b, p = at[id(m)], m.piece
+            group = group_of[id(p)]
+            d = D[b: b + m.numel].view(m.shape)
+            g = G[b: b + m.numel].view(m.shape) if G is not None else d
+            piece = self._whole_update(d, g, m, group, p.dtype).view(-1)[m.start: m.end]
+            lr, wd = group["lr"], group["weight_decay"]
+            if wd:
+                p.mul_(1 - lr * wd)
+            p.add_(piece, alpha=-lr)
 
     def _orthogonalize_tp(self, d_b, g_b, axis, tp_group, group, dtype):
         """Duplicated TP: gather the block over ``tp_group`` along ``axis``, pre-process,

@@ -347,7 +347,8 @@ class TelemetryCollector:
 
         cands = [(gi, pi, group, p) for gi, group in enumerate(opt.param_groups)
                  if group.get("ns_precision") == "nvfp4"
-                 for pi, p in enumerate(group["params"]) if p.grad is not None]
+                 for pi, p in enumerate(group["params"])
+                 if p.grad is not None and p.ndim == 2]   # not the distributed optimizer's 1-D pieces
         if not cands:
             return
         pick = torch.randperm(len(cands), generator=self._gen)[: self.ns_matrices].tolist()

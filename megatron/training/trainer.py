@@ -144,10 +144,10 @@ class Trainer:
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
             use_distributed_optimizer=distopt,
-            # Q-AdamW's 4-bit state is cut into 1024-entry chunks of each parameter's global index;
+            # Q-AdamW's 4-bit state (q_adamw; q_root's non-matrix params) is cut into 1024-entry chunks of each parameter's global index;
             # megatron's high-busbw padding puts every DP shard boundary on a 2^16 multiple, hence on
             # a chunk boundary, so the state (and the run) does not depend on the DP size.
-            pad_buckets_for_high_nccl_busbw=distopt and cfg.optimizer.name == "q_adamw")
+            pad_buckets_for_high_nccl_busbw=distopt and cfg.optimizer.name in ("q_adamw", "q_root"))
         model = DistributedDataParallel(gpt.config, ddp_config, module)
         gpt.config.no_sync_func = model.no_sync
         gpt.config.finalize_model_grads_func = finalize_model_grads

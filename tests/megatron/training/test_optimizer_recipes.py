@@ -4,6 +4,7 @@ model, mock data, 8 steps, lr schedule over 8 steps).
   straight_<opt>: 8 steps, saving at 4 (save_interval=4)
   resumed_<opt>:  load iter 4 of straight_<opt>, run 5..8 -> must equal straight's 5..8 bit for bit
   dp2 / dp2_resumed: the same with 2 processes, DP=2 and the distributed optimizer (q_adamw)
+  dp2_muon / dp2_muon_resumed: the same for muon
   dp2_as_dp1: the DP=2 checkpoint loaded by 1 process -> refused with a clear error
 
 DP=2 vs DP=1 (what is true, and documented in docs/optimizers.md): the distributed optimizer
@@ -44,6 +45,8 @@ def runs():
              for o in OPTS}
     first["dp2"] = _start(d, "dp2", ["optimizer.name=q_adamw", "checkpoint.load=none",
                                      "parallel.use_distributed_optimizer=true"], nproc=2)
+    first["dp2_muon"] = _start(d, "dp2_muon", ["optimizer.name=muon", "checkpoint.load=none",
+                                               "parallel.use_distributed_optimizer=true"], nproc=2)
     out = {}
     for k, p in first.items():
         rc, text = helpers.finish(p)
@@ -54,6 +57,9 @@ def runs():
               for o in ("q_adamw", "q_root")}
     second["dp2_resumed"] = _start(d, "dp2_resumed", [
         "optimizer.name=q_adamw", f"checkpoint.load={d}/ckpt_dp2/iter_000000{N}",
+        "parallel.use_distributed_optimizer=true"], nproc=2)
+    second["dp2_muon_resumed"] = _start(d, "dp2_muon_resumed", [
+        "optimizer.name=muon", f"checkpoint.load={d}/ckpt_dp2_muon/iter_000000{N}",
         "parallel.use_distributed_optimizer=true"], nproc=2)
     second["dp2_as_dp1"] = _start(d, "dp2_as_dp1", [
         "optimizer.name=q_adamw", f"checkpoint.load={d}/ckpt_dp2/iter_000000{N}",
@@ -98,6 +104,22 @@ def test_distributed_optimizer_dp2_resume_is_exact(runs):
     assert sorted(resumed) == list(range(N + 1, N + M + 1))
     for it in resumed:
         assert resumed[it]["loss"] == straight[it]["loss"], f"iteration {it}"
+
+
+def test_muon_on_the_distributed_optimizer_dp2_resumes_exactly_and_tracks_one_process(runs):
+    """Muon over the distributed optimizer's pieces (whole matrices summed over DP: the update
+    equals the 1-process one given the same gradients, tests/fullstack_fp4/integration/
+    test_orthogonal_distributed.py): the DP=2 run resumes bit for bit through its per-rank state
+    objects and follows the 1-process plain-optimizer run up to megatron's gradient reduction
+    order."""
+    assert runs["rcs"]["dp2_muon_resumed"] == 0, runs["out"]["dp2_muon_resumed"][-3000:]
+    dp2, resumed = _metrics(runs, "dp2_muon"), _metrics(runs, "dp2_muon_resumed")
+    assert sorted(resumed) == list(range(N + 1, N + M + 1))
+    for it in resumed:
+        assert resumed[it]["loss"] == dp2[it]["loss"], f"iteration {it}"
+    one = _metrics(runs, "straight_muon")
+    for it in range(1, 9):
+        assert dp2[it]["loss"] == pytest.approx(one[it]["loss"], rel=1e-4), f"iteration {it}"
 
 
 def test_distributed_optimizer_dp2_vs_one_process(runs):

@@ -1,0 +1,93 @@
+"""Muon / Root inside megatron-core's distributed optimizer: 2 gloo CPU processes (DP=2, the
+distributed optimizer: each rank holds flat pieces of the matrices) step bit for bit as 1
+process with the plain optimizer (whole matrices), on a tiny GPTModel built by the trainer.
+
+Oracle: the 1-process plain-optimizer run (fullstack_fp4/optim/muon.py without pieces).
+Gradients are written straight into megatron's grad buffers (`param.main_grad`), the same
+numbers in every process (a deterministic function of the parameter name and step), so the
+optimizer is what is compared. Compared: every full model parameter after each step (megatron
+all-gathers the shards into the params). Checked too: a DP shard boundary does cut a matrix
+(so the all-reduce of the pieces is exercised) and the parameters move.
+
+`root` (its ε reads the gradient: the gradient is summed over DP as well) and `muon` (Nesterov
+momentum; the rest on torch AdamW) each run; `q_muon` (NVFP4 Newton–Schulz) in one run.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+
+from tests.megatron.training import helpers
+
+pytestmark = pytest.mark.slow
+STEPS = 2
+LR, WD = 2e-3, 0.1
+# 3 layers: with 4 the DP=2 shard boundary falls between layers 1 and 2 (the buffer is nearly
+# symmetric), cutting no matrix; with 3 it cuts one of layer 1's
+TINY = ["model.preset=tiny", "model.num_layers=3", "model.seq_length=32", "model.vocab_size=256", "data.mock=true",
+        "train.global_batch_size=4", "train.micro_batch_size=2", "train.eval_iters=1",
+        "logging.tensorboard=false", "train.grad_clip=0", "checkpoint.load=none",
+        "train.precision=fp32"]
+
+
+def _grad(name: str, shape, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) * 31 + step)
+    return torch.randn(shape, generator=g) * 1e-2
+
+
+def _worker(rank: int, world: int, port: int, opt: str, out: str):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import megatron.training.trainer as trainer_mod
+    from megatron.training.config import load_config
+    from megatron.training.optimizer import apply_schedule
+
+    distopt = "true" if world > 1 else "false"
+    cfg = load_config(None, TINY + [f"optimizer.name={opt}", f"parallel.use_distributed_optimizer={distopt}"])
+    cfg.logging.dir = None
+    tr = trainer_mod.Trainer(cfg, verbose=False)
+    named = [(n, p) for n, p in tr.model.named_parameters() if p.requires_grad]
+    params_per_step = []
+    for step in range(1, STEPS + 1):
+        apply_schedule(tr.optimizer, LR, WD)
+        for n, p in named:
+            p.main_grad.copy_(_grad(n, p.shape, step))
+        tr.optimizer.step()
+        params_per_step.append({n: p.detach().clone() for n, p in named})
+    cuts = 0
+    if world > 1:
+        w = tr.optimizer.chained_optimizers[0] if hasattr(tr.optimizer, "chained_optimizers") \
+            else tr.optimizer
+        orth = w.optimizer.subs[0]
+        cuts = sum(1 for m in orth.dp_matrices
+                   if m.piece is not None and (m.start > 0 or m.end < m.numel))
+    torch.save({"params": params_per_step, "cuts": cuts}, os.path.join(out, f"{opt}_w{world}_r{rank}.pt"))
+    from megatron.training.initialize import shutdown
+    shutdown()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("orth_dp"))
+    jobs = [(w, (opt, out)) for opt in ("root", "muon", "q_muon") for w in (1, 2)]
+    helpers.spawn_gloo(_worker, jobs, timeout=400)
+    return {f"{o}_w{w}_r{r}": torch.load(os.path.join(out, f"{o}_w{w}_r{r}.pt"))
+            for o in ("root", "muon", "q_muon") for w, rs in ((1, (0,)), (2, (0, 1))) for r in rs}
+
+
+@pytest.mark.parametrize("opt", ["root", "muon", "q_muon"])
+def test_dp2_distributed_optimizer_equals_one_process_plain(runs, opt):
+    one, a, b = runs[f"{opt}_w1_r0"], runs[f"{opt}_w2_r0"], runs[f"{opt}_w2_r1"]
+    for step in range(STEPS):
+        for name, p1 in one["params"][step].items():
+            assert torch.equal(a["params"][step][name], p1), (opt, step + 1, name)
+            assert torch.equal(b["params"][step][name], p1), (opt, step + 1, name)
+    first = one["params"][0]
+    moved = [n for n in first if "linear_fc1.weight" in n and not torch.equal(first[n], one["params"][-1][n])]
+    assert moved, "the matrices must move"
+    # a shard boundary cuts at least one matrix on some rank: the pieces were summed over DP
+    assert a["cuts"] + b["cuts"] >= 1
