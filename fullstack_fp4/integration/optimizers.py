@@ -528,12 +528,6 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
     else:
         distopt = isinstance(wrapper, DistributedOptimizer)
         tp = ps.get_tensor_model_parallel_world_size()
-        if distopt and tp > 1:
-            from megatron.training.errors import ConfigError
-            raise ConfigError(f"optimizer.name={name} with parallel.use_distributed_optimizer=true "
-                              f"at TP={tp} is not supported (the distributed optimizer's pieces of "
-                              "TP shards are not gathered over TP); use TP=1 or "
-                              "parallel.use_distributed_optimizer=false")
         model_of = _shard_to_model(wrapper) if distopt else _main_to_model(wrapper)
         named = [(n, p) for c in model_chunks for n, p in c.named_parameters()]
         name_of = {id(p): n for n, p in named}

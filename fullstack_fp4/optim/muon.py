@@ -42,7 +42,10 @@ update therefore equals the 1-GPU update given the same gradients; the NS of a m
 computed by each rank holding a piece of it (twice for a matrix cut by a shard boundary).
 Cost: two all-reduces of FP32 buffers of the size of all matrices per step (one without Root's
 ε from the gradient). Momentum stays in the pieces, so the state is sharded as the
-distributed optimizer intends. Not combined with ``ns_tp_axis`` (TP > 1): refused upstream.
+distributed optimizer intends. With TP > 1 (a :class:`DPMatrix` carrying ``ns_tp_axis``) the
+summed matrix is this TP rank's shard, gathered over TP as above: every TP rank's buffer has the
+same layout (TP splits evenly), so the same DP rank holds the same pieces on every TP rank and
+the TP gathers match.
 
 Only 2-D parameters (or tagged pieces) are accepted; ``split_params_for_orthogonal``
 separates them from the rest (embeddings, output layer, norms, biases), which go to AdamW /
@@ -210,9 +213,13 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
             perm = perm.to(d.device)
             d, g = d.index_select(0, perm), g.index_select(0, perm)
         update = torch.empty_like(d, dtype=dtype)
+        tp_axis, tp_group = getattr(spec, "ns_tp_axis", None), getattr(spec, "ns_tp_group", None)
         for d_b, g_b, u_b in zip(split_blocks(d, spec), split_blocks(g, spec), split_blocks(update, spec)):
-            o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
-            u_b.copy_(o.to(dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
+            if tp_axis is None:
+                o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
+                u_b.copy_(o.to(dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
+            else:   # the whole local TP shard: gather it over TP as for a whole param
+                u_b.copy_(self._orthogonalize_tp(d_b, g_b, tp_axis, tp_group, group, dtype))
         if perm is not None:
             update = torch.empty_like(update).index_copy_(0, perm, update)
         return update

@@ -108,11 +108,6 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
         reason = recipes.unavailable_reason(kind, name)
         if reason:
             raise ConfigError(f"{kind}: '{name}' {reason}")
-    if o.name in ("muon", "q_muon", "root", "q_root") and p.use_distributed_optimizer \
-            and p.tensor_model_parallel_size > 1:
-        raise ConfigError(f"optimizer.name={o.name} with parallel.use_distributed_optimizer=true needs "
-                          "parallel.tensor_model_parallel_size=1 (the distributed optimizer's pieces of "
-                          "TP shards are not gathered over TP); set one of the two differently")
     if f.linear != "bf16" and (m.hidden_size % 16 or m.ffn_hidden_size % 16):
         raise ConfigError("NVFP4 linears need model.hidden_size and model.ffn_hidden_size divisible by 16")
     if f.linear == "lora_svd":

@@ -264,19 +264,6 @@ def test_state_dict_round_trip_resumes_exactly():
         assert torch.equal(x, y)
 
 
-def test_orthogonal_with_distributed_optimizer_at_tp2_is_refused():
-    """The distributed optimizer's pieces are gathered over DP, not over TP: the config check
-    refuses the pair at TP > 1 (DP-only: tests/fullstack_fp4/integration/test_orthogonal_distributed.py)."""
-    from megatron.training.config_validate import validate_config
-    from megatron.training.errors import ConfigError
-
-    cfg = load_config(None, TINY + ["optimizer.name=muon", "parallel.use_distributed_optimizer=true"])
-    validate_config(cfg, world_size=2)               # DP=2, TP=1: accepted
-    cfg.parallel.tensor_model_parallel_size = 2
-    with pytest.raises(ConfigError, match="tensor_model_parallel_size=1"):
-        validate_config(cfg, world_size=2)
-
-
 def test_q_adamw_distributed_optimizer_one_rank_step_equals_direct():
     """DistributedOptimizer (DP=1): the inner QAdamW gets 1-D FP32 shards (views of the
     params); its step equals QAdamW applied to copies of those flat shards."""

@@ -10,7 +10,9 @@ all-gathers the shards into the params). Checked too: a DP shard boundary does c
 (so the all-reduce of the pieces is exercised) and the parameters move.
 
 `root` (its ε reads the gradient: the gradient is summed over DP as well) and `muon` (Nesterov
-momentum; the rest on torch AdamW) each run; `q_muon` (NVFP4 Newton–Schulz) in one run.
+momentum; the rest on torch AdamW) each run; `q_muon` (NVFP4 Newton–Schulz) in one run. And
+TP=2 × DP=2 (`root`, `tp_mode: duplicated`: the summed pieces are gathered over TP) against
+TP=2 with the plain optimizer.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def _grad(name: str, shape, step: int) -> torch.Tensor:
     return torch.randn(shape, generator=g) * 1e-2
 
 
-def _worker(rank: int, world: int, port: int, opt: str, out: str):
+def _worker(rank: int, world: int, port: int, opt: str, out: str, tp: int = 1, distopt: bool | None = None):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -46,26 +48,29 @@ def _worker(rank: int, world: int, port: int, opt: str, out: str):
     from megatron.training.config import load_config
     from megatron.training.optimizer import apply_schedule
 
-    distopt = "true" if world > 1 else "false"
-    cfg = load_config(None, TINY + [f"optimizer.name={opt}", f"parallel.use_distributed_optimizer={distopt}"])
+    distopt = world // tp > 1 if distopt is None else distopt
+    cfg = load_config(None, TINY + [f"optimizer.name={opt}", f"parallel.use_distributed_optimizer={str(distopt).lower()}",
+                                    f"parallel.tensor_model_parallel_size={tp}"])
     cfg.logging.dir = None
     tr = trainer_mod.Trainer(cfg, verbose=False)
     named = [(n, p) for n, p in tr.model.named_parameters() if p.requires_grad]
+    tp_rank = rank % tp            # megatron's rank order: TP fastest
     params_per_step = []
     for step in range(1, STEPS + 1):
         apply_schedule(tr.optimizer, LR, WD)
-        for n, p in named:
-            p.main_grad.copy_(_grad(n, p.shape, step))
+        for n, p in named:   # a TP shard's gradient: a function of its name and TP rank
+            p.main_grad.copy_(_grad(f"{n}@tp{tp_rank}" if tp > 1 else n, p.shape, step))
         tr.optimizer.step()
         params_per_step.append({n: p.detach().clone() for n, p in named})
     cuts = 0
-    if world > 1:
+    if distopt:
         w = tr.optimizer.chained_optimizers[0] if hasattr(tr.optimizer, "chained_optimizers") \
             else tr.optimizer
         orth = w.optimizer.subs[0]
         cuts = sum(1 for m in orth.dp_matrices
                    if m.piece is not None and (m.start > 0 or m.end < m.numel))
-    torch.save({"params": params_per_step, "cuts": cuts}, os.path.join(out, f"{opt}_w{world}_r{rank}.pt"))
+    torch.save({"params": params_per_step, "cuts": cuts},
+               os.path.join(out, f"{opt}_tp{tp}_w{world}_r{rank}.pt" if tp > 1 else f"{opt}_w{world}_r{rank}.pt"))
     from megatron.training.initialize import shutdown
     shutdown()
 
@@ -91,3 +96,23 @@ def test_dp2_distributed_optimizer_equals_one_process_plain(runs, opt):
     assert moved, "the matrices must move"
     # a shard boundary cuts at least one matrix on some rank: the pieces were summed over DP
     assert a["cuts"] + b["cuts"] >= 1
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory):
+    """TP=2 × DP=2 with the distributed optimizer (4 processes) against TP=2 with the plain
+    optimizer (2 processes; the TP=2 plain step equals one process, tests of
+    tp_mode=duplicated): the same TP rank gets the same gradients in both."""
+    out = str(tmp_path_factory.mktemp("orth_tp_dp"))
+    helpers.spawn_gloo(_worker, [(2, ("root", out, 2, False)), (4, ("root", out, 2, True))], timeout=400)
+    return {f"w{w}_r{r}": torch.load(os.path.join(out, f"root_tp2_w{w}_r{r}.pt"))
+            for w, rs in ((2, (0, 1)), (4, (0, 1, 2, 3))) for r in rs}
+
+
+def test_tp2_dp2_distributed_optimizer_equals_tp2_plain(tp_runs):
+    for r in range(4):
+        ref, run = tp_runs[f"w2_r{r % 2}"], tp_runs[f"w4_r{r}"]
+        for step in range(STEPS):
+            for name, p1 in ref["params"][step].items():
+                assert torch.equal(run["params"][step][name], p1), (r, step + 1, name)
+    assert sum(tp_runs[f"w4_r{r}"]["cuts"] for r in range(4)) >= 1
