@@ -28,6 +28,8 @@ installed and ``end_step`` returns ``{}`` without touching a tensor). On an enab
 * Q-Muon / Q-Root (``ns_precision == "nvfp4"``): a step pre-hook draws ``ns_matrices`` matrices
   (one orthogonalised block each) and records ``ns_step`` (worst one-step NS error),
   ``ns_orth`` and ``ns_orth_fp32`` (‖XXᵀ − I‖/‖I‖ of the NVFP4 and of the FP32 iteration).
+  Whole 2-D params only: under the distributed optimizer the optimizer holds 1-D pieces of the
+  matrices, and no NS statistics are recorded (not built).
 
 The hooks only *gather* the sampled blocks of the linears (and their tensor amax); ``end_step``
 quantizes all samples of one kind (tile, rounding, RHT) in one batched call with a per-row
