@@ -179,24 +179,8 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None or getattr(p, "ns_dp_spec", None) is not None:
                     continue   # pieces of a matrix: _step_dp_pieces, after the whole params
-                g = p.grad
-                d = self._momentum(g, self.state[p], group)
-                perm = getattr(p, "ns_row_perm", None)
-                if perm is not None:  # interleaved logical blocks: regroup rows first
-                    perm = perm.to(d.device)
-                    d, g = d.index_select(0, perm), g.index_select(0, perm)
-                update = torch.empty_like(d, dtype=p.dtype)
-                tp_axis, tp_group = getattr(p, "ns_tp_axis", None), getattr(p, "ns_tp_group", None)
-                for d_b, g_b, u_b in zip(split_blocks(d, p), split_blocks(g, p),
-                                         split_blocks(update, p)):
-                    if tp_axis is None:
-                        o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
-                        o = o.to(p.dtype) * self._scale(d_b.shape[0], d_b.shape[1], group)
-                    else:
-                        o = self._orthogonalize_tp(d_b, g_b, tp_axis, tp_group, group, p.dtype)
-                    u_b.copy_(o)
-                if perm is not None:  # scatter the update back to the stored row order
-                    update = torch.empty_like(update).index_copy_(0, perm, update)
+                d = self._momentum(p.grad, self.state[p], group)
+                update = self._whole_update(d, p.grad, p, group, p.dtype)
                 if wd:
                     p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr)
@@ -205,11 +189,12 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         return loss
 
     def _whole_update(self, d, g, spec, group, dtype):
-        """The 1-GPU update of a whole matrix from its momentum ``d`` and gradient ``g`` (rows
-        permuted, blocks, ``_pre_ns``, NS, shape scale, permuted back); ``spec`` carries the
-        split tags."""
+        """The update of a whole matrix (a param, or a :class:`DPMatrix`'s summed pieces) from
+        its momentum ``d`` and gradient ``g``; ``spec`` carries the tags (module docstring):
+        rows permuted, blocks, ``_pre_ns``, NS (gathered over TP with ``ns_tp_axis``), shape
+        scale, rows permuted back."""
         perm = getattr(spec, "ns_row_perm", None)
-        if perm is not None:
+        if perm is not None:  # interleaved logical blocks: regroup rows first
             perm = perm.to(d.device)
             d, g = d.index_select(0, perm), g.index_select(0, perm)
         update = torch.empty_like(d, dtype=dtype)
@@ -218,9 +203,9 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
             if tp_axis is None:
                 o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
                 u_b.copy_(o.to(dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
-            else:   # the whole local TP shard: gather it over TP as for a whole param
+            else:
                 u_b.copy_(self._orthogonalize_tp(d_b, g_b, tp_axis, tp_group, group, dtype))
-        if perm is not None:
+        if perm is not None:  # scatter the update back to the stored row order
             update = torch.empty_like(update).index_copy_(0, perm, update)
         return update
 
