@@ -5,7 +5,8 @@
 # MG_PARTS=refs runs only the 1-GPU references and repeats; MG_PARTS=1,4,5 (a comma list) runs the references and
 # those parts only. MG_SKIP=name,name skips single runs (e.g. ones measured in an earlier call).
 # MG_T_RUN: time limit of one multi-GPU training run (default 130 s; a cold Triton cache compiles the TP=2
-# shapes first: run13's full_stack TP=2 made 25 steps of ~0.37 s in its 130 s, most of it before step 1). MG_NO_INSTALL=1: megatron-core already in /tmp/site. MG_EARLIER=summary.json of an earlier call (same commit):
+# shapes first: run13's full_stack TP=2 made 25 steps of ~0.37 s in its 130 s, most of it before step 1).
+# MG_NO_INSTALL=1: megatron-core already in /tmp/site. MG_EARLIER=summary.json of an earlier call (same commit):
 # its runs (losses stored in it) join this call's summary, so references need not be rerun.
 # Writes $OUT/multi_gpu_check.log, $OUT/summary.md, $OUT/summary.json (OUT defaults to runs/multi_gpu_check).
 # Every run has a `timeout`; a failed run is recorded and the script goes on; runs that would not fit the
