@@ -71,29 +71,11 @@ def lora_l1_betas(model_chunks) -> dict[int, float]:
 
 
 def _main_params_of(wrapper) -> dict[int, torch.Tensor]:
-    """id(model param) -> the main param (or main shard) whose `.grad` the norm reads.
+    """id(model param) -> the main param (or the distributed optimizer's main shard) whose
+    `.grad` the norm reads (`optimizers.model_main_pairs`)."""
+    from fullstack_fp4.integration.optimizers import model_main_pairs
 
-    Float16OptimizerWithFloat16Params: FP32 copies (`fp32_from_float16_groups`); the
-    DistributedOptimizer: FP32 shards (`shard_fp32_from_float16_groups`, `shard_fp32_groups`,
-    None where this rank owns no piece); FP32Optimizer and the rest: the model params themselves."""
-    out = {}
-    pairs = []
-    if hasattr(wrapper, "shard_fp32_from_float16_groups"):
-        pairs = [(wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
-                 (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)]
-    elif hasattr(wrapper, "fp32_from_float16_groups"):
-        pairs = [(wrapper.float16_groups, wrapper.fp32_from_float16_groups),
-                 (wrapper.fp32_from_fp32_groups, wrapper.fp32_from_fp32_groups)]
-    for model_groups, main_groups in pairs:
-        for mg, sg in zip(model_groups, main_groups):
-            for mp, sp in zip(mg, sg):
-                if sp is not None:
-                    out[id(mp)] = sp
-    if not pairs:
-        for g in wrapper.optimizer.param_groups:
-            for p in g["params"]:
-                out[id(p)] = p
-    return out
+    return {id(mp): main for mp, main in model_main_pairs(wrapper)}
 
 
 def _grad_of(param):

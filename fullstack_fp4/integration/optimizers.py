@@ -55,7 +55,7 @@ from fullstack_fp4.optim.root import Root
 
 __all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix",
            "STATE_KEY", "OptimizerLayoutError", "resume_layout_error", "place_distributed_shards",
-           "converted_wrappers", "inner_params", "canonical_name", "dp_matrix_specs"]
+           "converted_wrappers", "inner_params", "canonical_name", "dp_matrix_specs", "model_main_pairs"]
 
 MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
                    "linear_fc2.weight")
@@ -146,35 +146,30 @@ def _wrappers(optimizer) -> list:
     return [optimizer]
 
 
-def _main_to_model(wrapper) -> dict:
-    """id(main param the inner optimizer sees) -> model param."""
-    if isinstance(wrapper, Float16OptimizerWithFloat16Params):
-        out = {}
+def model_main_pairs(wrapper):
+    """(model param, the main param the inner optimizer sees for it): megatron's
+    DistributedOptimizer its FP32 shards (only the params of which this DP rank holds a piece),
+    Float16OptimizerWithFloat16Params its FP32 copies (FP32 params: themselves), FP32Optimizer
+    the model params themselves."""
+    if isinstance(wrapper, DistributedOptimizer):
+        for mgs, sgs in ((wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
+                         (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)):
+            for mg, sg in zip(mgs, sgs):
+                yield from ((mp, sp) for mp, sp in zip(mg, sg) if sp is not None)
+    elif isinstance(wrapper, Float16OptimizerWithFloat16Params):
         for g16, g32 in zip(wrapper.float16_groups, wrapper.fp32_from_float16_groups):
-            out.update({id(m): p for p, m in zip(g16, g32)})
+            yield from zip(g16, g32)
         for g in wrapper.fp32_from_fp32_groups:
-            out.update({id(p): p for p in g})
-        return out
-    if isinstance(wrapper, FP32Optimizer):
-        return {id(p): p for g in wrapper.optimizer.param_groups for p in g["params"]}
-    raise TypeError(f"no main-param map for {type(wrapper).__name__}")
+            yield from ((p, p) for p in g)
+    elif isinstance(wrapper, FP32Optimizer):
+        yield from ((p, p) for g in wrapper.optimizer.param_groups for p in g["params"])
+    else:
+        raise TypeError(f"no main-param map for {type(wrapper).__name__}")
 
 
-def _shard_pairs(wrapper):
-    """(model param, its FP32 main shard on this DP rank) of megatron's DistributedOptimizer,
-    for the params of which this rank holds a piece."""
-    pairs = [(wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
-             (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)]
-    for model_groups, shard_groups in pairs:
-        for mg, sg in zip(model_groups, shard_groups):
-            for mp, sp in zip(mg, sg):
-                if sp is not None:
-                    yield mp, sp
-
-
-def _shard_to_model(wrapper) -> dict:
-    """id(FP32 main shard of megatron's DistributedOptimizer) -> model param."""
-    return {id(sp): mp for mp, sp in _shard_pairs(wrapper)}
+def _main_to_model(wrapper) -> dict:
+    """id(main param (or shard) the inner optimizer sees) -> model param."""
+    return {id(main): mp for mp, main in model_main_pairs(wrapper)}
 
 
 def dp_matrix_specs(wrapper, named) -> list:
@@ -186,7 +181,7 @@ def dp_matrix_specs(wrapper, named) -> list:
     from fullstack_fp4.optim.muon import DPMatrix
 
     in_buffers = {id(p) for b in wrapper.buffers for p in b.param_index_map}
-    piece_of = {id(mp): sp for mp, sp in _shard_pairs(wrapper)}
+    piece_of = {id(mp): sp for mp, sp in model_main_pairs(wrapper)}
     out = []
     for n, mp in named:
         if id(mp) not in in_buffers or not is_orthogonal_matrix(n, mp):
@@ -242,14 +237,7 @@ def _inner_param_names(wrapper, model_chunks) -> list:
     """Model-parameter name (`canonical_name`) of every inner param, in `inner_params` order; a
     distributed-optimizer shard is named after the parameter it is cut from."""
     names = {id(p): canonical_name(n) for c in model_chunks for n, p in c.named_parameters()}
-    if isinstance(wrapper, DistributedOptimizer):
-        model_of = {}
-        for mgs, sgs in ((wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
-                         (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)):
-            for mg, sg in zip(mgs, sgs):
-                model_of.update({id(sp): mp for mp, sp in zip(mg, sg) if sp is not None})
-    else:
-        model_of = _main_to_model(wrapper)
+    model_of = _main_to_model(wrapper)
     return [names.get(id(model_of[id(p)])) if id(p) in model_of else None
             for p in inner_params(wrapper)]
 
@@ -421,23 +409,17 @@ def place_distributed_shards(wrapper, model_chunks) -> list[str]:
     keys = {id(p): i for i, p in enumerate(p for c in model_chunks for p in c.parameters())}
     names = {id(p): n for c in model_chunks for n, p in c.named_parameters()}
     off_grid = []
-    pairs = [(wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
-             (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)]
-    for model_groups, shard_groups in pairs:
-        for mg, sg in zip(model_groups, shard_groups):
-            for mp, sp in zip(mg, sg):
-                if sp is None:
-                    continue
-                rng = wrapper._get_model_param_range_map(mp)["param"]
-                gbuf_index = wrapper.model_param_gbuf_map[mp][0]
-                start = wrapper.buffers[gbuf_index].param_index_map[mp][0]
-                pl = Placement(key=keys[id(mp)], offset=rng.start, full_numel=mp.numel(),
-                               phase=start % CHUNK)
-                pl.check(sp.numel())
-                setattr(sp, PLACE_ATTR, pl)
-                for cut in (rng.start, rng.end):
-                    if 0 < cut < mp.numel() and (start + cut) % CHUNK:
-                        off_grid.append(f"{names.get(id(mp), '?')}[{cut}]")
+    for mp, sp in model_main_pairs(wrapper):
+        rng = wrapper._get_model_param_range_map(mp)["param"]
+        gbuf_index = wrapper.model_param_gbuf_map[mp][0]
+        start = wrapper.buffers[gbuf_index].param_index_map[mp][0]
+        pl = Placement(key=keys[id(mp)], offset=rng.start, full_numel=mp.numel(),
+                       phase=start % CHUNK)
+        pl.check(sp.numel())
+        setattr(sp, PLACE_ATTR, pl)
+        for cut in (rng.start, rng.end):
+            if 0 < cut < mp.numel() and (start + cut) % CHUNK:
+                off_grid.append(f"{names.get(id(mp), '?')}[{cut}]")
     return off_grid
 
 
@@ -528,7 +510,7 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
     else:
         distopt = isinstance(wrapper, DistributedOptimizer)
         tp = ps.get_tensor_model_parallel_world_size()
-        model_of = _shard_to_model(wrapper) if distopt else _main_to_model(wrapper)
+        model_of = _main_to_model(wrapper)
         named = [(n, p) for c in model_chunks for n, p in c.named_parameters()]
         name_of = {id(p): n for n, p in named}
         mats, rest = [], []
