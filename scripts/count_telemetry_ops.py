@@ -9,7 +9,9 @@ every ``aten._local_scalar_dense`` (a host read of a tensor value: on a GPU, a s
 - ``recipe_stats.wgrad_operand_sums`` on a [4104, 1024] BF16 operand, 64 sampled blocks;
 - the Q-AdamW sample statistics of 18 parameters of 64×256 (2 chunks each) after one QAdamW
   step: per parameter (``q_adamw_sample_sums``, the reference path) and, where the tree has it,
-  batched per param group (``q_adamw_group_sums``, what the collector calls).
+  batched per param group (``q_adamw_group_sums``, what the collector calls);
+- the collector's statistics of 16 linears (x, wgrad_x, w, dy, wgrad_dy each), hooks and
+  ``end_step``.
 
 ``--repo`` imports ``fullstack_fp4`` from another checkout (e.g. a ``git worktree`` of an older
 commit), so the counts of two trees can be set side by side. Host-side counts only: how long
@@ -76,6 +78,25 @@ def main() -> int:
         rows.append(("Q-AdamW, 18 x [64, 256], 2 chunks: batched per group",
                      count(lambda: rs.q_adamw_group_sums(items, beta1=b1, beta2=b2, eps=group["eps"],
                                                          chunks=2, generator=torch.Generator().manual_seed(2)))))
+    # the collector's statistics of 16 linears' five operands (x, wgrad_x, w, dy, wgrad_dy),
+    # hooks and end_step, as a telemetry step calls them (docs/telemetry.md § Cost)
+    from fullstack_fp4.telemetry.collector import TelemetryCollector
+
+    x, w = torch.randn(512, 256).bfloat16(), torch.randn(256, 256).bfloat16()
+
+    def linears():
+        tel = TelemetryCollector(100)
+        tel._gen = torch.Generator().manual_seed(0)
+        for i in range(16):
+            tel._add(f"l{i}", "x", x, (1, 16), "nearest")
+            tel._add_wgrad(f"l{i}", "wgrad_x", x, "nearest")
+            tel._add(f"l{i}", "w", w, (16, 16), "nearest")
+            tel._add(f"l{i}", "dy", x, (1, 16), "stochastic")
+            tel._add_wgrad(f"l{i}", "wgrad_dy", x, "stochastic")
+        tel.end_step()
+
+    rows.append(("collector, 16 linears x 5 operands ([512, 256] / [256, 256] bf16): hooks + end_step",
+                 count(linears)))
     print(f"tree: {os.path.abspath(a.repo)}")
     print("| statistic | aten ops | host reads |\n|---|---:|---:|")
     for name, (ops, reads) in rows:
