@@ -54,6 +54,7 @@ QAdamW.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Iterable, Optional
 
@@ -160,6 +161,8 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         if untagged:
             raise ValueError(f"params {untagged[:3]} are neither 2-D nor a piece of a DPMatrix")
         self.dp_matrices, self.dp_group = list(matrices), dp_group
+        # where each whole matrix sits in the step's flat buffer (fixed for the run)
+        self._dp_offsets = list(itertools.accumulate((m.numel for m in self.dp_matrices), initial=0))
 
     def orthogonalize(self, d: torch.Tensor, group) -> torch.Tensor:
         return newton_schulz(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
@@ -220,13 +223,10 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         # the same answer on every DP rank (the collectives below must match): the defaults,
         # not the groups (a rank may hold no piece)
         reads_g = self._pre_ns_reads_grad(self.defaults)
-        base, n = [], 0
-        for m in mats:
-            base.append(n)
-            n += m.numel
+        n = self._dp_offsets[-1]
         D = torch.zeros(n, dtype=torch.float32, device=dev)
         G = torch.zeros(n, dtype=torch.float32, device=dev) if reads_g else None
-        at = {id(m): b for m, b in zip(mats, base)}
+        at = {id(m): b for m, b in zip(mats, self._dp_offsets)}
         for m in live:
             b, p = at[id(m)], m.piece
             D[b + m.start: b + m.end] = self._momentum(p.grad, self.state[p], group_of[id(p)])
