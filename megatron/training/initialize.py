@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import os
 import random
-import socket
 
 import numpy as np
 import torch
@@ -18,12 +17,6 @@ from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from megatron.training import cpu_compat
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def initialize(cfg) -> torch.device:
@@ -36,10 +29,16 @@ def initialize(cfg) -> torch.device:
         cpu_compat.enable()
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # plain `python pretrain_gpt.py`: a world of one
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(_free_port()))
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+        timeout = datetime.timedelta(minutes=30)
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # plain `python pretrain_gpt.py` (or torchrun with one process): a world of one
+            # needs no rendezvous, so its store is in memory, not on a TCP port (a port found
+            # free here and bound later could be taken meanwhile by another process)
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(cfg.parallel.tensor_model_parallel_size,
                                      cfg.parallel.pipeline_model_parallel_size)

@@ -1,6 +1,5 @@
 """QAttnCoreAttention inside a tiny megatron-core GPTModel on CPU (forward + backward)."""
 
-import os
 
 import pytest
 import torch
@@ -14,9 +13,7 @@ def parallel():
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29531")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no TCP port
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(123, inference_rng_tracker=True)

@@ -33,9 +33,8 @@ def _grad(name: str, shape, step: int) -> torch.Tensor:
     return torch.randn(shape, generator=g) * 1e-2
 
 
-def _worker(rank: int, world: int, port: int, out: str, distributed: bool):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, init: str, out: str, distributed: bool):
+    helpers.join_gloo(rank, world, init)
     torch.set_num_threads(1)
     from megatron.training import recipes
     from megatron.training.config import load_config

@@ -41,9 +41,8 @@ def _grad(name: str, shape, step: int) -> torch.Tensor:
     return x * torch.exp(1.5 * torch.randn(shape, generator=g)) * 1e-2
 
 
-def _worker(rank: int, world: int, port: int, out: str):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, init: str, out: str):
+    helpers.join_gloo(rank, world, init)
     torch.set_num_threads(1)
     import megatron.training.trainer as trainer_mod
     from megatron.training.config import load_config

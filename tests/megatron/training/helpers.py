@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,18 +42,14 @@ def base_config(directory: str) -> str:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pretrain_cmd(config: str, overrides: list[str], nproc: int = 1, extra_args: list[str] = ()) -> list[str]:
     args = [PRETRAIN, "--config", config, *extra_args, *TINY, *overrides]
     if nproc == 1:
         return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
+    # --standalone: torchrun binds its rendezvous store to a port it picks itself, where a port
+    # found free here first could be taken by another run's gloo sockets before torchrun binds it
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            *args]
 
 
 def start(config: str, overrides: list[str], *, nproc: int = 1, log: str | None = None) -> subprocess.Popen:
@@ -113,20 +108,38 @@ def read_quant_records(logdir: str) -> dict[int, dict]:
 
 def spawn_gloo(target, runs, timeout: float = 300) -> None:
     """In-process multi-rank runs: for each ``(world, args)`` of ``runs``, ``world`` spawned
-    processes ``target(rank, world, port, *args)`` sharing a fresh port (the target sets up
-    torch.distributed from it); all runs start together and every process must exit 0."""
+    processes ``target(rank, world, init, *args)`` sharing a fresh rendezvous ``init`` (a
+    ``file://`` URL; the target calls ``join_gloo``); all runs start together and every process
+    must exit 0.
+
+    A file rendezvous, not a TCP port: a port found free here is only reserved once rank 0's
+    store binds it, seconds later (the workers import megatron first), and meanwhile the other
+    runs' gloo connections take ephemeral ports from the same range; CI once lost that race."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
+    rendezvous = tempfile.mkdtemp(prefix="gloo_rendezvous_")
     procs = []
-    for world, args in runs:
-        port = free_port()
-        procs += [ctx.Process(target=target, args=(r, world, port, *args)) for r in range(world)]
+    for i, (world, args) in enumerate(runs):
+        init = "file://" + os.path.join(rendezvous, f"run{i}")
+        procs += [ctx.Process(target=target, args=(r, world, init, *args)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=timeout)
         assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+
+
+def join_gloo(rank: int, world: int, init: str) -> None:
+    """A spawn_gloo worker's torch.distributed set-up (gloo, the file rendezvous); the
+    trainer's ``initialize`` then finds the process group made and only adds megatron's."""
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=10))
 
 
 # ----------------------------------------------------------------- the shared baseline run

@@ -149,9 +149,7 @@ def test_preprocess_errors_are_one_line(tmp_path, corpus, capsys):
 @pytest.fixture(scope="module")
 def dist():
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)  # no TCP port
     yield
 
 
