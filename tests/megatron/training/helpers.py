@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,7 +115,8 @@ def spawn_gloo(target, runs, timeout: float = 300) -> None:
 
     A file rendezvous, not a TCP port: a port found free here is only reserved once rank 0's
     store binds it, seconds later (the workers import megatron first), and meanwhile the other
-    runs' gloo connections take ephemeral ports from the same range; CI once lost that race."""
+    runs' gloo connections take ephemeral ports from the same range. (A CI run failed in a
+    worker's init_process_group; its message was cut off, this race is the likely cause.)"""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -123,11 +125,17 @@ def spawn_gloo(target, runs, timeout: float = 300) -> None:
     for i, (world, args) in enumerate(runs):
         init = "file://" + os.path.join(rendezvous, f"run{i}")
         procs += [ctx.Process(target=target, args=(r, world, init, *args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=timeout)
-        assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=timeout)
+            assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+    finally:   # a hung or failed run leaves no process behind
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        shutil.rmtree(rendezvous, ignore_errors=True)
 
 
 def join_gloo(rank: int, world: int, init: str) -> None:
