@@ -42,6 +42,8 @@ ARMS = {
     "bf16": [],
     "nvfp4_linear": ["fp4.linear=nvfp4"],
     "lora_svd": ["fp4.linear=lora_svd"],
+    # diagnostic: the LoRA-SVD reparametrisation with W_res unquantized (docs/lora-svd.md)
+    "lora_svd_unquantized": ["fp4.linear=lora_svd", "fp4.lora_svd.unquantized=true"],
     "q_adamw": ["optimizer.name=q_adamw"],
     "root": ["optimizer.name=root"],
     "q_root": ["optimizer.name=q_root"],

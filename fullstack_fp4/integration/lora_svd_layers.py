@@ -100,7 +100,7 @@ def _tp_rank(tp_group) -> int:
 class _LoRASVDMixin:
     _lora_axis: int  # TP sharding axis of weight and both factors
 
-    def _lora_init(self, rank, beta, oversample, power_iters):
+    def _lora_init(self, rank, beta, oversample, power_iters, exact=False):
         if self.sequence_parallel:
             raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
         out_f, in_f = self.weight.shape
@@ -109,7 +109,7 @@ class _LoRASVDMixin:
                              f"{out_f}x{in_f} shard")
         self.lora_rank, self.lora_beta = int(rank), float(beta)
         self.lora_oversample, self.lora_power_iters = int(oversample), int(power_iters)
-        self.lora_exact = False
+        self.lora_exact = bool(exact)   # W_res GEMMs unquantized (exact_matmuls, `unquantized`)
         self._lora_basis = BasisCache()  # (Q, R⁻¹) of L2, recomputed only when L2 is rewritten
         w = self.weight
         self.lora_l2 = torch.nn.Parameter(torch.zeros(out_f, rank, dtype=w.dtype, device=w.device),
@@ -165,9 +165,9 @@ class LoRASVDColumnParallelLinear(_LoRASVDMixin, ColumnParallelLinear):
     _lora_axis = 0
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 **kwargs):
+                 lora_exact=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters)
+        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         return self._lora_forward_impl(input, weight, **kwargs)
@@ -177,9 +177,9 @@ class LoRASVDRowParallelLinear(_LoRASVDMixin, RowParallelLinear):
     _lora_axis = 1
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 **kwargs):
+                 lora_exact=False, **kwargs):
         super().__init__(*args, **kwargs)
-        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters)
+        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         kwargs["allreduce_dgrad"] = False  # the input is already split along K
@@ -477,7 +477,7 @@ def lora_svd_layer_specs(lcfg):
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     params = dict(lora_rank=lcfg.rank, lora_beta=lcfg.beta, lora_oversample=lcfg.oversample,
-                  lora_power_iters=lcfg.power_iters)
+                  lora_power_iters=lcfg.power_iters, lora_exact=lcfg.unquantized)
     return (ModuleSpec(module=LoRASVDColumnParallelLinear, params=dict(params)),
             ModuleSpec(module=LoRASVDRowParallelLinear, params=dict(params)))
 

@@ -94,6 +94,20 @@ def test_layers_factors_and_initial_split():
     assert proj.global_shape == (4, 128, RANK) and proj.local_shape == (128, RANK)
 
 
+def test_unquantized_switch_runs_the_exact_path():
+    """`fp4.lora_svd.unquantized=true` (the diagnostic arm) builds layers whose W_res GEMMs are
+    unquantized: its loss equals the default model's under `exact_matmuls` (same seed, same
+    weights), which is not the default model's NVFP4 loss."""
+    quantized = _trainer(_cfg(*LORA))
+    assert not any(m.lora_exact for _, m in _mods(quantized))
+    nvfp4_loss = quantized.evaluate()
+    exact_loss = _fixed_batch_loss(quantized, True)
+    unquantized = _trainer(_cfg(*LORA, "fp4.lora_svd.unquantized=true"))
+    assert all(m.lora_exact for _, m in _mods(unquantized))
+    assert unquantized.evaluate() == exact_loss
+    assert exact_loss != nvfp4_loss
+
+
 # ----------------------------------------------------------------------- realignment
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_realignment_keeps_w_loss_and_applies_the_moment_policy(precision):
