@@ -23,7 +23,7 @@ ours-1term | ours-1term-SR | ours (shifted + "fp4" + two-term operands: the defa
 
 Usage: python scripts/ns_error_table.py [--scale 16] [--shapes "3b proj,3b fc2"]
            [--kinds gauss,lowrank,heavy] [--methods naive,ours-1term,ours,bf16]
-           [--matrices FILE.pt [--match ns_input] [--no-random]] [--device cpu|cuda]
+           [--matrices FILE.pt [--match ns_input[,layers.1.]] [--no-random]] [--device cpu|cuda]
 Real matrices: FILE.pt from scripts/ns_dump_momentum.py (``--match ns_input``: exactly what the
 optimizer passes to the NS). GPU, 3b sizes:
     python scripts/ns_error_table.py --device cuda --scale 1 --kinds gauss,lowrank \
@@ -101,6 +101,20 @@ def _polar(G):
     return _POLAR[key]
 
 
+_REF32: dict = {}
+
+
+def _ref32(G, sched):
+    """The FP32 NS result with ``sched``, once per (matrix, schedule): methods that share a
+    schedule share it (at 3b sizes each is ≈ 2 TFLOP on a CPU)."""
+    key = (G.data_ptr(), tuple(G.shape), G.device, tuple(tuple(abc) for abc in sched))
+    if key not in _REF32:
+        if _REF32 and next(iter(_REF32))[:3] != key[:3]:
+            _REF32.clear()
+        _REF32[key] = newton_schulz(G, coefficients=sched, precision="fp32")
+    return _REF32[key]
+
+
 def evaluate(G, method):
     kw = dict(METHODS[method])
     precision = kw["precision"]
@@ -108,7 +122,7 @@ def evaluate(G, method):
     if kw.get("rounding") == "stochastic":
         kw["generator"] = torch.Generator(device=G.device).manual_seed(0)
     out = newton_schulz(G, coefficients=sched, **kw)
-    ref32 = newton_schulz(G, coefficients=sched, precision="fp32")
+    ref32 = _ref32(G, sched)
     polar = _polar(G)
     # Diverged = left the quintic's basin: non-finite, or spectral norm > 1.5 (every triple we
     # use maps [0, 1] below 1.31, so only an escaped singular value gets there).
@@ -135,7 +149,8 @@ def main():
                     help="comma list of preset shape names (see SHAPES); '' = none (real only)")
     ap.add_argument("--no-random", action="store_true", help="only the --matrices ones")
     ap.add_argument("--match", default="", help="with --matrices: only names containing this "
-                    "(e.g. ns_input: what the optimizer passes to the NS)")
+                    "(e.g. ns_input: what the optimizer passes to the NS); a comma list: "
+                    "names containing all of them (e.g. ns_input,layers.1.)")
     args = ap.parse_args()
     methods = args.methods.split(",")
     cases = []
@@ -148,7 +163,7 @@ def main():
                 cases.append((f"{sname} {kind}", G))
     if args.matrices:
         for name, G in torch.load(args.matrices, map_location="cpu").items():
-            if G.ndim == 2 and args.match in name:
+            if G.ndim == 2 and all(part in name for part in args.match.split(",")):
                 cases.append((f"real {name}", G.float()))
     head = " | ".join(f"{m} (a) | {m} (b) | {m} vs UVᵀ" for m in methods)
     print(f"| matrix | shape | {head} |")
