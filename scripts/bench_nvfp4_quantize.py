@@ -5,6 +5,7 @@
     python scripts/bench_nvfp4_quantize.py --sweep    # + tile-config sweep of the eo kernels
     OUT=/some/dir python scripts/bench_nvfp4_quantize.py   # also writes $OUT/bench_nvfp4_quantize.json
     python scripts/bench_nvfp4_quantize.py --sass     # no GPU: SASS instructions per element
+    ncu ... python scripts/bench_nvfp4_quantize.py --once  # each 1x16-nearest kernel form once
 
 What it does, in one run:
 1. Bit-exactness gate: every mode of ``quantize_triton`` (the eo kernels and the legacy
@@ -19,7 +20,10 @@ What it does, in one run:
    (graph), and the call with the NaN check callers get by default (one host sync, eager).
    Then the peers: a straightforward PyTorch fake-quant, the reference on the GPU, torchao.
 4. ``--sweep``: graph time of each mode over tile configs (BLOCK_M rows, BLOCK_B blocks,
-   warps) of the quantize kernel and of the amax pass, to pick the defaults from one GPU call.
+   warps) of the quantize kernel and of the amax pass, and of the flat kernels' configs (blocks
+   a program, warps), to pick the defaults from one GPU call.
+5. ``--once``: no timing; the 1x16-nearest call once per kernel form (flat, eo, legacy; amax
+   pass and amax given), for a profiler (``ncu``) to read their counters.
 
 Bytes. "min bytes" is what any quantizer must move: read 2 B/elem (BF16) + write 0.5 B codes
 + 1/16 B scales = 2.5625 B/elem. "actual bytes" adds the second read of the input when the
@@ -60,6 +64,9 @@ SWEEP_HEAVY = [(16, 8, 4), (32, 8, 4), (16, 8, 2), (32, 8, 8)]       # SR, 4/6: 
 SWEEP_MODES = ["1x16 nearest", "16x16 nearest", "1x16 stochastic (Philox)", "1x16 nearest RHT",
                "1x16 stochastic RHT (wgrad dY)"]
 AMAX_SWEEP = [(32, 8, 4), (64, 8, 4), (128, 8, 4), (64, 8, 8)]
+# flat kernels (1x16 nearest, contiguous BF16): (blocks a program, warps); amax: (words, warps)
+FLAT_SWEEP = [(64, 2), (128, 4), (256, 4), (512, 4), (256, 8), (512, 8), (1024, 8)]
+FLAT_AMAX_SWEEP = [(1024, 4), (2048, 4), (4096, 8), (8192, 8), (16384, 16)]
 
 
 def _kw(kw):
@@ -184,6 +191,11 @@ def correctness_gate(x_full):
                                             legacy=legacy)
                         results.append((f"{tile[0]}x{tile[1]} {rnd} {rule} rht={rht}"
                                         f"{' legacy' if legacy else ''}", same(a, b)))
+                    if tile == (1, 16) and rule == "6" and rnd == "nearest" and not rht:
+                        for ga in (None, 7.5):
+                            bb = b if ga is None else quantize_reference(x, global_amax=torch.tensor(ga))
+                            results.append((f"1x16 nearest 6 flat{' amax given' if ga else ''}",
+                                            same(quantize_triton(xd, flat=True, global_amax=ga), bb)))
     # in-kernel Philox against the reference fed the dumped uniforms
     for rht in (False, True):
         signs = DEFAULT_SIGNS if rht else None
@@ -230,12 +242,23 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="time the tile configs of each mode")
     ap.add_argument("--sass", action="store_true", help="SASS instruction counts (no GPU)")
     ap.add_argument("--no-peers", action="store_true", help="skip the PyTorch / torchao peers")
+    ap.add_argument("--once", action="store_true", help="each 1x16-nearest kernel form once (ncu)")
     a = ap.parse_args(argv)
     if a.sass:
         return sass_counts(SWEEP)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (or --sass)")
         return 2
+    if a.once:
+        from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        amax = float(x.float().abs().max())
+        for form in (dict(flat=True), dict(legacy=False), dict(legacy=True)):
+            for ga in (None, amax):
+                quantize_triton(x, global_amax=ga, check_finite=False, **form)
+        torch.cuda.synchronize()
+        print("once: flat, eo, legacy x (amax pass, amax given)")
+        return 0
 
     import triton
 
@@ -309,6 +332,9 @@ def main(argv=None):
             "as called, no NaN check")
         add(f"{name}, amax pass, legacy kernels", lambda kw=kw: q(x, check_finite=False, legacy=True, **kw),
             TWO_PASS_B, "before/after baseline", graph=True)
+        if name == "1x16 nearest":
+            add(f"{name}, amax pass, tiled default", lambda kw=kw: q(x, check_finite=False, flat=False, **kw),
+                TWO_PASS_B, "the default before the flat kernels", graph=True)
         add(f"{name}, amax pass + NaN check", lambda kw=kw: q(x, **kw), TWO_PASS_B,
             "what callers get by default (1 host sync)")
         add(f"{name}, global_amax given", lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, **kw),
@@ -320,6 +346,10 @@ def main(argv=None):
             lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, legacy=True, **kw),
             MIN_B, "before/after baseline", graph=True)
     add("amax pass alone (amax_triton)", lambda: amax_triton(x), 2.0, "bytes: 2 read", graph=True)
+    import fullstack_fp4.nvfp4.triton_quantize as tq
+    add("amax pass alone, flat kernel", lambda: tq._launch_amax_flat(x, torch.zeros(1, dtype=torch.int32,
+                                                                                   device="cuda")),
+        2.0, "bytes: 2 read (+ a 4-byte zero fill)", graph=True)
     add("amax pass alone, RHT", lambda: amax_triton(x, DEFAULT_SIGNS), 2.0, "bytes: 2 read", graph=True)
 
     if a.sweep:
@@ -342,6 +372,21 @@ def main(argv=None):
                     lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B, "AMAX_L2_TAIL_BYTES",
                     graph=True)
         tq.AMAX_L2_TAIL_BYTES = 0
+        for cfg in FLAT_SWEEP:
+            add(f"sweep 1x16 nearest flat, cfg={cfg}, global_amax given",
+                lambda cfg=cfg: q(x, global_amax=amax, check_finite=False, flat=True, config=cfg),
+                MIN_B, "", graph=True)
+            add(f"sweep 1x16 nearest flat, cfg={cfg}, amax pass",
+                lambda cfg=cfg: q(x, check_finite=False, flat=True, config=cfg), TWO_PASS_B, "",
+                graph=True)
+        for cfg in FLAT_AMAX_SWEEP:
+            tq.FLAT_AMAX_CONFIG = cfg
+            add(f"sweep flat amax pass cfg={cfg}",
+                lambda: tq._launch_amax_flat(x, torch.zeros(1, dtype=torch.int32, device="cuda")),
+                2.0, "bytes: 2 read", graph=True)
+            add(f"sweep 1x16 nearest flat, amax cfg={cfg}, amax pass",
+                lambda: q(x, check_finite=False, flat=True), TWO_PASS_B, "", graph=True)
+        tq.FLAT_AMAX_CONFIG = None
         for cfg in AMAX_SWEEP:
             for rht in (None, DEFAULT_SIGNS):
                 add(f"sweep amax pass cfg={cfg}{' RHT' if rht else ''}",

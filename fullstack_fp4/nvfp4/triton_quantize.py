@@ -105,6 +105,7 @@ import triton
 from .triton_quantize_jit import FP32_MAX
 from .triton_quantize_kernels import (_amax_kernel, _quantize_kernel, _philox_uniforms_kernel,
                                       _elementwise_probe_kernel)
+from .triton_quantize_flat import _amax_flat_kernel, _quantize_flat_kernel
 from .hadamard import DEFAULT_SIGNS
 from .tensor import NVFP4Tensor
 
@@ -260,6 +261,50 @@ def _launch_amax(x2, signs, amax_bits, rows: int, nblk: int, rht: bool, smask: i
         SIGN_MASK=smask, GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
 
 
+#: Whether ``quantize_triton`` runs the flat kernels (triton_quantize_flat.py) by default where
+#: they apply (:func:`_flat_applies`).
+FLAT_DEFAULT = True
+
+
+def _flat_applies(x2, tile, stochastic, four6, rht, rand) -> bool:
+    """The flat kernels' case: contiguous BF16 at a 4-byte-aligned address (read as int32
+    words), 1x16 tiles, nearest rounding, the 6 rule, no RHT, no explicit uniforms."""
+    return (x2.dtype == torch.bfloat16 and tile == (1, 16) and not stochastic and not four6
+            and not rht and rand is None and x2.is_contiguous() and x2.storage_offset() % 2 == 0)
+
+
+def _flat_config(nblk_all: int, config: Optional[tuple] = None):
+    """(NBP blocks a program, num_warps) of the flat quantize: 256 blocks (8 KB of BF16) on 4
+    warps, i.e. four 16-byte half-blocks a thread in flight; the interpreter takes fewer."""
+    if config is not None:
+        return config
+    if _is_interpreter():
+        return min(max(_pow2(nblk_all), 2), 64), 4
+    return 256, 4
+
+
+#: (words a program, num_warps) override of the flat amax pass (benchmark sweeps), or None.
+FLAT_AMAX_CONFIG = None
+
+
+def _flat_amax_config(nwords: int):
+    """(words a program, num_warps) of the flat amax pass: 4096 words (16 KB) on 8 warps."""
+    if FLAT_AMAX_CONFIG is not None:
+        return FLAT_AMAX_CONFIG
+    if _is_interpreter():
+        return min(max(_pow2(nwords), 16), 1024), 4
+    return 4096, 8
+
+
+def _launch_amax_flat(x2, amax_bits):
+    xw = x2.view(torch.int32).reshape(-1)
+    nw = xw.numel()
+    block, warps = _flat_amax_config(nw)
+    _amax_flat_kernel[(_cdiv(nw, block),)](xw, amax_bits, nw, BLOCK=block,
+                                           I64=(_cdiv(nw, block) + 1) * block > _I32_LIMIT,
+                                           num_warps=warps)
+
+
 def _host_amax_bits(global_amax) -> int:
     """FP32 bits of a host-number amax (rounded as ``torch.tensor(v, dtype=float32)``), or a
     ValueError if it is not finite and >= 0 (checked here: no device round trip)."""
@@ -287,6 +332,7 @@ def quantize_triton(
     config: Optional[tuple] = None,
     check_finite: bool = True,
     legacy: Optional[bool] = None,
+    flat: Optional[bool] = None,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (BF16/FP16/FP32, any leading dims, contiguous last dim K % 16 == 0) to NVFP4.
 
@@ -314,8 +360,14 @@ def quantize_triton(
         legacy for nearest rounding with the 6 rule (152 vs 210 µs 1×16, 146 vs 211 16×16,
         169 vs 212 with RHT), eo for stochastic rounding (187 vs 209; 195 vs 232 with RHT)
         and for 4/6 (164 vs 271).
+    flat: the flat kernels (triton_quantize_flat.py) for contiguous BF16, 1x16, nearest, the 6
+        rule, no RHT. None (default): used wherever they apply, if ``FLAT_DEFAULT``, and no
+        ``legacy`` / ``config`` is asked for; True: required (ValueError where they do not
+        apply; ``config`` is then (blocks a program, num_warps)); False: the tiled kernels.
+        Same bits in every case.
     """
     tile, rows, k = _check_input(x, tile, rounding, scale_rule)
+    legacy_arg = legacy
     if legacy is None:
         legacy = rounding == "nearest" and scale_rule == "6"
     dev = x.device
@@ -334,8 +386,16 @@ def quantize_triton(
                            x.dtype, tile)
 
     x2 = _as_2d(x, rows, k)
-    signs = _device_signs(rht_signs, dev)
     rht = rht_signs is not None
+    flat_ok = _flat_applies(x2, tile, stochastic, four6, rht, rand)
+    if flat and not flat_ok:
+        raise ValueError("flat=True needs a contiguous BF16 input, tile (1, 16), nearest rounding, "
+                         "the 6 rule, no RHT and no explicit rand")
+    if flat is None:
+        flat = flat_ok and FLAT_DEFAULT and legacy_arg is None and config is None
+    if flat:
+        return _quantize_flat(x2, x, data, scale, dec, global_amax, config, check_finite)
+    signs = _device_signs(rht_signs, dev)
 
     philox = False
     rand2 = x2          # placeholder pointer, never read unless stochastic with explicit rand
@@ -387,6 +447,11 @@ def quantize_triton(
         AMAX_IMM=given and g is None, BM=bm, NB=nb, XW=xw, I64=i64, SIGN_MASK=smask,
         GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
 
+    return _finish(x, data, scale, dec, obs, given, g, check_finite, tile)
+
+
+def _finish(x, data, scale, dec, obs, given, g, check_finite, tile) -> NVFP4Tensor:
+    """NaN/Inf handling shared by both kernel forms, then the NVFP4Tensor."""
     if given:
         # The kernel poisoned dec for a bad *given* amax; a NaN/Inf seen in the input only
         # shows in obs (the observed amax bits): poison dec for it too (no sync).
@@ -401,6 +466,31 @@ def quantize_triton(
                 raise ValueError(f"global_amax must be finite and >= 0, got {float(g)}")
             raise ValueError("quantize: input holds NaN or Inf")
     return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), dec.reshape(()), x.shape, x.dtype, tile)
+
+
+def _quantize_flat(x2, x, data, scale, dec, global_amax, config, check_finite) -> NVFP4Tensor:
+    """The flat kernels (triton_quantize_flat.py): amax pass (unless given) + one quantize pass."""
+    dev = x2.device
+    nblk_all = x2.numel() // 16
+    nbp, warps = _flat_config(nblk_all, config)
+    obs = torch.zeros((1,), dtype=torch.int32, device=dev)
+    given = global_amax is not None
+    imm, g = 0, None
+    if given and not isinstance(global_amax, torch.Tensor):
+        imm = _host_amax_bits(global_amax)       # by value: no H2D copy (see quantize_triton)
+        amax_bits = obs                          # never read (AMAX_IMM)
+    elif given:
+        g = global_amax.to(device=dev, dtype=torch.float32).reshape(1)
+        amax_bits = g.view(torch.int32)
+    else:
+        amax_bits = obs
+        _launch_amax_flat(x2, amax_bits)
+    nprog = _cdiv(nblk_all, nbp)
+    _quantize_flat_kernel[(nprog,)](
+        x2.view(torch.int32), amax_bits, obs, data.view(torch.int32), scale, dec, imm, nblk_all,
+        TRACK_AMAX=given, REVERSE=not given, AMAX_IMM=given and g is None, NBP=nbp,
+        I64=(nprog + 1) * nbp * 8 > _I32_LIMIT, num_warps=warps, enable_fp_fusion=False)
+    return _finish(x, data, scale, dec, obs, given, g, check_finite, (1, 16))
 
 
 _SIGNS_CACHE: dict = {}

@@ -239,7 +239,9 @@ def test_default_kernel_per_mode(monkeypatch):
     # legacy for nearest with the 6 rule, eo for stochastic rounding and 4/6; same bits either way
     import functools
 
-    orig = tq.quantize_triton.func  # the unpinned function under the fixture's partial
+    # the unpinned function under the fixture's partial, tiled kernels (the flat ones have their
+    # own module, test_quantize_flat.py)
+    orig = functools.partial(tq.quantize_triton.func, flat=False)
     seen = []
     real_grid = tq._grid
     monkeypatch.setattr(tq, "_grid", lambda rows, nblk, bm, nb, legacy:
