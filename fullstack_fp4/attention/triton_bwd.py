@@ -284,8 +284,10 @@ def bwd_config(d: int):
     # computes exp2, dS and the quantization of the *whole* tile (SASS: 32 MUFU.EX2 per thread
     # per tile = 4096 / 128) and the GEMMs run as 64x32 wgmmas. 128 rows give each warpgroup
     # its own 64 rows: half the elementwise instructions per tile, 64x64 / 64x128 wgmmas.
-    # Registers 255 (dkdv, no spill) / 210 (dq), smem 164 KB (compile gate); PERF.md.
-    return (8, 2, 2), (8, 2, 2)
+    # Registers 255 (dkdv, no spill) / 210 (dq), smem 164 KB at 2 stages (compile gate); PERF.md.
+    # 3 pipeline stages measured 5% faster on the H200 (1.848 vs 1.942 ms at 1x24x4096x128
+    # causal, `bench_q_attn.py --sweep`, 2026-12-01: benchmarks/results/2026-12-01/run16_kernels).
+    return (8, 3, 2), (8, 3, 2)
 
 
 def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_fp4: bool = True,
