@@ -4,7 +4,7 @@
     python scripts/bench_q_adamw.py --sweep [--params 1.0e9]   # kernel configurations only
 
 ``--sweep``: every candidate launch configuration of the fused kernel — chunks per program
-(``cpp`` 1, 2, 4 → 2, 4, 8 warps), register cap (``maxnreg`` none, 128, 96), nibble decode
+(``cpp`` 1, 2, 4 → 2, 4, 8 warps), register cap (``maxnreg`` 0 = Triton's choice, 128, 96; None = the default), nibble decode
 (``fast_dec`` on/off) — first checked bit for bit against the reference on the GPU (a plain
 and a phased tensor, 3 steps; a config that differs is reported and not timed), then timed
 over the same ~1e9 parameters as the kernel rows, all in this one process; prints a table
@@ -137,16 +137,16 @@ def kernel_rows(args, gd, res):
 # check, Philox for the timing; ~30-60 s each), so the default list is the likely winners
 # plus the v1 baseline (~5 min); --sweep-all: every combination (~20 min: split it with
 # --sweep-configs).
-SWEEP = [dict(cpp=1, maxnreg=None, fast_dec=False),                  # v1 as measured (8.95 ms)
-         dict(cpp=1, maxnreg=None, fast_dec=True),
-         dict(cpp=2, maxnreg=None, fast_dec=True),
+SWEEP = [dict(cpp=1, maxnreg=0, fast_dec=False),                     # v1 as measured (8.95 ms)
+         dict(cpp=1, maxnreg=0, fast_dec=True),
+         dict(cpp=2, maxnreg=0, fast_dec=True),
          dict(cpp=1, maxnreg=128, fast_dec=True),
          dict(cpp=2, maxnreg=128, fast_dec=True),
          # Philox-path options (change the SR uniforms, not checkable bit for bit: the check
          # runs with explicit uniforms): 7 rounds; 8-bit uniforms from one call per block
          dict(cpp=1, maxnreg=None, fast_dec=True, rounds=7),
          dict(cpp=1, maxnreg=None, fast_dec=True, u8=True, rounds=7)]
-SWEEP_ALL = [dict(cpp=c, maxnreg=r, fast_dec=f) for c in (1, 2, 4) for r in (None, 168, 128, 96)
+SWEEP_ALL = [dict(cpp=c, maxnreg=r, fast_dec=f) for c in (1, 2, 4) for r in (0, 168, 128, 96)
              for f in (True, False)]
 
 
@@ -155,7 +155,7 @@ def _parse_configs(text: str) -> list[dict]:
     out = []
     for item in text.split(";"):
         f = item.split(",")
-        kw = dict(cpp=int(f[0]), maxnreg=None if f[1].lower() == "none" else int(f[1]),
+        kw = dict(cpp=int(f[0]), maxnreg=0 if f[1].lower() == "none" else int(f[1]),
                   fast_dec=bool(int(f[2])))
         if len(f) > 3:
             kw["u8"] = bool(int(f[3]))
