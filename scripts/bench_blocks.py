@@ -44,6 +44,8 @@ ARMS = {
     "lora_svd": ["fp4.linear=lora_svd"],
     # diagnostic: the LoRA-SVD reparametrisation with W_res unquantized (docs/lora-svd.md)
     "lora_svd_unquantized": ["fp4.linear=lora_svd", "fp4.lora_svd.unquantized=true"],
+    # LoRA-SVD with the dense route: W_res takes the whole gradient (docs/lora-svd.md)
+    "lora_svd_dense": ["fp4.linear=lora_svd", "fp4.lora_svd.route=dense"],
     "q_adamw": ["optimizer.name=q_adamw"],
     "root": ["optimizer.name=root"],
     "q_root": ["optimizer.name=q_root"],

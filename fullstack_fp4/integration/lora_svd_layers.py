@@ -52,6 +52,9 @@ written back to the master copies *and* the model parameters. Optimizer state ac
   ``m ← 0, v ← mean(v)`` (:func:`reset_factor_moments`). Other layouts (e.g. quantized
   moments of q_adamw) are left unchanged — a known limitation.
 * ``L2``: frozen, no optimizer state.
+* **Dense route** (``fp4.lora_svd.route: dense``, fullstack_fp4/linear/lora_svd.py): W_res got
+  the whole gradient, so its moments are the dense W's elementwise moments whatever the split:
+  they stay as they are; L1 (zero gradients) gets zero moments (:func:`zero_factor_moments`).
 
 Supported optimizer wrappers: megatron-core's `FP32Optimizer` (fp32 runs: the params are
 their own masters), `Float16OptimizerWithFloat16Params` (bf16 runs: masters via
@@ -84,6 +87,7 @@ from fullstack_fp4.linear.lora_svd import (BasisCache, lora_svd_linear, lora_svd
 
 __all__ = ["LoRASVDColumnParallelLinear", "LoRASVDRowParallelLinear", "lora_svd_modules",
            "realign_model", "exact_matmuls", "merged_state_dict", "reset_factor_moments",
+           "zero_factor_moments",
            "transfer_moments", "dense_moments", "route_moments"]
 
 _INIT_SEED = 0x5EED_1075
@@ -100,7 +104,7 @@ def _tp_rank(tp_group) -> int:
 class _LoRASVDMixin:
     _lora_axis: int  # TP sharding axis of weight and both factors
 
-    def _lora_init(self, rank, beta, oversample, power_iters, exact=False):
+    def _lora_init(self, rank, beta, oversample, power_iters, exact=False, route="projected"):
         if self.sequence_parallel:
             raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
         out_f, in_f = self.weight.shape
@@ -110,6 +114,9 @@ class _LoRASVDMixin:
         self.lora_rank, self.lora_beta = int(rank), float(beta)
         self.lora_oversample, self.lora_power_iters = int(oversample), int(power_iters)
         self.lora_exact = bool(exact)   # W_res GEMMs unquantized (exact_matmuls, `unquantized`)
+        if route not in ("projected", "dense"):
+            raise ValueError(f"LoRA-SVD route must be 'projected' or 'dense', got {route!r}")
+        self.lora_route = route         # backward routing (fullstack_fp4/linear/lora_svd.py)
         self._lora_basis = BasisCache()  # (Q, R⁻¹) of L2, recomputed only when L2 is rewritten
         w = self.weight
         self.lora_l2 = torch.nn.Parameter(torch.zeros(out_f, rank, dtype=w.dtype, device=w.device),
@@ -146,9 +153,12 @@ class _LoRASVDMixin:
             raise ValueError("LoRA-SVD linears do not support sequence parallelism")
         if allreduce_dgrad:
             input = copy_to_tensor_model_parallel_region(input, group=self.tp_group)
-        basis = self._lora_basis.get(self.lora_l2) if torch.is_grad_enabled() else None
+        # (Q, R⁻¹) only where the backward projects (the dense route does not)
+        basis = (self._lora_basis.get(self.lora_l2)
+                 if torch.is_grad_enabled() and self.lora_route == "projected" else None)
         return lora_svd_linear(input, weight, self.lora_l1, self.lora_l2, self.lora_beta, bias,
-                               exact=self.lora_exact, amax_reduce=_amax_reducer(self.tp_group),
+                               exact=self.lora_exact, route=self.lora_route,
+                               amax_reduce=_amax_reducer(self.tp_group),
                                basis=basis)
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
@@ -165,9 +175,10 @@ class LoRASVDColumnParallelLinear(_LoRASVDMixin, ColumnParallelLinear):
     _lora_axis = 0
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, **kwargs):
+                 lora_exact=False, lora_route="projected", **kwargs):
         super().__init__(*args, **kwargs)
-        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact)
+        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
+                        lora_route)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         return self._lora_forward_impl(input, weight, **kwargs)
@@ -177,9 +188,10 @@ class LoRASVDRowParallelLinear(_LoRASVDMixin, RowParallelLinear):
     _lora_axis = 1
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, **kwargs):
+                 lora_exact=False, lora_route="projected", **kwargs):
         super().__init__(*args, **kwargs)
-        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact)
+        self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
+                        lora_route)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         kwargs["allreduce_dgrad"] = False  # the input is already split along K
@@ -234,6 +246,15 @@ def _state_of(optimizer, master):
 
 _ADAM_KEYS = {"step", "exp_avg", "exp_avg_sq"}
 _SGD_KEYS = {"momentum_buffer"}
+
+
+def zero_factor_moments(state: dict) -> dict:
+    """L1's state at a realignment under the dense route: every moment 0, step kept. (L1 gets
+    zero gradients there, so its moments are 0 already; this makes it so whatever came before,
+    e.g. a checkpoint of a projected-route run.) Unknown layouts are left unchanged."""
+    if not set(state) <= _ADAM_KEYS | _SGD_KEYS:
+        return state
+    return {k: (torch.zeros_like(v) if k != "step" else v) for k, v in state.items()}
 
 
 def reset_factor_moments(state: dict) -> dict:
@@ -407,7 +428,10 @@ def _realign_module_distributed(mod, optimizer, generator) -> None:
     mod.weight.copy_(w_res)
     mod.lora_l1.copy_(l1)
     new_w, new_1 = {"param": w_res}, {"param": l1}
-    if adam_w and adam_1:
+    if adam_w and adam_1 and mod.lora_route == "dense":
+        # W_res's moments are the dense W's (it got the whole gradient): they stay; L1 got zeros
+        new_1.update({k: torch.zeros_like(full_1[i + 1]) for i, k in enumerate(_MOMENTS)})
+    elif adam_w and adam_1:
         st_r = {k: full_w[i + 1] for i, k in enumerate(_MOMENTS)}
         st_1 = {k: full_1[i + 1] for i, k in enumerate(_MOMENTS)}
         st_r, st_1 = transfer_moments(st_r, st_1, l2_old, subspace_basis(l2_old),
@@ -435,6 +459,10 @@ def realign_module(mod, optimizer, generator) -> None:
     if st1 is None:
         return
     inner_r, st_r = _state_of(optimizer, masters[mod.weight])
+    if mod.lora_route == "dense":
+        # W_res's moments are the dense W's (it got the whole gradient) and stay
+        inner1.state[masters[mod.lora_l1]] = zero_factor_moments(st1)
+        return
     if st_r is None:
         inner1.state[masters[mod.lora_l1]] = reset_factor_moments(st1)
         return
@@ -477,7 +505,8 @@ def lora_svd_layer_specs(lcfg):
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     params = dict(lora_rank=lcfg.rank, lora_beta=lcfg.beta, lora_oversample=lcfg.oversample,
-                  lora_power_iters=lcfg.power_iters, lora_exact=lcfg.unquantized)
+                  lora_power_iters=lcfg.power_iters, lora_exact=lcfg.unquantized,
+                  lora_route=lcfg.route)
     return (ModuleSpec(module=LoRASVDColumnParallelLinear, params=dict(params)),
             ModuleSpec(module=LoRASVDRowParallelLinear, params=dict(params)))
 

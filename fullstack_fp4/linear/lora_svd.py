@@ -98,6 +98,25 @@ routes, so the operator applied to G by the residual route and the one induced b
 route are the same (``L2 (RᵀR)⁻¹ L2ᵀ``) and the routed gradients still sum to G; ``R⁻¹`` stays
 bounded. A zero L2 gives ``Q = 0``: everything goes to W_res.
 
+The dense route (``route="dense"``, ``fp4.lora_svd.route: dense``; our option, not the paper's)
+-----------------------------------------------------------------------------------------------
+    g_Wres = G_q,   g_L1 = 0,   g_L2 = 0,   dX as above
+
+W_res takes the whole NVFP4 wgrad and the branch holds still between realignments (a zero
+gradient: Adam leaves L1 where it is except for weight decay, so ``W`` still decays uniformly).
+Why offer it: Adam is elementwise, so ``Adam((I − QQᵀ)G) + β L2 Adam(g_L1)`` — the projected
+route's update of W — is not dense Adam's ``Adam(G)``; inside the subspace W moves at a rate set
+by β rather than by Adam's per-element normalisation of G. At the ablation width that difference
+costs the projected route, *without any quantization*, a loss gap to BF16 that grows with
+training (+2.1% validation loss at step 300 on the H200, docs/lora-svd.md), and β does not
+remove it (0.1 and 0.25 alike). Under the dense route the unquantized limit *is* dense AdamW
+(same gradient, same elementwise moments, same uniform decay; tested), so whatever gap is left
+is the NVFP4 quantization of W_res — whose block scales no longer span W's top-r singular
+values, the branch keeps them in BF16 (after each realignment: the top-r of the current W).
+What it gives up: the branch does not learn between realignments, and W_res's wgrad keeps its
+in-subspace quantization noise (the projected route removes it). At realignment W_res's
+moments stay as they are (they are the dense W's moments) and L1's are reset.
+
 What runs when (cost)
 ---------------------
 ``(Q, R⁻¹)`` depend on L2 only, and L2 changes only at a split/realignment or a checkpoint
@@ -291,7 +310,7 @@ class LoRASVDLinearFunction(torch.autograd.Function):
     """``y = NVFP4(x, W_res) + β (x L1ᵀ) L2ᵀ`` with the routed backward (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, w_res, l1, l2, beta, exact, generator, amax_reduce, basis):
+    def forward(ctx, x, w_res, l1, l2, beta, exact, generator, amax_reduce, basis, route):
         in_f, out_f = w_res.shape[1], w_res.shape[0]
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
@@ -309,7 +328,7 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         # branch: two thin GEMMs, the second fused with the sum (one pass over y)
         y = torch.addmm(y_res, x2 @ l1.to(x2.dtype).T, l2.to(x2.dtype).T, alpha=beta)
         ctx.save_for_backward(x2, w_res, l1, l2)
-        ctx.beta, ctx.exact, ctx.x_shape, ctx.basis = beta, exact, x.shape, basis
+        ctx.beta, ctx.exact, ctx.x_shape, ctx.basis, ctx.route = beta, exact, x.shape, basis, route
         return y.reshape(*x.shape[:-1], out_f)
 
     @staticmethod
@@ -337,25 +356,34 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         if need_dx:
             dx = torch.addmm(dx_res.to(x2.dtype), p, l1.to(x2.dtype), alpha=beta)
             dx = dx.reshape(ctx.x_shape)
-        if need_w:
+        if need_w and ctx.route == "dense":
+            # W_res takes the whole gradient, the branch holds still (zero gradient: Adam moves
+            # it by weight decay only, so W = W_res + β L2 L1 decays uniformly)
+            dw_res = g_q.to(w_res.dtype) if ctx.needs_input_grad[1] else None
+            dl1 = torch.zeros_like(l1) if ctx.needs_input_grad[2] else None
+        elif need_w:
             basis = ctx.basis if ctx.basis is not None else subspace_basis(l2)
             g_res, g_l1 = _route(g_q, p, x2, beta, basis)
             dw_res = g_res.to(w_res.dtype) if ctx.needs_input_grad[1] else None
             dl1 = g_l1.to(l1.dtype) if ctx.needs_input_grad[2] else None
         ctx.basis = None
-        return dx, dw_res, dl1, None, None, None, None, None, None
+        return dx, dw_res, dl1, None, None, None, None, None, None, None
 
 
 def lora_svd_linear(x: torch.Tensor, w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor,
                     beta: float, bias: Optional[torch.Tensor] = None, *, exact: bool = False,
-                    generator: Optional[torch.Generator] = None,
+                    route: str = "projected", generator: Optional[torch.Generator] = None,
                     amax_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                     basis=None):
     """Functional LoRA-SVD linear: ``x [..., in]``, ``w_res [out, in]``, ``l1 [r, in]``,
     ``l2 [out, r]``. ``exact=True``: the W_res GEMMs unquantized. L2 never gets a gradient.
+    ``route``: ``"projected"`` (module docstring) or ``"dense"`` (W_res gets the whole wgrad
+    ``G_q``, L1 a zero gradient).
     ``basis``: :func:`subspace_basis` (L2), if the caller caches it (else computed in backward)."""
+    if route not in ("projected", "dense"):
+        raise ValueError(f"route must be 'projected' or 'dense', got {route!r}")
     y = LoRASVDLinearFunction.apply(x, w_res, l1, l2, float(beta), bool(exact), generator,
-                                    amax_reduce, basis)
+                                    amax_reduce, basis, route)
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y

@@ -116,6 +116,7 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
         if lr_.rank >= min(m.hidden_size, m.ffn_hidden_size) // tp:
             raise ConfigError(f"fp4.lora_svd.rank ({lr_.rank}) must be below the smallest per-rank matrix dimension")
         _positive("fp4.lora_svd.realign_interval", lr_.realign_interval)
+        _choice("fp4.lora_svd.route", lr_.route, ("projected", "dense"))
 
     if not d.mock:
         if not d.path:

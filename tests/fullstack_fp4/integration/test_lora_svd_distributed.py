@@ -21,6 +21,7 @@ from tests.megatron.training import helpers
 
 STEPS, INTERVAL = 5, 2   # realignments after steps 2 and 4; steps 3 and 5 use the moved moments
 LR, WD = 2e-3, 0.1
+ROUTES = ("projected", "dense")
 TINY = ["model.preset=tiny", "model.seq_length=32", "model.vocab_size=256", "data.mock=true",
         "train.global_batch_size=4", "train.micro_batch_size=2", "train.eval_iters=1",
         "logging.tensorboard=false", "train.grad_clip=0", "checkpoint.load=none",
@@ -33,7 +34,7 @@ def _grad(name: str, shape, step: int) -> torch.Tensor:
     return torch.randn(shape, generator=g) * 1e-2
 
 
-def _worker(rank: int, world: int, init: str, out: str, distributed: bool):
+def _worker(rank: int, world: int, init: str, out: str, distributed: bool, route: str):
     helpers.join_gloo(rank, world, init)
     torch.set_num_threads(1)
     from megatron.training import recipes
@@ -41,7 +42,8 @@ def _worker(rank: int, world: int, init: str, out: str, distributed: bool):
     from megatron.training.optimizer import apply_schedule
     from megatron.training.trainer import Trainer
 
-    cfg = load_config(None, TINY + [f"parallel.use_distributed_optimizer={str(distributed).lower()}"])
+    cfg = load_config(None, TINY + [f"parallel.use_distributed_optimizer={str(distributed).lower()}",
+                                    f"fp4.lora_svd.route={route}"])
     cfg.logging.dir = None
     tr = Trainer(cfg, verbose=False)
     named = [(n, p) for n, p in tr.model.named_parameters() if p.requires_grad]
@@ -54,7 +56,7 @@ def _worker(rank: int, world: int, init: str, out: str, distributed: bool):
         tr.optimizer.step()
         recipes.after_optimizer_step([tr.model], tr.optimizer, cfg, step)
         per_step.append({n: p.detach().clone() for n, p in every})
-    torch.save(per_step, os.path.join(out, f"{'dist' if distributed else 'plain'}_w{world}_r{rank}.pt"))
+    torch.save(per_step, os.path.join(out, f"{route}_{'dist' if distributed else 'plain'}_w{world}_r{rank}.pt"))
     from megatron.training.initialize import shutdown
     shutdown()
 
@@ -62,13 +64,15 @@ def _worker(rank: int, world: int, init: str, out: str, distributed: bool):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("lora_dp"))
-    helpers.spawn_gloo(_worker, [(1, (out, False)), (2, (out, True))])
-    return {k: torch.load(os.path.join(out, f"{k}.pt"))
-            for k in ("plain_w1_r0", "dist_w2_r0", "dist_w2_r1")}
+    # both backward routes: their realignments treat the moments differently (lora_svd_layers.py)
+    helpers.spawn_gloo(_worker, [(1, (out, False, r)) for r in ROUTES] + [(2, (out, True, r)) for r in ROUTES])
+    return {(r, k): torch.load(os.path.join(out, f"{r}_{k}.pt"))
+            for r in ROUTES for k in ("plain_w1_r0", "dist_w2_r0", "dist_w2_r1")}
 
 
-def test_lora_svd_dp2_distributed_optimizer_matches_one_process(runs):
-    one, a, b = runs["plain_w1_r0"], runs["dist_w2_r0"], runs["dist_w2_r1"]
+@pytest.mark.parametrize("route", ["projected", "dense"])
+def test_lora_svd_dp2_distributed_optimizer_matches_one_process(runs, route):
+    one, a, b = (runs[(route, k)] for k in ("plain_w1_r0", "dist_w2_r0", "dist_w2_r1"))
     lora_l2 = [n for n in one[0] if n.endswith("lora_l2")]
     assert lora_l2
     for step in range(STEPS):

@@ -108,6 +108,66 @@ def test_unquantized_switch_runs_the_exact_path():
     assert exact_loss != nvfp4_loss
 
 
+def test_dense_route_unquantized_trains_as_the_dense_model():
+    """`fp4.lora_svd.route=dense` with unquantized W_res GEMMs is dense AdamW reparametrised:
+    W_res gets the whole gradient (elementwise moments of the dense W), the branch only decays.
+    Oracle: the plain BF16-spec model with the same seed, trained the same steps (fp32 run);
+    the losses agree to fp32 rounding, while the projected route's do not."""
+    dense = _trainer(_cfg("optimizer.weight_decay=0.1"))
+    lora = _trainer(_cfg(*LORA, "fp4.lora_svd.realign_interval=1000", "fp4.lora_svd.route=dense",
+                         "fp4.lora_svd.unquantized=true", "optimizer.weight_decay=0.1"))
+    projected = _trainer(_cfg(*LORA, "fp4.lora_svd.realign_interval=1000",
+                              "fp4.lora_svd.unquantized=true", "optimizer.weight_decay=0.1"))
+    assert all(m.lora_route == "dense" for _, m in _mods(lora))
+    l_dense, l_lora, l_proj = [], [], []
+    for _ in range(5):
+        (ld, gd), (ll, gl) = dense.train_step(), lora.train_step()
+        l_dense.append(ld)
+        l_lora.append(ll)
+        l_proj.append(projected.train_step()[0])
+        assert abs(gd - gl) <= 1e-4 * gd, (gd, gl)       # L1's zero gradient adds nothing
+    for a, b in zip(l_dense, l_lora):
+        assert abs(a - b) <= 1e-5 * abs(a), (l_dense, l_lora)
+    assert max(abs(a - b) for a, b in zip(l_dense, l_proj)) > 1e-4, (l_dense, l_proj)
+    # the merged weights are the dense model's (W_res + β L2 L1 = W). Not bit for bit: the two
+    # wgrads are the same product rounded in different orders, and Adam's m/√v turns a rounding
+    # difference of a near-zero gradient entry into a visible step difference (a few entries)
+    dsd = dense.gpt.state_dict()
+    for n, m in _mods(lora):
+        key = n.split(".", 1)[1].replace("module.", "", 2) + ".weight"
+        w, wm = dsd[key].double(), m.merge(torch.float32).double()
+        assert (wm - w).norm() <= 1e-4 * w.norm(), n
+
+
+def test_dense_route_realignment_keeps_w_res_moments_and_resets_l1():
+    """Under the dense route W_res's moments are the dense W's: a realignment keeps them (the
+    elementwise moments of W do not depend on the split) and resets L1's; W is unchanged."""
+    t = _trainer(_cfg(*LORA, "fp4.lora_svd.route=dense"))
+    t.train_step()
+    opt = t.optimizer
+
+    def state(p):
+        mp = getattr(p, "main_param", None)
+        mp = p if mp is None else mp
+        for sub in getattr(opt, "chained_optimizers", None) or [opt]:
+            if mp in sub.optimizer.state:
+                return sub.optimizer.state[mp]
+        raise AssertionError("no optimizer state")
+
+    mods = _mods(t)
+    before = {n: (m.merge(torch.float32), state(m.weight)["exp_avg"].clone(),
+                  state(m.weight)["exp_avg_sq"].clone(), m.lora_l2.detach().clone()) for n, m in mods}
+    recipes.after_optimizer_step([t.model], opt, t.cfg, INTERVAL)
+    for n, m in mods:
+        w, m_res, v_res, l2 = before[n]
+        assert not torch.equal(m.lora_l2, l2)                      # a new split happened
+        assert (m.merge(torch.float32) - w).abs().max() <= 1e-6 * w.abs().max()
+        assert torch.equal(state(m.weight)["exp_avg"], m_res)
+        assert torch.equal(state(m.weight)["exp_avg_sq"], v_res)
+        s1 = state(m.lora_l1)
+        assert not s1["exp_avg"].any() and not s1["exp_avg_sq"].any()
+
+
 # ----------------------------------------------------------------------- realignment
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_realignment_keeps_w_loss_and_applies_the_moment_policy(precision):

@@ -185,6 +185,40 @@ def test_routed_gradients_with_nvfp4_residual():
     assert l2.grad is None
 
 
+def _grads_route(x, dy, w_res, l1, l2, exact, route, generator=None):
+    x = x.clone().requires_grad_(True)
+    w_res = w_res.clone().requires_grad_(True)
+    l1 = l1.clone().requires_grad_(True)
+    lora_svd_linear(x, w_res, l1, l2, BETA, exact=exact, route=route,
+                    generator=generator).backward(dy)
+    return x.grad, w_res.grad, l1.grad
+
+
+def test_dense_route_gives_w_res_the_whole_gradient():
+    _, w_res, l2, l1 = _factors(seed=5)
+    x = torch.randn(T, IN, generator=_gen(15))
+    dy = torch.randn(T, OUT, generator=_gen(16))
+    dx, g_res, g_l1 = _grads_route(x, dy, w_res, l1, l2, True, "dense")
+    # oracle: the dense gradient of W = W_res + β L2 L1 (autograd in FP64)
+    w = (w_res.double() + BETA * l2.double() @ l1.double()).requires_grad_(True)
+    xd = x.double().requires_grad_(True)
+    (xd @ w.T).backward(dy.double())
+    torch.testing.assert_close(g_res.double(), w.grad, rtol=0, atol=1e-5 * w.grad.abs().max())
+    torch.testing.assert_close(dx.double(), xd.grad, rtol=0, atol=1e-5 * xd.grad.abs().max())
+    assert torch.equal(g_l1, torch.zeros_like(l1))
+    # unlike the projected route, W_res keeps the in-subspace part of G
+    qh, _ = torch.linalg.qr(l2.double())
+    assert (qh.T @ g_res.double()).norm() > 0.05 * g_res.norm()
+    # with NVFP4: W_res's gradient is the NVFP4 linear's own wgrad (same SR draws)
+    _, g_res_q, g_l1_q = _grads_route(x, dy, w_res, l1, l2, False, "dense", _gen(99))
+    wq = w_res.clone().requires_grad_(True)
+    nvfp4_linear(x.clone().requires_grad_(True), wq, generator=_gen(99)).backward(dy)
+    assert torch.equal(g_res_q, wq.grad)
+    assert torch.equal(g_l1_q, torch.zeros_like(l1))
+    with pytest.raises(ValueError, match="route"):
+        lora_svd_linear(x, w_res, l1, l2, BETA, route="sideways")
+
+
 def test_no_grad_for_l2_and_dtype_of_grads_bf16():
     _, w_res, l2, l1 = _factors(torch.bfloat16, seed=4)
     x = torch.randn(T, IN, generator=_gen(14)).to(torch.bfloat16).requires_grad_(True)
