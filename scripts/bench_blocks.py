@@ -41,10 +41,14 @@ from megatron.training.errors import UserError  # noqa: E402
 ARMS = {
     "bf16": [],
     "nvfp4_linear": ["fp4.linear=nvfp4"],
-    "lora_svd": ["fp4.linear=lora_svd"],
-    # diagnostic: the LoRA-SVD reparametrisation with W_res unquantized (docs/lora-svd.md)
-    "lora_svd_unquantized": ["fp4.linear=lora_svd", "fp4.lora_svd.unquantized=true"],
-    # LoRA-SVD with the dense route: W_res takes the whole gradient (docs/lora-svd.md)
+    "lora_svd": ["fp4.linear=lora_svd"],            # the dense route (fp4.lora_svd.route default)
+    # the paper's routing: W_res gets the projected gradient, L1 the in-subspace part
+    "lora_svd_projected": ["fp4.linear=lora_svd", "fp4.lora_svd.route=projected"],
+    # diagnostic: the projected route's reparametrisation with W_res unquantized (docs/lora-svd.md;
+    # the dense route unquantized is the BF16 model)
+    "lora_svd_unquantized": ["fp4.linear=lora_svd", "fp4.lora_svd.route=projected",
+                             "fp4.lora_svd.unquantized=true"],
+    # the dense route named explicitly (its first GPU run, commit 21da10c, used this name)
     "lora_svd_dense": ["fp4.linear=lora_svd", "fp4.lora_svd.route=dense"],
     "q_adamw": ["optimizer.name=q_adamw"],
     "root": ["optimizer.name=root"],

@@ -7,7 +7,8 @@ holds **W_res** (trained through the NVFP4 path); two extra parameters hold the 
 
     lora_l2  [out_local, r]   requires_grad=False (frozen between realignments, see
                               fullstack_fp4/linear/lora_svd.py for the routing argument)
-    lora_l1  [r, in_local]    trainable (gets the in-subspace part of the gradient)
+    lora_l1  [r, in_local]    trainable (dense route, the default: a zero gradient, so only
+                              weight decay moves it; projected route: the in-subspace part)
 
 Initial split: in `__init__`, right after megatron-core initialised `weight` with the dense
 init, the local shard is split by randomized SVD with a generator seeded from the shard's
@@ -104,7 +105,7 @@ def _tp_rank(tp_group) -> int:
 class _LoRASVDMixin:
     _lora_axis: int  # TP sharding axis of weight and both factors
 
-    def _lora_init(self, rank, beta, oversample, power_iters, exact=False, route="projected"):
+    def _lora_init(self, rank, beta, oversample, power_iters, exact=False, route="dense"):
         if self.sequence_parallel:
             raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
         out_f, in_f = self.weight.shape
@@ -175,7 +176,7 @@ class LoRASVDColumnParallelLinear(_LoRASVDMixin, ColumnParallelLinear):
     _lora_axis = 0
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, lora_route="projected", **kwargs):
+                 lora_exact=False, lora_route="dense", **kwargs):
         super().__init__(*args, **kwargs)
         self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
                         lora_route)
@@ -188,7 +189,7 @@ class LoRASVDRowParallelLinear(_LoRASVDMixin, RowParallelLinear):
     _lora_axis = 1
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, lora_route="projected", **kwargs):
+                 lora_exact=False, lora_route="dense", **kwargs):
         super().__init__(*args, **kwargs)
         self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
                         lora_route)

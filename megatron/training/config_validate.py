@@ -117,6 +117,9 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
             raise ConfigError(f"fp4.lora_svd.rank ({lr_.rank}) must be below the smallest per-rank matrix dimension")
         _positive("fp4.lora_svd.realign_interval", lr_.realign_interval)
         _choice("fp4.lora_svd.route", lr_.route, ("projected", "dense"))
+        if lr_.clip_dense_norm and lr_.route != "projected":
+            raise ConfigError("fp4.lora_svd.clip_dense_norm=true needs fp4.lora_svd.route=projected: "
+                              "with the dense route the gradient norm already is the dense one")
 
     if not d.mock:
         if not d.path:

@@ -321,7 +321,7 @@ def _convert_lora(name, mod, saved, src, tp_saved, tp, tp_rank, glu, masters_sav
     w_res, l2_new, l1_new, routed = lora_from_whole(
         whole, tp, tp_rank, a, g, rank_r=mod.lora_rank, beta=mod.lora_beta,
         factor_dtype=mod.lora_l2.dtype, oversample=mod.lora_oversample,
-        power_iters=mod.lora_power_iters, generator=generator)
+        power_iters=mod.lora_power_iters, generator=generator, route=mod.lora_route)
     _agree_over_dp([w_res, l2_new, l1_new] + [t for st in routed or () for t in st.values()])
     new_masters[wn], new_masters[l1n], model_only[l2n] = w_res, l1_new, l2_new
     if routed is not None:

@@ -109,13 +109,16 @@ def lora_to_whole(w_res: list, l1: list, l2: list, beta: float, axis: int, glu: 
 
 
 def lora_from_whole(whole: dict, tp: int, rank: int, axis: int, glu: bool, *, rank_r: int,
-                    beta: float, factor_dtype, oversample: int, power_iters: int, generator):
+                    beta: float, factor_dtype, oversample: int, power_iters: int, generator,
+                    route: str = "dense"):
     """Shard ``rank`` (of ``tp``) of a folded LoRA-SVD linear: ``(w_res, l2, l1, states)``.
 
     W_res, L2 (rounded to ``factor_dtype``, returned in FP32) and L1 come from the
     realignment's split of the shard's dense weight (randomized SVD, ``W_res = W − β L2 L1``
     after rounding L2); the moments are routed into it (`route_moments`; ``states =
-    (st_res, st_l1)``, or None when ``whole`` has none)."""
+    (st_res, st_l1)``, or None when ``whole`` has none). ``route="dense"`` (the layer's
+    ``fp4.lora_svd.route``): W_res got the whole gradient, so the dense moments go to W_res
+    unchanged and L1's are 0, as the realignment does for that route."""
     from fullstack_fp4.integration.lora_svd_layers import route_moments
     from fullstack_fp4.linear.lora_svd import lora_svd_split, subspace_basis
 
@@ -127,7 +130,11 @@ def lora_from_whole(whole: dict, tp: int, rank: int, axis: int, glu: bool, *, ra
     if "exp_avg" in whole:
         dense = {k: from_canonical(whole[k], axis, tp, rank, glu=glu)
                  for k in ("exp_avg", "exp_avg_sq", "exp_avg_sq_res")}
-        states = route_moments(dense, l2, subspace_basis(l2.to(factor_dtype)), beta)
+        if route == "dense":
+            states = ({"exp_avg": dense["exp_avg"], "exp_avg_sq": dense["exp_avg_sq"]},
+                      {"exp_avg": torch.zeros_like(l1), "exp_avg_sq": torch.zeros_like(l1)})
+        else:
+            states = route_moments(dense, l2, subspace_basis(l2.to(factor_dtype)), beta)
     return w_res, l2, l1, states
 
 

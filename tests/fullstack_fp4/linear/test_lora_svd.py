@@ -124,11 +124,12 @@ def test_forward_equals_formula_exact_and_nvfp4():
 
 
 # ------------------------------------------------------------------ routed backward
+# (the projected route, the paper's; the dense route, the default, is tested after it)
 def _grads(x, dy, w_res, l1, l2, exact):
     x = x.clone().requires_grad_(True)
     w_res = w_res.clone().requires_grad_(True)
     l1 = l1.clone().requires_grad_(True)
-    lora_svd_linear(x, w_res, l1, l2, BETA, exact=exact).backward(dy)
+    lora_svd_linear(x, w_res, l1, l2, BETA, exact=exact, route="projected").backward(dy)
     return x.grad, w_res.grad, l1.grad
 
 
@@ -224,7 +225,7 @@ def test_no_grad_for_l2_and_dtype_of_grads_bf16():
     x = torch.randn(T, IN, generator=_gen(14)).to(torch.bfloat16).requires_grad_(True)
     w_res.requires_grad_(True)
     l1.requires_grad_(True)
-    y = lora_svd_linear(x, w_res, l1, l2, BETA)
+    y = lora_svd_linear(x, w_res, l1, l2, BETA, route="projected")
     assert y.dtype == torch.bfloat16
     y.float().square().mean().backward()
     assert x.grad.dtype == w_res.grad.dtype == l1.grad.dtype == torch.bfloat16
@@ -254,7 +255,8 @@ def test_basis_cache_recomputes_only_when_l2_changes_and_matches_uncached_backwa
     grads = []
     for basis in (None, cache.get(l2)):
         xx, wr, a = (t.clone().requires_grad_(True) for t in (x, w_res, l1))
-        lora_svd_linear(xx, wr, a, l2, BETA, exact=True, basis=basis).backward(dy)
+        lora_svd_linear(xx, wr, a, l2, BETA, exact=True, basis=basis,
+                        route="projected").backward(dy)
         grads.append((xx.grad, wr.grad, a.grad))
     for g0, g1 in zip(*grads):
         assert torch.equal(g0, g1)

@@ -149,11 +149,23 @@ def test_resharded_moments_keep_the_dense_first_moment(axis, glu):
                           states)
     _, l2, _, (st_r, st_1) = lora_from_whole(
         whole, 1, 0, axis, glu, rank_r=R, beta=BETA, factor_dtype=torch.bfloat16, oversample=8,
-        power_iters=2, generator=torch.Generator().manual_seed(9))
+        power_iters=2, generator=torch.Generator().manual_seed(9), route="projected")
     m_new = st_r["exp_avg"] + BETA * (l2 @ st_1["exp_avg"])
     assert (m_new - m_oracle).abs().max() <= 1e-5 * float(m_oracle.abs().max())
     assert torch.equal(st_r["exp_avg_sq"], v_res_oracle)
     assert (st_1["exp_avg_sq"] >= 0).all() and st_1["exp_avg"].shape == (R, 40)
+    # the dense route (the default): W_res keeps the dense moments as they are, L1's are 0
+    v_oracle = torch.empty_like(w)
+    for rank, ((sr, s1), b) in enumerate(zip(states, l2s)):
+        idx = local_index(w.shape[axis], 2, rank, glu=glu)
+        v_oracle.index_copy_(axis, idx, sr["exp_avg_sq"] + BETA ** 2 * ((b * b) @ s1["exp_avg_sq"]))
+    _, _, l1, (st_r, st_1) = lora_from_whole(
+        whole, 1, 0, axis, glu, rank_r=R, beta=BETA, factor_dtype=torch.bfloat16, oversample=8,
+        power_iters=2, generator=torch.Generator().manual_seed(9), route="dense")
+    assert (st_r["exp_avg"] - m_oracle).abs().max() <= 1e-6 * float(m_oracle.abs().max())
+    assert (st_r["exp_avg_sq"] - v_oracle).abs().max() <= 1e-6 * float(v_oracle.abs().max())
+    assert not st_1["exp_avg"].any() and not st_1["exp_avg_sq"].any()
+    assert st_1["exp_avg"].shape == l1.shape
 
 
 # ------------------------------------------------------------------ Q-AdamW
