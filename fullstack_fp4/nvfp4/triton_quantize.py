@@ -89,8 +89,15 @@ code bytes of a block in one 8-byte store. ``legacy=True`` runs the previous ker
 the benchmark's before/after baseline (and tested bit-exact like the eo ones). SASS counts
 and predictions: PERF.md; ``scripts/bench_nvfp4_quantize.py --sass`` reproduces the counts.
 
+**Flat kernels** (triton_quantize_flat.py, its docstring): for a contiguous BF16 input with
+1×16 blocks, nearest rounding, the 6 rule and no RHT, ``quantize_triton`` runs neither of the
+above but a flat form (the tensor as a run of 16-blocks, a 16-byte half-block a thread,
+full-sector warp loads): 92.9 vs 152.7 µs for 8192² on the H200 with the amax pass, same bits
+(BENCHMARKS.md §D.1). ``flat=False`` or an explicit ``legacy`` / ``config`` runs the tiled ones.
+
 This module is the host side (checks, tile configs, launches). The kernels are in
-triton_quantize_kernels.py, their ``@triton.jit`` arithmetic in triton_quantize_jit.py.
+triton_quantize_kernels.py and triton_quantize_flat.py, their ``@triton.jit`` arithmetic in
+triton_quantize_jit.py.
 """
 
 from __future__ import annotations
