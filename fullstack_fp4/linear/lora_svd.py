@@ -31,10 +31,12 @@ update, which (normalised elementwise) already moves W inside the subspace by ab
 Adam would; so a large β over-steps the subspace. Measured in the unquantized limit (4 layers
 × 256, 200 steps on the quickstart corpus, docs/lora-svd.md): val-loss gap to BF16 +1.16% at
 β = 1, +0.83% at β = 0.5, +0.39% at β = 0.25; the balanced split at β = 1 (multiplier ≈
-0.5–0.9) gave +0.70%. Hence β well below 1 (0.25 recommended). At the ablation width (8 × 512,
+0.5–0.9) gave +0.70%. Hence β well below 1 (0.25 recommended). (All of this concerns the
+projected route; under the dense route L1 gets no gradient and β only sets L1's scale.) At the ablation width (8 × 512,
 docs/lora-svd.md) the unquantized recipe at β = 0.25 still trails BF16 by a gap that grows with
-training (+2.0% validation loss at step 150): these dynamics, not NVFP4, are the recipe's open
-problem.
+training (+2.0% validation loss at step 150 on the CPU, +2.1% at step 300 on the H200): these
+are the projected route's dynamics, not NVFP4's, and the dense route (the default, below)
+removes them.
 Also ``L2ᵀL2 = I`` up to L2's BF16 rounding, so the Gram matrix the backward factorises
 has condition number ≈ 1 and ``R ≈ I``. L1 carries the dynamic range ``S``; it is a
 floating-point tensor, so that costs nothing. ``W_res`` is computed *after* L2 has been
