@@ -123,8 +123,8 @@ def _config(d: int, is_interp: bool):
         return 128, 64, 4, 3
     # D = 128: 64-row programs on 4 warps measured 18% faster than 128 rows on 8 warps on the
     # H200 (0.315 vs 0.383 ms at 1x24x4096x128 causal, `bench_q_attn.py --sweep`, 2026-12-01:
-    # benchmarks/results/2026-12-01/run16_kernels/q_attn.txt); twice the programs fill the 132 SMs
-    # better on the causal triangle
+    # benchmarks/results/2026-12-01/run16_kernels/q_attn.txt). Why is not measured; a guess: twice
+    # the programs fill the 132 SMs better on the causal triangle
     return 64, 64, 4, 3
 
 

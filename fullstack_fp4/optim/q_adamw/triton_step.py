@@ -46,8 +46,8 @@ CPP = 1          # chunks per program (one warp = 32 blocks; 2·CPP warps per pr
 FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the select chain
 # Register cap per thread on the GPU: 128 measured 7.5% faster than Triton's own choice on the H200
 # (8.06 vs 8.71 ms for 1.0B parameters, bit-identical; `bench_q_adamw.py --sweep`, 2026-12-01,
-# benchmarks/results/2026-12-01/run17_kernels/q_adamw.txt): more resident warps hide the latency
-# of the state loads. 0: Triton's choice.
+# benchmarks/results/2026-12-01/run17_kernels/q_adamw.txt); presumably more resident warps hide
+# more of the state loads' latency (not profiled). 0: Triton's choice.
 MAXNREG = 128
 assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
 
