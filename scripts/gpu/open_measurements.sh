@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The measurements BENCHMARKS.md "Not measured yet" lists, as device calls on one H200 (each fits
+# the 600 s limit). Logs and JSON under $OUT. Carry .whl (megatron-core wheel) and, for
+# `ablation`, data/quickstart.
+#   bash scripts/gpu/open_measurements.sh linear     # NVFP4 linear benchmark + host profile
+#   bash scripts/gpu/open_measurements.sh blocks     # 4-block 3b table with LoRA-SVD's dense route
+#   bash scripts/gpu/open_measurements.sh ablation   # dense route beside nvfp4_linear, full_stack
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
+run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
+        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -40; }
+run check 120 python3 scripts/gpu/check_kernels_exact.py
+case "${1:-linear}" in
+  linear)   # the first run compiles the linear's kernels (minutes on a cold cache): give it room
+    run linear 420 python3 scripts/bench_nvfp4_linear.py
+    run linear_host 60 python3 scripts/gpu/profile_linear_host.py ;;
+  blocks)
+    run blocks 450 python3 scripts/bench_blocks.py --arms bf16,nvfp4_linear,lora_svd,lora_svd_projected,full_stack \
+      --steps 6 --warmup 2 --out "$OUT" ;;
+  ablation)
+    run ablation 450 python3 scripts/ablation.py --arms bf16,nvfp4_linear,lora_svd,full_stack --iters 300 \
+      --out /tmp/abl --time-budget 380 --ppl-tokens 65536 --cloze-items 200
+    cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
+    for d in /tmp/abl/*/; do a=$(basename "$d"); [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/metrics_$a.jsonl"; done ;;
+esac
