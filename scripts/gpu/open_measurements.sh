@@ -5,6 +5,8 @@
 #   bash scripts/gpu/open_measurements.sh linear     # NVFP4 linear benchmark + host profile
 #   bash scripts/gpu/open_measurements.sh blocks     # 4-block 3b table with LoRA-SVD's dense route
 #   bash scripts/gpu/open_measurements.sh ablation   # dense route beside nvfp4_linear, full_stack
+#     (four arms take more than one call; ARMS=bf16,nvfp4_linear,lora_svd then ARMS=bf16,full_stack
+#     splits them: ablation.py stops at its time budget, and /tmp/abl does not outlive the machine)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -20,7 +22,7 @@ case "${1:-linear}" in
     run blocks 450 python3 scripts/bench_blocks.py --arms bf16,nvfp4_linear,lora_svd,lora_svd_projected,full_stack \
       --steps 6 --warmup 2 --out "$OUT" ;;
   ablation)
-    run ablation 450 python3 scripts/ablation.py --arms bf16,nvfp4_linear,lora_svd,full_stack --iters 300 \
+    run ablation 450 python3 scripts/ablation.py --arms "${ARMS:-bf16,nvfp4_linear,lora_svd,full_stack}" --iters 300 \
       --out /tmp/abl --time-budget 380 --ppl-tokens 65536 --cloze-items 200
     cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
     for d in /tmp/abl/*/; do a=$(basename "$d"); [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/metrics_$a.jsonl"; done ;;
