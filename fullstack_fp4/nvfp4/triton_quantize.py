@@ -429,21 +429,9 @@ def quantize_triton(
     i64 = _needs_i64(rows, nblk, bm, nb, (x2.stride(0), stride_r))
     smask = _sign_mask(rht_signs)
 
-    obs = torch.zeros((1,), dtype=torch.int32, device=dev)
+    obs, amax_bits, imm, g = _amax_source(global_amax, dev)
     given = global_amax is not None
-    imm = 0
-    g = None
-    if given and not isinstance(global_amax, torch.Tensor):
-        # A host number: checked on the host and passed by value (its FP32 bits, rounded as
-        # torch.as_tensor(..., float32) rounds it). torch.as_tensor(float, device=cuda) would be
-        # a pageable H2D copy, i.e. a stream sync per call.
-        imm = _host_amax_bits(global_amax)
-        amax_bits = obs                  # never read (AMAX_IMM)
-    elif given:
-        g = global_amax.to(device=dev, dtype=torch.float32).reshape(1)
-        amax_bits = g.view(torch.int32)
-    else:
-        amax_bits = obs
+    if not given:
         _launch_amax(x2, signs, amax_bits, rows, nblk, rht, smask, legacy)
     _quantize_kernel[grid](
         xk if not legacy else x2, rand2, signs, amax_bits, obs,
@@ -455,6 +443,23 @@ def quantize_triton(
         GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
 
     return _finish(x, data, scale, dec, obs, given, g, check_finite, tile)
+
+
+def _amax_source(global_amax, dev):
+    """``(obs, amax_bits, imm, g)`` for both kernel forms: ``obs`` the zeroed int32 the kernels
+    max their observed amax bits into; ``amax_bits`` what they read the scales' amax from (``obs``
+    itself when the amax pass fills it or when the amax comes by value); ``imm`` a host number's
+    FP32 bits (AMAX_IMM); ``g`` a given device amax as FP32 ``[1]`` (else None)."""
+    obs = torch.zeros((1,), dtype=torch.int32, device=dev)
+    if global_amax is None:
+        return obs, obs, 0, None
+    if not isinstance(global_amax, torch.Tensor):
+        # A host number: checked on the host and passed by value (its FP32 bits, rounded as
+        # torch.as_tensor(..., float32) rounds it). torch.as_tensor(float, device=cuda) would be
+        # a pageable H2D copy, i.e. a stream sync per call. obs is then never read as the amax.
+        return obs, obs, _host_amax_bits(global_amax), None
+    g = global_amax.to(device=dev, dtype=torch.float32).reshape(1)
+    return obs, g.view(torch.int32), 0, g
 
 
 def _finish(x, data, scale, dec, obs, given, g, check_finite, tile) -> NVFP4Tensor:
@@ -480,17 +485,9 @@ def _quantize_flat(x2, x, data, scale, dec, global_amax, config, check_finite) -
     dev = x2.device
     nblk_all = x2.numel() // 16
     nbp, warps = _flat_config(nblk_all, config)
-    obs = torch.zeros((1,), dtype=torch.int32, device=dev)
+    obs, amax_bits, imm, g = _amax_source(global_amax, dev)
     given = global_amax is not None
-    imm, g = 0, None
-    if given and not isinstance(global_amax, torch.Tensor):
-        imm = _host_amax_bits(global_amax)       # by value: no H2D copy (see quantize_triton)
-        amax_bits = obs                          # never read (AMAX_IMM)
-    elif given:
-        g = global_amax.to(device=dev, dtype=torch.float32).reshape(1)
-        amax_bits = g.view(torch.int32)
-    else:
-        amax_bits = obs
+    if not given:
         _launch_amax_flat(x2, amax_bits)
     nprog = _cdiv(nblk_all, nbp)
     _quantize_flat_kernel[(nprog,)](

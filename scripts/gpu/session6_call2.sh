@@ -3,9 +3,7 @@
 # them), the NVFP4 linear benchmark with a host-time profile, the Q-AdamW kernel sweep.
 #   bash scripts/gpu/session6_call2.sh
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
+source scripts/gpu/setup_env.sh
 step() { echo "===== $1 ($(date +%T))"; shift; "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$LOGNAME.txt" | tail -${TAILN:-60}; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 LOGNAME=check TAILN=3 step check timeout 120 python3 scripts/gpu/check_kernels_exact.py

@@ -3,9 +3,7 @@
 # kernels changed this session (Q-Attn tile defaults, Q-AdamW register cap), beside BF16.
 #   bash scripts/gpu/session6_call3.sh
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
+source scripts/gpu/setup_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 timeout 520 python3 scripts/bench_blocks.py --arms bf16,q_attn,q_adamw,full_stack --steps 6 --warmup 2 \
   --out "$OUT" 2>&1 | grep -v -i "warn" | tee "$OUT/blocks.txt" | tail -30

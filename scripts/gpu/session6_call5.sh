@@ -3,13 +3,11 @@
 # gradient) at the GPU ablation scale beside BF16, 300 steps each (issue 4).
 #   FULLSTACK_COMMIT=<sha> bash scripts/gpu/session6_call5.sh   (carry .whl and data/quickstart)
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
+source scripts/gpu/setup_env.sh
 timeout 320 python3 scripts/ablation.py --arms bf16,lora_svd_dense --iters 300 \
   --out /tmp/abl --time-budget 260 --ppl-tokens 65536 --cloze-items 200 2>&1 | grep -v -i "warn" \
   | tee "$OUT/ablation.log" | tail -12
 cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
 for a in bf16 lora_svd_dense; do
-  [ -f /tmp/abl/$a/metrics.jsonl ] && cp /tmp/abl/$a/metrics.jsonl "$OUT/metrics_$a.jsonl"
+  [ -f /tmp/abl/$a/metrics.jsonl ] && mkdir -p "$OUT/$a" && cp /tmp/abl/$a/metrics.jsonl "$OUT/$a/"
 done

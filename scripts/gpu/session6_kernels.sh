@@ -4,9 +4,7 @@
 # the Q-Attn tile sweep. Logs under $OUT.
 #   bash scripts/gpu/session6_kernels.sh
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
+source scripts/gpu/setup_env.sh
 step() { echo "===== $1 ($(date +%T))"; shift; "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$LOGNAME.txt" | tail -${TAILN:-60}; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"

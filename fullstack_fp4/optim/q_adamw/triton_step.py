@@ -49,6 +49,8 @@ FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the 
 # benchmarks/results/2026-12-01/run17_kernels/q_adamw.txt); presumably more resident warps hide
 # more of the state loads' latency (not profiled). 0: Triton's choice.
 MAXNREG = 128
+# triton.jit picks interpreter or compiler at import; the register cap is a compiler option only
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
 
 
@@ -201,8 +203,7 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     cpp = CPP if cpp is None else cpp
     fast_dec = FAST_DEC if fast_dec is None else fast_dec
     maxnreg = MAXNREG if maxnreg is None else maxnreg
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    extra = {"maxnreg": maxnreg} if maxnreg and not interp else {}
+    extra = {"maxnreg": maxnreg} if maxnreg and not _INTERPRET else {}
     nprog = -(-(phase + npad) // (CHUNK * cpp))
     u = rand if rand is not None else p_flat
     q_adamw_kernel[(nprog,)](

@@ -8,25 +8,21 @@ Runs on CUDA, or on CPU under ``TRITON_INTERPRET=1``; skipped otherwise.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 triton = pytest.importorskip("triton", reason="triton not installed")
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-if not (_INTERPRET or torch.cuda.is_available()):
-    pytest.skip("Triton kernels need a CUDA GPU or TRITON_INTERPRET=1 (CPU interpreter)",
-                allow_module_level=True)
+from tests.fullstack_fp4.nvfp4.kernel_checks import (DEV, assert_same_nvfp4 as _same,  # noqa: E402
+                                                   skip_module_without_kernels)
+
+skip_module_without_kernels()
 
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16  # noqa: E402
 from fullstack_fp4.nvfp4 import triton_quantize as tq  # noqa: E402
 from fullstack_fp4.nvfp4.e2m1 import (E2M1_VALUES, e2m1_decode, e2m1_round_nearest,  # noqa: E402
                                       e2m1_round_stochastic)
 from fullstack_fp4.nvfp4.reference import quantize_reference  # noqa: E402
-
-DEV = "cuda" if (torch.cuda.is_available() and not _INTERPRET) else "cpu"
 
 
 @pytest.fixture(autouse=True)
@@ -49,14 +45,6 @@ def _ref(x, *, rht_signs=None, **kw):
     t = quantize_reference(x, **kw)
     t.dtype = dtype
     return t
-
-
-def _same(a, b, what=""):
-    assert torch.equal(a.data.cpu(), b.data.cpu()), f"{what}: codes differ"
-    assert torch.equal(a.block_scale.cpu().view(torch.uint8), b.block_scale.cpu().view(torch.uint8)), \
-        f"{what}: block scales differ"
-    assert int(a.tensor_scale.cpu().view(torch.int32)) == int(b.tensor_scale.cpu().view(torch.int32)), \
-        f"{what}: tensor scale differs"
 
 
 def _x(rows, k, seed, dtype=torch.bfloat16):

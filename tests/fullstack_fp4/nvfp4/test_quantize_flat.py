@@ -7,30 +7,18 @@ Runs on CUDA, or on CPU under ``TRITON_INTERPRET=1``; skipped otherwise.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 triton = pytest.importorskip("triton", reason="triton not installed")
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-if not (_INTERPRET or torch.cuda.is_available()):
-    pytest.skip("Triton kernels need a CUDA GPU or TRITON_INTERPRET=1 (CPU interpreter)",
-                allow_module_level=True)
+from tests.fullstack_fp4.nvfp4.kernel_checks import (DEV, assert_same_nvfp4 as _same,  # noqa: E402
+                                                   skip_module_without_kernels)
+
+skip_module_without_kernels()
 
 from fullstack_fp4.nvfp4 import triton_quantize as tq  # noqa: E402
 from fullstack_fp4.nvfp4.reference import quantize_reference  # noqa: E402
-
-DEV = "cuda" if (torch.cuda.is_available() and not _INTERPRET) else "cpu"
-
-
-def _same(a, b, what=""):
-    assert torch.equal(a.data.cpu(), b.data.cpu()), f"{what}: codes differ"
-    assert torch.equal(a.block_scale.cpu().view(torch.uint8), b.block_scale.cpu().view(torch.uint8)), \
-        f"{what}: block scales differ"
-    assert int(a.tensor_scale.cpu().view(torch.int32)) == int(b.tensor_scale.cpu().view(torch.int32)), \
-        f"{what}: tensor scale differs"
 
 
 def _x(rows, k, seed, outliers=True):
