@@ -150,9 +150,11 @@ tensors they are stored in. ``dY Q = P R⁻¹`` amplifies the rounding of P by c
 ``exact=True`` replaces the NVFP4 GEMMs of the W_res path by exact matmuls (the
 "unquantized limit" the tests and the merged-export check use).
 
-Memory: besides what the NVFP4 linear saves (NVFP4 codes only), the branch saves ``X`` in its
-input dtype (needed for ``(dY Q)ᵀ X``; a view of the layer input, shared with whatever else
-holds it) and the factors.
+Memory: the W_res GEMMs are the NVFP4 linear's forward/backward functions called directly (no
+nested autograd graph), so they save what the NVFP4 linear saves, its 4-bit codes, and nothing
+of their BF16 output. The branch adds the factors and, under the projected route only, ``X`` in
+its input dtype (for ``(dY Q)ᵀ X``; a view of the layer input, shared with whatever else holds
+it). The dense route's backward never reads ``X``, so it does not keep it.
 """
 from __future__ import annotations
 
@@ -160,7 +162,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .nvfp4_linear import nvfp4_linear
+from .nvfp4_linear import nvfp4_linear_backward, nvfp4_linear_forward, pack_saved, unpack_saved
 
 __all__ = ["cholesky_qr", "randomized_svd", "lora_svd_split", "lora_svd_linear",
            "LoRASVDLinearFunction", "merge", "route_gradient", "subspace_basis", "BasisCache"]
@@ -325,56 +327,62 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
         x2 = x.reshape(-1, in_f)
-        ctx.inner = None
+        need_dx = ctx.needs_input_grad[0]
+        # G_q is needed for W_res's gradient, and for L1's under the projected route only
+        need_gq = ctx.needs_input_grad[1] or (ctx.needs_input_grad[2] and route == "projected")
+        ctx.meta = None
         if exact:
             y_res = x2 @ w_res.to(x2.dtype).T
+            saved = [x2, w_res]
         else:
-            with torch.enable_grad():
-                xd = x2.detach().requires_grad_(ctx.needs_input_grad[0])
-                wd = w_res.detach().requires_grad_(True)
-                y_inner = nvfp4_linear(xd, wd, generator=generator, amax_reduce=amax_reduce)
-            ctx.inner = (y_inner, xd, wd)
-            y_res = y_inner.detach()
+            # the NVFP4 GEMMs called directly (no nested autograd graph, which would keep y_res
+            # alive until the backward): only their 4-bit codes are saved
+            y_res, qw, qxt = nvfp4_linear_forward(x2, w_res, need_dx, need_gq, amax_reduce)
+            saved, ctx.meta = pack_saved(qw, qxt)
+            # X in BF16 only where the backward reads it: the projected route's (dY Q)ᵀ X
+            saved = [x2 if route == "projected" else None] + saved
         # branch: two thin GEMMs, the second fused with the sum (one pass over y)
         y = torch.addmm(y_res, x2 @ l1.to(x2.dtype).T, l2.to(x2.dtype).T, alpha=beta)
-        ctx.save_for_backward(x2, w_res, l1, l2)
+        ctx.save_for_backward(l1, l2, *saved)
         ctx.beta, ctx.exact, ctx.x_shape, ctx.basis, ctx.route = beta, exact, x.shape, basis, route
+        ctx.x_dtype, ctx.w_dtype, ctx.need_gq = x2.dtype, w_res.dtype, need_gq
+        ctx.generator, ctx.amax_reduce = generator, amax_reduce
         return y.reshape(*x.shape[:-1], out_f)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x2, w_res, l1, l2 = ctx.saved_tensors
-        beta = ctx.beta
-        dy2 = grad_out.reshape(-1, w_res.shape[0]).to(x2.dtype)
+        l1, l2, *saved = ctx.saved_tensors
+        beta, x_dtype, w_dtype = ctx.beta, ctx.x_dtype, ctx.w_dtype
+        dy2 = grad_out.reshape(-1, l2.shape[0]).to(x_dtype)
         need_dx = ctx.needs_input_grad[0]
         need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         dx_res = g_q = None
         if ctx.exact:
+            x2, w_res = saved
             if need_dx:
-                dx_res = dy2 @ w_res.to(x2.dtype)
-            if need_w:
+                dx_res = dy2 @ w_res.to(x_dtype)
+            if ctx.need_gq:
                 g_q = dy2.float().T @ x2.float()
         else:
-            y_inner, xd, wd = ctx.inner
-            inputs = (xd, wd) if need_dx else (wd,)
-            grads = torch.autograd.grad(y_inner, inputs, dy2.to(y_inner.dtype))
-            dx_res, g_q = (grads if need_dx else (None, grads[0]))
-            ctx.inner = None
-        l2c = l2.to(x2.dtype)
+            x2, codes = saved[0], saved[1:]
+            qw, qxt = unpack_saved(codes, ctx.meta)
+            dx_res, g_q = nvfp4_linear_backward(dy2, qw, qxt, x_dtype, w_dtype, ctx.generator,
+                                                ctx.amax_reduce)
+        l2c = l2.to(x_dtype)
         p = dy2 @ l2c                                            # dY L2, [T, r]: shared
         dx = dw_res = dl1 = None
         if need_dx:
-            dx = torch.addmm(dx_res.to(x2.dtype), p, l1.to(x2.dtype), alpha=beta)
+            dx = torch.addmm(dx_res.to(x_dtype), p, l1.to(x_dtype), alpha=beta)
             dx = dx.reshape(ctx.x_shape)
         if need_w and ctx.route == "dense":
             # W_res takes the whole gradient, the branch holds still (zero gradient: Adam moves
             # it by weight decay only, so W = W_res + β L2 L1 decays uniformly)
-            dw_res = g_q.to(w_res.dtype) if ctx.needs_input_grad[1] else None
+            dw_res = g_q.to(w_dtype) if ctx.needs_input_grad[1] else None
             dl1 = torch.zeros_like(l1) if ctx.needs_input_grad[2] else None
         elif need_w:
             basis = ctx.basis if ctx.basis is not None else subspace_basis(l2)
             g_res, g_l1 = _route(g_q, p, x2, beta, basis)
-            dw_res = g_res.to(w_res.dtype) if ctx.needs_input_grad[1] else None
+            dw_res = g_res.to(w_dtype) if ctx.needs_input_grad[1] else None
             dl1 = g_l1.to(l1.dtype) if ctx.needs_input_grad[2] else None
         ctx.basis = None
         return dx, dw_res, dl1, None, None, None, None, None, None, None

@@ -85,7 +85,8 @@ import torch.nn.functional as F
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, quantize
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16, decoded_matmul, nvfp4_matmul, nvfp4_matmul_nt
 
-__all__ = ["NVFP4LinearFunction", "nvfp4_linear", "quantize_wgrad_operand"]
+__all__ = ["NVFP4LinearFunction", "nvfp4_linear", "nvfp4_linear_forward", "nvfp4_linear_backward",
+           "pack_saved", "unpack_saved", "quantize_wgrad_operand"]
 
 AmaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
@@ -243,6 +244,46 @@ def _fused_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[
     return dx, dw
 
 
+def nvfp4_linear_forward(x2: torch.Tensor, weight: torch.Tensor, need_dx: bool, need_dw: bool,
+                         amax_reduce: AmaxReduce = None):
+    """The forward without autograd: ``(y [T, out] in x2's dtype, W's 16×16 codes or None,
+    RHT(xᵀ)'s codes or None)`` — the codes are what :func:`nvfp4_linear_backward` needs for dX
+    (``need_dx``) and dW (``need_dw``). For an autograd Function that wraps the NVFP4 GEMMs with
+    more terms (LoRA-SVD) without a nested autograd graph: that would keep the output and the
+    graph's Python bookkeeping alive until the backward."""
+    forward = _fused_forward if _use_fused(x2) else _composed_forward
+    return forward(x2, weight, x2.dtype, need_dx, need_dw, amax_reduce)
+
+
+def nvfp4_linear_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
+                          x_dtype: torch.dtype, w_dtype: torch.dtype, generator=None,
+                          amax_reduce: AmaxReduce = None):
+    """The backward without autograd: ``(dX [T, in] or None, dW [out, in] or None)`` from
+    ``dY [T, out]`` and the codes :func:`nvfp4_linear_forward` returned (dX needs ``qw``, dW
+    ``qxt``); SR seeds come from ``generator`` (dY's way first, then RHT(dYᵀ)'s)."""
+    backward = _fused_backward if _use_fused(dy2) else _composed_backward
+    return backward(dy2, qw, qxt, x_dtype, w_dtype, generator, amax_reduce)
+
+
+def pack_saved(qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor]):
+    """The codes as plain tensors for ``ctx.save_for_backward`` and their metadata."""
+    tensors, meta = [], {}
+    for key, q in (("w", qw), ("xt", qxt)):
+        if q is not None:
+            t, meta[key] = _pack(q)
+            tensors += t
+    return tensors, meta
+
+
+def unpack_saved(tensors, meta) -> tuple:
+    """Inverse of :func:`pack_saved`: ``(qw or None, qxt or None)``."""
+    tensors, out = list(tensors), {}
+    for key in ("w", "xt"):
+        if key in meta:
+            out[key], tensors = _unpack(tensors[:3], meta[key]), tensors[3:]
+    return out.get("w"), out.get("xt")
+
+
 class NVFP4LinearFunction(torch.autograd.Function):
     """``y = x Wᵀ + b`` with NVFP4 fprop, dgrad and wgrad (see module docstring)."""
 
@@ -252,19 +293,11 @@ class NVFP4LinearFunction(torch.autograd.Function):
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
         x2 = x.reshape(-1, in_f)
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        forward = _fused_forward if _use_fused(x2) else _composed_forward
-        y, qw, qxt = forward(x2, weight, x.dtype, need_dx, need_dw, amax_reduce)
+        y, qw, qxt = nvfp4_linear_forward(x2, weight, ctx.needs_input_grad[0],
+                                          ctx.needs_input_grad[1], amax_reduce)
         if bias is not None:
             y = y + bias.to(y.dtype)
-
-        saved, ctx.meta = [], {}
-        if need_dx:
-            tw, ctx.meta["w"] = _pack(qw)
-            saved += tw
-        if need_dw:
-            tx, ctx.meta["xt"] = _pack(qxt)
-            saved += tx
+        saved, ctx.meta = pack_saved(qw, qxt)
         ctx.save_for_backward(*saved)
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         ctx.has_bias = bias is not None
@@ -274,15 +307,10 @@ class NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        saved = list(ctx.saved_tensors)
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])
-        qw = qxt = None
-        if "w" in ctx.meta:
-            qw, saved = _unpack(saved[:3], ctx.meta["w"]), saved[3:]
-        if "xt" in ctx.meta:
-            qxt = _unpack(saved[:3], ctx.meta["xt"])
-        backward = _fused_backward if _use_fused(dy2) else _composed_backward
-        dx, dw = backward(dy2, qw, qxt, ctx.x_dtype, ctx.w_dtype, ctx.generator, ctx.amax_reduce)
+        qw, qxt = unpack_saved(ctx.saved_tensors, ctx.meta)
+        dx, dw = nvfp4_linear_backward(dy2, qw, qxt, ctx.x_dtype, ctx.w_dtype, ctx.generator,
+                                       ctx.amax_reduce)
         if dx is not None:
             dx = dx.reshape(ctx.x_shape)
         db = None

@@ -260,3 +260,25 @@ def test_basis_cache_recomputes_only_when_l2_changes_and_matches_uncached_backwa
         grads.append((xx.grad, wr.grad, a.grad))
     for g0, g1 in zip(*grads):
         assert torch.equal(g0, g1)
+
+
+@pytest.mark.parametrize("route", ["dense", "projected"])
+def test_saved_for_backward_codes_not_bf16_activations(route):
+    """What the autograd graph keeps between forward and backward (recorded by
+    saved_tensors_hooks): the NVFP4 codes and the factors; X in BF16 only under the projected
+    route (its (dY Q)ᵀ X), and never a tensor shaped like the output (y_res)."""
+    _, w_res, l2, l1 = _factors(torch.bfloat16, seed=6)
+    w_res.requires_grad_(True)
+    l1.requires_grad_(True)
+    x = torch.randn(T, IN, generator=_gen(17)).to(torch.bfloat16).requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = lora_svd_linear(x, w_res, l1, l2, BETA, route=route)
+    bf16_x = [t for t in saved if t.dtype == torch.bfloat16 and t.shape == (T, IN)]
+    assert len(bf16_x) == (1 if route == "projected" else 0)
+    assert not [t for t in saved if t.shape == (T, OUT)]
+    # the plain NVFP4 linear's codes: W's 16×16 codes (uint8, [OUT, IN/2]) and RHT(xᵀ)'s
+    assert any(t.dtype == torch.uint8 and t.shape == (OUT, IN // 2) for t in saved)
+    assert any(t.dtype == torch.uint8 and t.shape == (IN, T // 2) for t in saved)
+    y.float().square().mean().backward()     # and the backward runs from exactly those
+    assert x.grad is not None and w_res.grad is not None
