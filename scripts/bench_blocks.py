@@ -59,6 +59,10 @@ ARMS = {
     "q_attn": ["fp4.attention=q_attn"],
     "full_stack": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn"],
     "full_stack_root": ["fp4.linear=lora_svd", "optimizer.name=q_root", "fp4.attention=q_attn"],
+    # BF16 grad buffer read in place by Q-AdamW (fullstack_fp4/optim/q_adamw/PERF.md, memory)
+    "q_adamw_bf16_grads": ["optimizer.name=q_adamw", "parallel.grad_reduce_in_fp32=false"],
+    "full_stack_bf16_grads": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn",
+                              "parallel.grad_reduce_in_fp32=false"],
 }
 COMMON = ["model.preset=3b", "model.num_layers=4", "model.vocab_size=32000", "data.mock=true",
           "train.global_batch_size=2", "train.micro_batch_size=2", "train.precision=bf16",

@@ -48,6 +48,13 @@ def closed_form_parameters(L, h, f, heads, groups, vocab, divisible_by=128):
     return L * (qkv + out_proj + mlp + norms) + h + 2 * v * h
 
 
+def test_bf16_grad_buffer_with_fp32_params_exits_2_with_one_error_line(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model:\n  preset: tiny\n  vocab_size: 256\ndata: {mock: true}\n")
+    assert_one_error(run(["--config", str(cfg), "train.precision=fp32", "parallel.grad_reduce_in_fp32=false"]),
+                     "parallel.grad_reduce_in_fp32=false needs train.precision=bf16")
+
+
 def test_dry_run_3b_parameter_count():
     p = run(["--config", "configs/presets/3b.yaml", "--dry-run", "data.mock=true"])
     assert p.returncode == 0, p.stderr[-3000:]

@@ -112,7 +112,9 @@ def clip_by_dense_norm(optimizer, model_chunks) -> int:
                 g = _grad_of(p)
                 if g is not None:
                     scale[id(g)] = beta
-            return [g * scale[id(g)] if id(g) in scale else g for g in grads]
+            # in FP32: a BF16 grad read in place (bf16_grads.py) would round β·g to BF16; the
+            # FP32 product of L1's grads (a small rank × in factor) is a small temporary
+            return [g.float() * scale[id(g)] if id(g) in scale else g for g in grads]
 
         wrapper.get_main_grads_for_grad_norm = types.MethodType(get_main_grads_for_grad_norm, wrapper)
     return weighted

@@ -19,6 +19,10 @@ two wrappers: `build_optimizer` returns the wrapper object megatron built, so th
 to convert it in place; one wrapper also gives one grad-norm / clipping pass over all params
 (exactly megatron's), one set of main params, and no duplicated Float16 bookkeeping.
 
+BF16 grads (`parallel.grad_reduce_in_fp32=false`, q_adamw only): the wrappers hand QAdamW the
+BF16 grad buffer's views instead of FP32 copies (bf16_grads.py). The other optimizers get
+megatron-core's default FP32 copies of the BF16 grads.
+
 Checkpoints (`dist_checkpointing`): the inner state is packed (QAdamW's uint8/int codes) or
 split across two optimizers, which megatron's mapping of torch-AdamW states onto
 `ShardedTensor`s cannot express. Each converted wrapper therefore saves ONE `ShardedObject`
@@ -564,3 +568,8 @@ def convert_optimizer(optimizer, cfg, model_chunks) -> None:
         raise ValueError(f"unknown optimizer.name {name!r}")
     for w in _wrappers(optimizer):
         _convert_wrapper(w, cfg, model_chunks)
+    if name == "q_adamw" and not getattr(cfg.parallel, "grad_reduce_in_fp32", True):
+        # BF16 grad buffer: QAdamW reads it in place instead of megatron's FP32 copies
+        from fullstack_fp4.integration.bf16_grads import read_bf16_grads_in_place
+
+        read_bf16_grads_in_place(optimizer)

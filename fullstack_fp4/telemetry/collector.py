@@ -319,6 +319,8 @@ class TelemetryCollector:
 
     @torch.no_grad()
     def _q_adamw_hook(self, opt, args, kwargs):
+        from fullstack_fp4.optim.q_adamw.optimizer import grad_of
+
         # one batched call per param group (rs.q_adamw_group_sums): the sampled chunks of every
         # quantized parameter are decoded / encoded together; no host sync (the step counts are
         # QAdamW's CPU tensors, the chunk draws come from the CPU generator)
@@ -329,10 +331,11 @@ class TelemetryCollector:
                 st = opt.state.get(p, {})
                 place = getattr(p, "q_adamw_place", None)   # a piece of a larger tensor
                 full = place.full_numel if place is not None else p.numel()
-                if p.grad is None or "exp_avg" in st or (not st and full < group["min_numel"]):
+                g = grad_of(p)   # the BF16 grad buffer's view under grad_reduce_in_fp32=false
+                if g is None or "exp_avg" in st or (not st and full < group["min_numel"]):
                     continue   # FP32 moments: nothing is quantized
                 phase = place.chunk_phase() if place is not None else 0
-                items.append((st, p.grad, phase))
+                items.append((st, g, phase))
                 names.append(self._pname(p, gi, pi))
             if not items:
                 continue

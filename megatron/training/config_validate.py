@@ -81,6 +81,10 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
                           f"train.micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp})")
 
     _choice("optimizer.name", o.name, recipes.OPTIMIZERS)
+    if not p.grad_reduce_in_fp32 and t.precision != "bf16":
+        # megatron gives every grad buffer the params' dtype then: the switch would do nothing
+        raise ConfigError(f"parallel.grad_reduce_in_fp32=false needs train.precision=bf16 (with "
+                          f"{t.precision} params the grad buffers are {t.precision} anyway)")
     _choice("optimizer.schedule", o.schedule, ("cosine", "wsd", "constant"))
     _positive("optimizer.lr", o.lr)
     _positive("optimizer.min_lr", o.min_lr, allow_zero=True)

@@ -135,6 +135,8 @@ def _clip_chained_or_single(optimizer, grad_norm: float) -> None:
     """Clip by the already computed total norm, exactly as step() / clip_grad_norm() do."""
     from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
+    from fullstack_fp4.integration.bf16_grads import uses_decoupled_grads
+
     subs = getattr(optimizer, "chained_optimizers", [optimizer])
     for opt in subs:
         if getattr(opt, "is_stub_optimizer", False):
@@ -143,7 +145,8 @@ def _clip_chained_or_single(optimizer, grad_norm: float) -> None:
         if not params or not opt.config.clip_grad > 0.0:
             continue
         clip_grad_by_total_norm_fp32(params, max_norm=opt.config.clip_grad, total_norm=grad_norm,
-                                     use_decoupled_grad=opt.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+                                     # BF16 grads read in place sit in `decoupled_grad`
+                                     use_decoupled_grad=uses_decoupled_grads(opt))
 
 
 def guarded_optimizer_step(optimizer, guard: StepGuard, loss: Optional[float]):

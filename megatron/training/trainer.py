@@ -142,7 +142,10 @@ class Trainer:
         module = Float16Module(gpt.config, gpt) if cfg.train.precision == "bf16" else gpt
         distopt = cfg.parallel.use_distributed_optimizer
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+            # false: BF16 grad buffers (megatron's default); q_adamw then reads them in place
+            # (fullstack_fp4/integration/bf16_grads.py), the others get megatron's FP32 copies.
+            grad_reduce_in_fp32=cfg.parallel.grad_reduce_in_fp32,
+            overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
             use_distributed_optimizer=distopt,
             # Q-AdamW's 4-bit state (q_adamw; q_root's non-matrix params) is cut into 1024-entry chunks of each parameter's global index;
             # megatron's high-busbw padding puts every DP shard boundary on a 2^16 multiple, hence on

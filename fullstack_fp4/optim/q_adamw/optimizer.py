@@ -55,7 +55,7 @@ from .codecs import (BLOCK, CHUNK, TILE, MomentState, _sqrt_rn, decode_exp_avg,
                      decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq, num_chunks,
                      padded_numel)
 
-__all__ = ["QAdamW", "Placement", "PLACE_ATTR", "q_adamw_step_reference",
+__all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
            "optimizer_state_bytes", "decode_param_state", "encode_param_state"]
 
 PLACE_ATTR = "q_adamw_place"
@@ -228,6 +228,20 @@ def _seed(seed: int, index: int, step: int) -> int:
     return (seed * 1_000_003 + index * 7_919 + step * 104_729) % (2 ** 31 - 1)
 
 
+# Where a param's gradient may sit instead of `.grad` (megatron-core's name in its precision-
+# aware optimizer): torch refuses a `.grad` of another dtype than the param, so the BF16 grad of
+# an FP32 main param (fullstack_fp4/integration/bf16_grads.py) lives here.
+GRAD_ATTR = "decoupled_grad"
+
+
+def grad_of(p: torch.Tensor) -> Optional[torch.Tensor]:
+    """The gradient the step reads: ``p.decoupled_grad`` when set, else ``p.grad``. Any float
+    dtype: every path converts it to FP32 (exact for BF16), so a BF16 gradient steps exactly as
+    the same values in FP32."""
+    g = getattr(p, GRAD_ATTR, None)
+    return p.grad if g is None else g
+
+
 class QAdamW(torch.optim.Optimizer):
     """AdamW with NVFP4 moments (see the module docstring)."""
 
@@ -259,9 +273,10 @@ class QAdamW(torch.optim.Optimizer):
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
                 index += 1
-                if p.grad is None:
+                grad = grad_of(p)
+                if grad is None:
                     continue
-                if p.grad.is_sparse:
+                if grad.is_sparse:
                     raise RuntimeError("QAdamW does not support sparse gradients")
                 st = self.state[p]
                 pl = placement_of(p, index)
@@ -278,13 +293,13 @@ class QAdamW(torch.optim.Optimizer):
                 st["step"] += 1
                 t = int(st["step"].item())
                 if not quantized:
-                    self._fp32_step(p, st, lr, b1, b2, eps, wd, t)
+                    self._fp32_step(p, grad, st, lr, b1, b2, eps, wd, t)
                     continue
                 seed = _seed(group["seed"], pl.key, t)
                 n = p.numel()
                 if self._kernel_ok(p):
                     from .triton_step import launch
-                    launch(p.view(-1), p.grad.reshape(-1).contiguous(), _kernel_views(st), n,
+                    launch(p.view(-1), grad.reshape(-1).contiguous(), _kernel_views(st), n,
                            padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
                            **_hyper(lr, b1, b2, eps, wd, t, p.device))
                 else:
@@ -294,7 +309,7 @@ class QAdamW(torch.optim.Optimizer):
                                       device=p.device)[pl.offset:pl.offset + padded_numel(n)]
                     direct = p.is_contiguous() and p.dtype == torch.float32
                     flat = p.data.view(-1) if direct else p.data.reshape(-1).float()
-                    q_adamw_step_reference(flat, p.grad, st, lr=lr, beta1=b1, beta2=b2,
+                    q_adamw_step_reference(flat, grad, st, lr=lr, beta1=b1, beta2=b2,
                                            eps=eps, weight_decay=wd, step=t, rand=rand,
                                            phase=cph)
                     if not direct:
@@ -314,8 +329,8 @@ class QAdamW(torch.optim.Optimizer):
                     self.state[p][k] = raw[i][k].to(p.device)
 
     @staticmethod
-    def _fp32_step(p, st, lr, b1, b2, eps, wd, t):
-        g = p.grad.to(p.dtype)
+    def _fp32_step(p, grad, st, lr, b1, b2, eps, wd, t):
+        g = grad.to(p.dtype)   # a BF16 grad converts exactly
         m, v = st["exp_avg"], st["exp_avg_sq"]
         p.mul_(1.0 - lr * wd)
         m.mul_(b1).add_(g, alpha=1.0 - b1)

@@ -247,3 +247,24 @@ def test_orthogonal_nvfp4_terms_is_validated_and_reaches_the_optimizer():
                                  f"optimizer.orthogonal.nvfp4_terms={terms}"])
         opt = _orthogonal([{"params": [w]}], cfg)
         assert opt.param_groups[0]["ns_nvfp4_terms"] == expect, name
+
+
+# ------------------------------------------------------------------------- BF16 grad buffer
+def test_grad_reduce_in_fp32_defaults_to_fp32_buffers():
+    assert load_config(None, OK).parallel.grad_reduce_in_fp32 is True
+
+
+def test_bf16_grad_buffer_with_fp32_params_is_refused():
+    # megatron gives the grad buffers the params' dtype: the switch could not take effect
+    msg = config_error(overrides=OK + ["train.precision=fp32", "parallel.grad_reduce_in_fp32=false"])
+    assert msg == ("parallel.grad_reduce_in_fp32=false needs train.precision=bf16 (with fp32 params "
+                   "the grad buffers are fp32 anyway)")
+
+
+@pytest.mark.parametrize("name", recipes.OPTIMIZERS)
+@pytest.mark.parametrize("distopt", ["false", "true"])
+def test_bf16_grad_buffer_is_accepted_with_every_optimizer(name, distopt):
+    # q_adamw reads it in place; the others get megatron-core's FP32 copies (its default)
+    cfg = load_config(None, OK + ["train.precision=bf16", "parallel.grad_reduce_in_fp32=false",
+                                  f"optimizer.name={name}", f"parallel.use_distributed_optimizer={distopt}"])
+    assert cfg.parallel.grad_reduce_in_fp32 is False
