@@ -61,14 +61,7 @@ def _steps(tr, n=STEPS):
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _dist():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    from megatron.training.initialize import shutdown
-    shutdown()
+_dist = pytest.fixture(scope="module", autouse=True)(helpers.in_process_megatron)
 
 
 @pytest.mark.parametrize("layout", list(DISTOPT))

@@ -24,6 +24,7 @@ from fullstack_fp4.optim.q_adamw import QAdamW
 from fullstack_fp4.optim.root import Root
 from megatron.training.config import load_config
 from megatron.training.optimizer import apply_schedule
+from tests.megatron.training import helpers
 
 TINY = ["model.preset=tiny", "model.seq_length=32", "model.vocab_size=256", "data.mock=true",
         "train.global_batch_size=4", "train.micro_batch_size=2", "train.eval_iters=1",
@@ -70,14 +71,7 @@ def _names(tr):
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _dist():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small ops: more threads only contend on a loaded 2-core box
-    yield
-    torch.set_num_threads(threads)
-    from megatron.training.initialize import shutdown
-    shutdown()
+_dist = pytest.fixture(scope="module", autouse=True)(helpers.in_process_megatron)
 
 
 # ----------------------------------------------------------------------------- q_adamw

@@ -182,3 +182,18 @@ def start_straight_run_async():
     t = threading.Thread(target=straight_run_dir, daemon=True)
     t.start()
     return t
+
+
+def in_process_megatron():
+    """Module fixture body for tests that build Trainers in the pytest process: one CPU thread
+    while the module runs (small ops: more threads only contend on a loaded 2-core box), and
+    megatron's process groups shut down after it. Use as
+    ``_dist = pytest.fixture(scope="module", autouse=True)(helpers.in_process_megatron)``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    from megatron.training.initialize import shutdown
+    shutdown()

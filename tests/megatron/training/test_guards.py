@@ -14,6 +14,7 @@ import torch
 
 from megatron.training.config import load_config
 from megatron.training.guards import DivergenceError, StepGuard, guarded_optimizer_step
+from tests.megatron.training import helpers
 
 TINY = ["model.preset=tiny", "model.seq_length=32", "model.vocab_size=256", "data.mock=true",
         "train.global_batch_size=4", "train.micro_batch_size=2", "train.eval_iters=1",
@@ -28,14 +29,7 @@ def _trainer(precision="fp32", extra=()):
     return Trainer(cfg, verbose=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _dist():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    from megatron.training.initialize import shutdown
-    shutdown()
+_dist = pytest.fixture(scope="module", autouse=True)(helpers.in_process_megatron)
 
 
 def _forward_backward(tr):
