@@ -20,7 +20,7 @@ params into the optimizer (TE FusedAdam); here only its gradient half is taken:
   step.
 
 The methods are bound on the wrapper *instances* (megatron's classes stay untouched) and the
-wrapper is marked ``fp4_bf16_grads = True``; `guards.py` clips through `uses_decoupled_grads`.
+wrapper is marked ``fp4_bf16_grads = True``; `guards.py` clips through `clip_by_total_norm`.
 A `ChainedOptimizer` around the wrappers gets its norm and `step()` bound the same way.
 
 The numbers: the grad values equal the FP32-buffer run's only where no sum happens in the buffer
@@ -41,7 +41,8 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from fullstack_fp4.optim.q_adamw.optimizer import GRAD_ATTR
 
-__all__ = ["read_bf16_grads_in_place", "uses_decoupled_grads", "grad_norm_fp32"]
+__all__ = ["read_bf16_grads_in_place", "uses_decoupled_grads", "grad_norm_fp32",
+           "clip_by_total_norm"]
 
 
 def uses_decoupled_grads(wrapper) -> bool:
@@ -50,6 +51,19 @@ def uses_decoupled_grads(wrapper) -> bool:
     return bool(getattr(wrapper, "fp4_bf16_grads", False)
                 or getattr(getattr(wrapper, "config", None),
                            "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False))
+
+
+def clip_by_total_norm(optimizer, grad_norm: float) -> None:
+    """Clip every sub-optimizer of ``optimizer`` (a ChainedOptimizer or one wrapper) by the
+    already computed total norm, as megatron-core's step() does, each through the attribute its
+    grads sit in (``decoupled_grad`` for BF16 grads read in place, else ``.grad``)."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if getattr(opt, "is_stub_optimizer", False):
+            continue
+        params = opt.get_parameters()
+        if params and opt.config.clip_grad > 0.0:
+            clip_grad_by_total_norm_fp32(params, max_norm=opt.config.clip_grad, total_norm=grad_norm,
+                                         use_decoupled_grad=uses_decoupled_grads(opt))
 
 
 def grad_norm_fp32(grads: list, group) -> float:
@@ -145,13 +159,7 @@ def _chained_step(self):
     if self.prepare_grads():
         return False, None, None
     grad_norm = self.get_grad_norm()
-    for o in self.chained_optimizers:
-        if getattr(o, "is_stub_optimizer", False):
-            continue
-        params = o.get_parameters()
-        if params and o.config.clip_grad > 0.0:
-            clip_grad_by_total_norm_fp32(params, max_norm=o.config.clip_grad, total_norm=grad_norm,
-                                         use_decoupled_grad=uses_decoupled_grads(o))
+    clip_by_total_norm(self, grad_norm)
     num_zeros = None
     if self.config.log_num_zeros_in_grad:
         num_zeros = sum(o.count_zeros() for o in self.chained_optimizers)

@@ -131,24 +131,6 @@ class StepGuard:
         self.total_skips = int(sd.get("total_skips", 0))
 
 
-def _clip_chained_or_single(optimizer, grad_norm: float) -> None:
-    """Clip by the already computed total norm, exactly as step() / clip_grad_norm() do."""
-    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
-
-    from fullstack_fp4.integration.bf16_grads import uses_decoupled_grads
-
-    subs = getattr(optimizer, "chained_optimizers", [optimizer])
-    for opt in subs:
-        if getattr(opt, "is_stub_optimizer", False):
-            continue
-        params = opt.get_parameters()
-        if not params or not opt.config.clip_grad > 0.0:
-            continue
-        clip_grad_by_total_norm_fp32(params, max_norm=opt.config.clip_grad, total_norm=grad_norm,
-                                     # BF16 grads read in place sit in `decoupled_grad`
-                                     use_decoupled_grad=uses_decoupled_grads(opt))
-
-
 def guarded_optimizer_step(optimizer, guard: StepGuard, loss: Optional[float]):
     """megatron-core `optimizer.step()` with the guard's decision before the update.
 
@@ -170,7 +152,10 @@ def guarded_optimizer_step(optimizer, guard: StepGuard, loss: Optional[float]):
             guard.record_skip(reason)
             return False, grad_norm, reason
         if grad_norm is not None:
-            _clip_chained_or_single(optimizer, grad_norm)
+            # clip by the norm already computed, each sub through the attribute its grads use
+            from fullstack_fp4.integration.bf16_grads import clip_by_total_norm
+
+            clip_by_total_norm(optimizer, grad_norm)
         applied = bool(optimizer.step_with_ready_grads())
     if applied:
         guard.record_applied(loss)
