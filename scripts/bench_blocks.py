@@ -20,6 +20,13 @@ trainer's collector hooks + optimizer pre-hooks installed, ``end_step``'s host s
 and a plain step (``begin_step`` returns at once). The usual columns then come from the plain
 steps only; extra columns give the telemetry step's time and its amortised overhead
 ``(t_telemetry − t_plain) / (N · t_plain)`` (target ≤ 2 % at the default N = 100).
+
+``--profile``: after the timed steps, one more forward+backward and one optimizer step run under
+``torch.profiler`` (CUDA activity only). Printed per arm: the wall time, the sum of kernel
+times (the device busy time: one GPU, one compute stream), their difference (the time the GPU
+waited for the host; CUPTI tracing adds host time per launch, so the difference is also given
+against the unprofiled median of the timed steps), and the kernel time by family (``kernel_family``) — whether an arm is
+host-bound, and what its extra device time is made of.
 """
 from __future__ import annotations
 
@@ -79,7 +86,45 @@ def cuda_time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_interval: int = 0) -> dict:
+# Kernel families for --profile, first match wins (lower-case substrings of the kernel name).
+FAMILIES = (("gemm (cuBLAS/cuDNN)", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_")),
+            ("attention (SDPA / megatron softmax)", ("flash", "fmha", "softmax", "attention")),
+            ("q_attn (Triton)", ("_dkdv_kernel", "_dq_kernel", "_fwd_kernel", "_prologue_kernel",
+                                 "_unpack_kernel", "_delta_kernel", "_amax_kernel", "_ds_")),
+            ("nvfp4 quantize/decode/epilogue (Triton)", ("quant", "decode", "dequant", "amax",
+                                                         "scale_cast", "epilogue", "_pack")),
+            ("q_adamw (Triton)", ("_step_kernel", "q_adamw", "_rows")),
+            ("elementwise / reduce / copy (torch)", ("elementwise", "reduce", "copy", "fill",
+                                                     "memset", "memcpy", "cat", "index")))
+
+
+def kernel_family(name: str) -> str:
+    low = name.lower()
+    for fam, keys in FAMILIES:
+        if any(k in low for k in keys):
+            return fam
+    return "other"
+
+
+def profile_phase(fn) -> dict:
+    """Wall time of ``fn`` and its CUDA kernels' summed time, by family (ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = cuda_time(fn)
+    fam: dict = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            f = kernel_family(ev.name)
+            fam[f] = fam.get(f, 0.0) + ev.device_time_total / 1e3
+    busy = sum(fam.values())
+    return {"wall_ms": 1e3 * wall, "kernel_ms": busy, "gpu_idle_ms": 1e3 * wall - busy,
+            "by_family_ms": dict(sorted(fam.items(), key=lambda kv: -kv[1]))}
+
+
+def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_interval: int = 0,
+            profile: bool = False) -> dict:
     from megatron.training.trainer import Trainer
 
     if quant_interval:
@@ -114,6 +159,12 @@ def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_inte
             fb.append(t_fb)
             opt.append(t_opt + t_end)
             opt_peak = max(opt_peak, torch.cuda.max_memory_allocated())
+    prof = None
+    if profile:
+        tr.model.zero_grad_buffer()
+        tr.optimizer.zero_grad()
+        prof = {"fwd_bwd": profile_phase(lambda tr=tr: tr._run_schedule(tr.train_ds, 0, False)),
+                "opt_step": profile_phase(tr.optimizer.step)}
     # whole-step peak: one more full step with the counter reset first
     torch.cuda.reset_peak_memory_stats()
     tr.model.zero_grad_buffer()
@@ -130,6 +181,8 @@ def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_inte
            "mfu_datasheet": tflops / PEAK_DATASHEET, "mfu_vs_790": tflops / PEAK_ANCHOR,
            "peak_mem_gib": step_peak / 2**30, "opt_phase_peak_gib": opt_peak / 2**30,
            "params": sum(p.numel() for p in tr.gpt.parameters())}
+    if prof:
+        out["profile"] = prof
     if quant_interval:
         t_tel = med(tel)
         out.update(quant_stats_interval=quant_interval, telemetry_step_ms=1e3 * t_tel,
@@ -164,6 +217,17 @@ def markdown(rows: list[dict]) -> str:
                   "| arm | plain step ms | telemetry step ms | metrics | overhead at N |", "|---|---|---|---|---|"]
         lines += [f"| {r['arm']} | {r['step_ms']:.1f} | {r['telemetry_step_ms']:.1f} | {r['telemetry_names']} | "
                   f"{r['telemetry_overhead_pct']:.2f}% |" for r in tel]
+    prof = [r for r in rows if "profile" in r]
+    if prof:
+        lines += ["", "Profile of one more step (torch.profiler, CUDA kernels; ms): wall, kernel sum, "
+                  "GPU idle (waiting for the host), then kernel time by family", ""]
+        for r in prof:
+            for phase, pr in r["profile"].items():
+                fams = "; ".join(f"{k} {v:.1f}" for k, v in pr["by_family_ms"].items())
+                timed = r["fwd_bwd_ms"] if phase == "fwd_bwd" else r["opt_step_ms"]
+                lines.append(f"- {r['arm']} {phase}: wall {pr['wall_ms']:.1f} (profiled; {timed:.1f} "
+                             f"timed), kernels {pr['kernel_ms']:.1f}, idle {pr['gpu_idle_ms']:.1f} "
+                             f"({timed - pr['kernel_ms']:.1f} of the timed) — {fams}")
     return "\n".join(lines)
 
 
@@ -199,6 +263,8 @@ def main() -> int:
     p.add_argument("--quant-stats-interval", type=int, default=0, metavar="N",
                    help="measure telemetry overhead at logging.quant_stats_interval=N in every arm "
                         "(alternating telemetry / plain steps; see the docstring). 0: off")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one more step per arm: GPU busy vs idle, kernel time by family")
     args = p.parse_args()
     if args.quant_stats_interval < 0 or (args.quant_stats_interval and args.steps < 2):
         print("error: --quant-stats-interval must be >= 0 and needs --steps >= 2", file=sys.stderr)
@@ -215,7 +281,8 @@ def main() -> int:
     rows = []
     for a in arms:
         try:
-            rows.append(run_arm(a, ARMS[a], args.steps, args.warmup, args.quant_stats_interval))
+            rows.append(run_arm(a, ARMS[a], args.steps, args.warmup, args.quant_stats_interval,
+                                args.profile))
         except UserError as e:  # e.g. a recipe not implemented in this release
             rows.append({"arm": a, "error": str(e)[:120]})
         except torch.OutOfMemoryError as e:

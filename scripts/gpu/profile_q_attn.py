@@ -1,0 +1,90 @@
+"""Where Q-Attn's fwd+bwd spends device time: a per-kernel table from torch.profiler.
+
+For each bench shape (1×24×4096×128 and 4×24×2048×128, causal, default paths) it times the
+whole fwd+bwd with CUDA events (as scripts/bench_q_attn.py does) beside SDPA flash, then runs
+``ITERS`` fwd+bwd under torch.profiler and prints every CUDA kernel's device time per
+iteration, largest first, with its share of the sum. The sum of kernel times against the event
+time says how much of the step is gaps (launch latency / host) rather than kernels.
+
+Usage (GPU): ``python scripts/gpu/profile_q_attn.py``; writes ``q_attn_profile.json`` into
+``$OUT`` if set.
+"""
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from fullstack_fp4.attention import q_attention  # noqa: E402
+
+ITERS = 10
+
+
+def event_ms(fn, iters=20, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        z.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(z))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def kernel_table(fn):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(ITERS):
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name][0] += ev.device_time_total / 1000.0 / ITERS   # ms per iteration
+            per[ev.name][1] += 1
+    return sorted(((n, t, c // ITERS) for n, (t, c) in per.items()), key=lambda r: -r[1])
+
+
+def main():
+    out = {}
+    for b, h, s, d in ((1, 24, 4096, 128), (4, 24, 2048, 128)):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
+                   for _ in range(3))
+        do = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+
+        def qattn():
+            q_attention(q, k, v, causal=True).backward(do)
+
+        def sdpa():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+
+        t_q, t_s = event_ms(qattn), event_ms(sdpa)
+        rows = kernel_table(qattn)
+        total = sum(r[1] for r in rows)
+        name = f"{b}x{h}x{s}x{d}"
+        print(f"\n## {name} causal: q_attn fwd+bwd {t_q:.3f} ms, SDPA {t_s:.3f} ms "
+              f"({t_q / t_s:.2f}x); kernel sum {total:.3f} ms ({t_q - total:.3f} ms not in kernels)\n")
+        print("| kernel | launches | ms | share |\n| --- | --- | --- | --- |")
+        for n, t, c in rows:
+            print(f"| {n[:90]} | {c} | {t:.4f} | {100 * t / total:.1f}% |")
+        out[name] = {"q_attn_ms": t_q, "sdpa_ms": t_s, "kernels": rows}
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "q_attn_profile.json"), "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
