@@ -44,6 +44,7 @@ from fullstack_fp4.attention.prologue import make_views, prepare_views  # noqa: 
 from fullstack_fp4.attention.triton_bwd import attention_backward, bwd_config  # noqa: E402
 from fullstack_fp4.attention.triton_fwd import _config as fwd_config  # noqa: E402
 from fullstack_fp4.attention.triton_fwd import attention_forward  # noqa: E402
+from fullstack_fp4.attention.triton_prologue import prologue_config  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -213,6 +214,17 @@ def bench(b, h, s, d):
 # (rn/rm: 64-row groups per dkdv / dq program). '' = the built-in default.
 FWD_SWEEP = ("", "128,64,8,3", "64,64,4,2", "64,64,4,4", "64,32,4,3", "64,64,8,3", "32,32,4,3")
 BWD_SWEEP = ("", "8,2,8,2,2,2", "8,4,8,4,2,2", "8,3,8,2,2,2", "8,2,8,3,2,2", "4,3,4,3,1,1")
+# FP4_QATTN_PROLOGUE = "rows,warps" of the views kernel (triton_prologue.prologue_config)
+PROLOGUE_SWEEP = ("", "64,8", "32,8", "32,4", "16,8", "16,4", "16,2")
+
+
+def same_saved(a, b) -> bool:
+    """Two ``SavedViews`` hold the same codes, scale bytes and decode scales."""
+    ok = torch.equal(a.dec_q, b.dec_q) and torch.equal(a.dec_k, b.dec_k)
+    for name in a._FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        ok = ok and torch.equal(x.codes, y.codes) and torch.equal(x.scales, y.scales)
+    return ok
 
 
 def breakdown(b, h, s, d, sweep):
@@ -224,13 +236,15 @@ def breakdown(b, h, s, d, sweep):
     q, k, v, do = [torch.randn(b, h, s, d, device="cuda", dtype=BF) for _ in range(4)]
     scale = d ** -0.5
     kw = dict(qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
-    rows = {"prologue (amax, K mean, views)": time_ms(lambda: prepare_views(q, k, **kw))}
+    rows = {}
     fwd_views, saved = prepare_views(q, k, **kw)
     rows["decode saved views"] = time_ms(lambda: saved.unpack("triton"))
     views = saved.unpack("triton")
     o, lse = attention_forward(fwd_views, v, causal=True, scale=scale)
     sweeps = {}
     for name, env, cfgs, fn in (
+            ("prologue (amax, K mean, views)", "FP4_QATTN_PROLOGUE", PROLOGUE_SWEEP,
+             lambda: prepare_views(q, k, **kw)),
             ("forward kernel", "FP4_QATTN_FWD", FWD_SWEEP,
              lambda: attention_forward(fwd_views, v, causal=True, scale=scale)),
             ("backward (delta + kernels)", "FP4_QATTN_BWD", BWD_SWEEP,
@@ -241,8 +255,12 @@ def breakdown(b, h, s, d, sweep):
             os.environ[env] = cfg
             try:
                 (wk, sk, rn), (wq, sq, rm) = bwd_config(d)
-                dflt = fwd_config(d, False) if env == "FP4_QATTN_FWD" else (wk, sk, wq, sq, rn, rm)
+                dflt = {"FP4_QATTN_FWD": fwd_config(d, False),
+                        "FP4_QATTN_PROLOGUE": prologue_config(d)}.get(env, (wk, sk, wq, sq, rn, rm))
                 shown = cfg or "default " + ",".join(map(str, dflt))
+                if env == "FP4_QATTN_PROLOGUE" and not same_saved(prepare_views(q, k, **kw)[1], saved):
+                    table.append((shown, "differs from the default tiling's views: not timed"))
+                    continue
                 table.append((shown, time_ms(fn)))
             except Exception as e:  # noqa: BLE001 -- a config that fails to compile/launch
                 table.append((cfg, f"failed: {type(e).__name__}: {str(e)[:80]}"))
@@ -293,7 +311,8 @@ def main():
         for key, val in rows.items():
             print(f"| {key} | {val if isinstance(val, str) else f'{val:.3f}'} |")
         if sweep:
-            for stage, env in (("forward kernel", "FP4_QATTN_FWD  (BLOCK_M,BLOCK_N,warps,stages)"),
+            for stage, env in (("prologue (amax, K mean, views)", "FP4_QATTN_PROLOGUE  (rows,warps)"),
+                               ("forward kernel", "FP4_QATTN_FWD  (BLOCK_M,BLOCK_N,warps,stages)"),
                                ("backward (delta + kernels)",
                                 "FP4_QATTN_BWD  (w_kv,st_kv,w_q,st_q,rn,rm)")):
                 print(f"\nsweep: {stage} at {tag} — {env}\n")

@@ -5,7 +5,7 @@
    the float order; a max is exact and order-free, so this is the torch ``abs().amax()``'s value
    bit for bit). ``mean`` is K-smoothing's FP32 seq-mean (``quant.smooth_k``), subtracted here
    in FP32 exactly as torch does (``kf − mean``), so the smoothed K is never materialised.
-2. ``_prologue_kernel`` — one program per (b·h, 64 rows): loads the ``[64, D]`` tile once (FP32,
+2. ``_prologue_kernel`` — one program per (b·h, 64 rows; ``prologue_config``): loads the tile once (FP32,
    minus the mean), derives the tensor scale from ``amax[b·h]`` (program (b·h, 0) stores the
    decode scale) and quantizes it both ways (``quant.py``):
      * along head_dim: blocks ``[1, 16]`` of each row   (the ``S = Q Kᵀ`` operand),
@@ -29,6 +29,25 @@ from .triton_nvfp4 import block_scales, e4m3_bits, head_scales, qdq_codes
 
 BLOCK_S = 64       # prologue rows per program (a multiple of 16: whole seq blocks)
 AMAX_ROWS = 128    # amax rows per program (fewer atomics)
+
+
+def prologue_config(d: int):
+    """``(rows per program, warps)`` of ``_prologue_kernel``; ``FP4_QATTN_PROLOGUE="rows,warps"``
+    overrides (rows a multiple of 16; ``scripts/bench_q_attn.py --sweep``).
+
+    Occupancy is the question: at D = 128, 64 rows on 8 warps take 183 registers (sm_90
+    compile gate), i.e. one program = 8 warps per SM, and the kernel, a load-quantize-store
+    stream, has nothing to hide its latency with (measured 0.23 ms for Q and K at
+    1x24x4096x128, ~5x its bytes at copy speed). 32 rows: 113 registers (2 programs per SM);
+    16 rows: 51 registers (5 per SM). The numbers do not depend on the tiling (every block and
+    scale lies inside one program's rows)."""
+    from .triton_fwd import _env_ints
+    cfg = _env_ints("FP4_QATTN_PROLOGUE", 2)
+    if cfg is not None:
+        if cfg[0] < 16 or cfg[0] % 16 or cfg[0] & (cfg[0] - 1) or cfg[1] not in (1, 2, 4, 8, 16):
+            raise ValueError("FP4_QATTN_PROLOGUE: rows a power of two >= 16, warps 1..16")
+        return cfg
+    return BLOCK_S, (8 if d >= 128 else 4)   # D = 128 at 4 warps: 255 registers and spills
 
 
 @triton.jit
@@ -121,7 +140,7 @@ def quantize_views(x: torch.Tensor, mean=None, *, hd_bf16: bool = False, sq_bf16
     smooth = mean is not None
     mean_t = mean.reshape(b, h, d).to(torch.float32).contiguous() if smooth else x
     amax = torch.zeros(b * h, dtype=torch.int32, device=dev)     # FP32 bits, max-reduced
-    warps = 8 if d >= 128 else 4    # D = 128 at 4 warps: 255 registers and spills (compile gate)
+    warps = 8 if d >= 128 else 4
     _amax_kernel[(b * h, triton.cdiv(s, AMAX_ROWS))](x, mean_t, amax, s, D=d, BLOCK=AMAX_ROWS,
                                                       SMOOTH=smooth, num_warps=warps)
     dec = torch.empty(b, h, dtype=torch.float32, device=dev)
@@ -130,12 +149,13 @@ def quantize_views(x: torch.Tensor, mean=None, *, hd_bf16: bool = False, sq_bf16
     hdp = empty_packed(b, h, s, d, "head_dim", dev) if pack_hd else None
     sqp = empty_packed(b, h, s, d, "seq", dev) if pack_sq else None
     dummy = dec   # pointer for outputs a launch does not write (never dereferenced)
-    _prologue_kernel[(b * h, triton.cdiv(s, BLOCK_S))](
+    rows, pwarps = prologue_config(d)
+    _prologue_kernel[(b * h, triton.cdiv(s, rows))](
         x, mean_t, amax, dec, hd if hd_bf16 else dummy, sq if sq_bf16 else dummy,
         hdp.codes if pack_hd else dummy, hdp.scales if pack_hd else dummy,
         sqp.codes if pack_sq else dummy, sqp.scales if pack_sq else dummy, s, padded_seq(s),
-        D=d, BLOCK=BLOCK_S, SMOOTH=smooth, HD_BF16=hd_bf16, SQ_BF16=sq_bf16,
-        PACK_HD=pack_hd, PACK_SQ=pack_sq, num_warps=warps)
+        D=d, BLOCK=rows, SMOOTH=smooth, HD_BF16=hd_bf16, SQ_BF16=sq_bf16,
+        PACK_HD=pack_hd, PACK_SQ=pack_sq, num_warps=pwarps)
     return {"dec": dec, "hd": hd, "sq": sq, "hd_packed": hdp, "sq_packed": sqp}
 
 

@@ -40,12 +40,15 @@ def _inputs(b, h, hk, s, d, seed=0):
     return [x.to(device=DEV, dtype=torch.bfloat16) for x in (q, k, v, do)]
 
 
-@pytest.mark.parametrize("smooth", [False, True])
-def test_prologue_views_bit_exact(smooth):
+@pytest.mark.parametrize("smooth,tiling", [(False, ""), (True, ""), (True, "16,4"),
+                                           (False, "32,8")])
+def test_prologue_views_bit_exact(smooth, tiling, monkeypatch):
     """Triton prologue vs the reference quantizer: BF16 values of both views, the packed codes and
-    E4M3 scale bytes, and the decode scale, all bit for bit (seq 40: partial 16- and 64-blocks;
-    an outlier; with K-smoothing the kernel subtracts the mean itself)."""
+    E4M3 scale bytes, and the decode scale, all bit for bit (seq 40: partial 16-, 32- and
+    64-row tiles; an outlier; with K-smoothing the kernel subtracts the mean itself), at the
+    default tiling and at 16 and 32 rows per program (``FP4_QATTN_PROLOGUE``)."""
     from fullstack_fp4.attention.triton_prologue import quantize_views
+    monkeypatch.setenv("FP4_QATTN_PROLOGUE", tiling)
     from fullstack_fp4.attention.quant import per_head_packed, per_head_view, smooth_k
     x = _inputs(1, 2, 1, 40, 64)[0]
     x[0, 1, 7, 9] = 300.0

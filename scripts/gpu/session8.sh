@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 8's device calls on one H200 (each fits the 600 s limit). Carry .whl.
+#   bash scripts/gpu/session8.sh attn     # Q-Attn beside every SDPA backend (eager and CUDA
+#       graph), prologue/forward/backward tiling sweeps; per-kernel profile; the 4-block 3b
+#       step profiled (GPU busy vs idle, kernel time by family) for bf16, q_attn, full stack
+#   bash scripts/gpu/session8.sh final    # kernels check; Q-AdamW bench; Q-Attn bench; 4-block
+#       3b table (bf16, nvfp4_linear, q_attn, q_adamw_bf16_grads, full_stack_bf16_grads)
+set -u
+source scripts/gpu/setup_env.sh
+run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
+        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -${TAILN:-40}; }
+case "${1:-attn}" in
+  attn)
+    TAILN=60 run q_attn 300 python3 scripts/bench_q_attn.py --sweep
+    TAILN=20 run profile_q_attn 90 python3 scripts/gpu/profile_q_attn.py
+    TAILN=12 run blocks 240 python3 scripts/bench_blocks.py --arms bf16,q_attn,full_stack_bf16_grads \
+      --steps 4 --warmup 2 --profile --out "$OUT"
+    ;;
+  final)
+    TAILN=3 run check 120 python3 scripts/gpu/check_kernels_exact.py
+    TAILN=30 run q_adamw 200 python3 scripts/bench_q_adamw.py
+    TAILN=40 run q_attn 150 python3 scripts/bench_q_attn.py
+    TAILN=16 run blocks 200 python3 scripts/bench_blocks.py \
+      --arms bf16,nvfp4_linear,q_attn,q_adamw_bf16_grads,full_stack_bf16_grads --steps 6 --warmup 2 \
+      --profile --out "$OUT"
+    ;;
+esac
