@@ -191,16 +191,25 @@ def bench(b, h, s, d):
                 o.backward(do)
             fb_ms = time_ms(fb)
             out[name] = {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms,
-                         "graph_fwd_bwd_ms": graph_ms(fn, q, k, v, do),
                          "saved_bytes": saved_bytes(fn, q, k, v), "host_fwd_bwd_ms": host_ms(fb)}
         except Exception as e:  # noqa: BLE001 -- a backend this torch/GPU cannot run
-            out[name] = {"failed": f"{type(e).__name__}: {str(e)[:120]}"}
-        q.grad = k.grad = v.grad = None
-    out["q_attn"]["saved_bytes_formula"] = q_attn_saved_formula(b, h, h, s, d)
+            out[name] = {"failed": f"{type(e).__name__}: {str(e)[:160]}"}
+            continue
+        finally:
+            q.grad = k.grad = v.grad = None
+        try:
+            out[name]["graph_fwd_bwd_ms"] = graph_ms(fn, q, k, v, do)
+        except Exception as e:  # noqa: BLE001 -- capture refused: report why, keep the rest
+            out[name]["graph_fwd_bwd_ms"] = float("nan")
+            out[name]["graph_failed"] = f"{type(e).__name__}: {str(e)[:200]}"
+            torch.cuda.synchronize()
+    out["q_attn"]["saved_bytes_formula"] = q_attn_saved_formula(b, h, h, s, d)   # also if failed
     ok = {n: r for n, r in out.items() if n.startswith("sdpa_") and "failed" not in r}
     out["fastest_sdpa"] = min(ok, key=lambda n: ok[n]["fwd_bwd_ms"])
     flops = 4 * b * h * s * s * d / 2 * 3.5          # causal fwd (2 GEMMs) + bwd (5 GEMMs)
     qa = out["q_attn"]
+    if "failed" in qa:
+        return out
     for peer in ("sdpa_flash", out["fastest_sdpa"]):
         if peer in ok:
             out[f"ratio_fwd_bwd_vs_{peer}"] = qa["fwd_bwd_ms"] / ok[peer]["fwd_bwd_ms"]
@@ -297,6 +306,8 @@ def main():
             print(f"| {tag} | {name} | {a['fwd_ms']:.3f} | {a['fwd_bwd_ms']:.3f} | "
                   f"{a['graph_fwd_bwd_ms']:.3f} | {a['host_fwd_bwd_ms']:.3f} | "
                   f"{a['saved_bytes'] / 2**20:.1f} |")
+            if "graph_failed" in a:
+                print(f"  {name}: CUDA graph capture failed: {a['graph_failed']}")
         print(f"  Q-Attn saved bytes by formula: {r['q_attn']['saved_bytes_formula'] / 2**20:.1f} MiB;"
               f" fastest SDPA backend here: {r['fastest_sdpa']}")
         for key in sorted(k for k in r if k.startswith("ratio_")):
