@@ -13,10 +13,10 @@
    of CUDA-event timings after warm-up, Q-Attn (default paths: NVFP4 QKᵀ and dS, emulated on
    Hopper with BF16 tensor cores on exactly-representable dequantized values) vs
    ``F.scaled_dot_product_attention`` with each backend torch has (its default choice, flash =
-   FlashAttention-2, cuDNN, memory-efficient): eager, and fwd+bwd as one CUDA graph (device
-   time without host gaps). Until 2026-12-01 evening only the flash backend was timed; on the
-   H200 it is ~2x slower than torch's default (cuDNN), which is what the issue's anchor (0.87
-   ms) measured — the ratios are printed against both. Memory saved for backward: the bytes
+   FlashAttention-2 in torch, cuDNN, memory-efficient); the device time without host gaps is
+   scripts/gpu/profile_q_attn.py's kernel sum. Until 2026-12-01 evening only the flash backend
+   was timed; on the H200 (torch 2.11) it is ~2x slower than torch's default choice, which is
+   what the issue's anchor (0.87 ms) measured. The ratios are printed against both. Memory saved for backward: the bytes
    of the distinct storages autograd holds for the backward, *measured* with
    ``torch.autograd.graph.saved_tensors_hooks`` for each; the hand count of Q-Attn's (V, O,
    LSE, the packed views and decode scales: ``packed.py``) is printed beside as a check.
@@ -151,27 +151,9 @@ def sdpa_fn(backend):
     return fn
 
 
-def graph_ms(fn, q, k, v, do):
-    """fwd+bwd (``torch.autograd.grad``) captured as one CUDA graph and replayed: the device time
-    with no host gaps, i.e. what a step whose host runs ahead of the GPU sees."""
-    def step():
-        return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    return time_ms(g.replay)
-
-
 def bench(b, h, s, d):
     """Q-Attn beside every SDPA backend torch offers on this GPU (flash = FlashAttention-2 in
-    torch; cuDNN is torch's default on Hopper when available): eager fwd, eager fwd+bwd, fwd+bwd
-    as one CUDA graph, host time, saved bytes. A backend that cannot run is recorded as such."""
+    torch): eager fwd, eager fwd+bwd, host time, saved bytes. A backend that cannot run is recorded as such."""
     q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=BF, requires_grad=True)
                for _ in range(3)]
     do = torch.randn(b, h, s, d, device="cuda", dtype=BF)
@@ -197,12 +179,6 @@ def bench(b, h, s, d):
             continue
         finally:
             q.grad = k.grad = v.grad = None
-        try:
-            out[name]["graph_fwd_bwd_ms"] = graph_ms(fn, q, k, v, do)
-        except Exception as e:  # noqa: BLE001 -- capture refused: report why, keep the rest
-            out[name]["graph_fwd_bwd_ms"] = float("nan")
-            out[name]["graph_failed"] = f"{type(e).__name__}: {str(e)[:200]}"
-            torch.cuda.synchronize()
     out["q_attn"]["saved_bytes_formula"] = q_attn_saved_formula(b, h, h, s, d)   # also if failed
     ok = {n: r for n, r in out.items() if n.startswith("sdpa_") and "failed" not in r}
     out["fastest_sdpa"] = min(ok, key=lambda n: ok[n]["fwd_bwd_ms"])
@@ -214,7 +190,6 @@ def bench(b, h, s, d):
         if peer in ok:
             out[f"ratio_fwd_bwd_vs_{peer}"] = qa["fwd_bwd_ms"] / ok[peer]["fwd_bwd_ms"]
             out[f"ratio_fwd_vs_{peer}"] = qa["fwd_ms"] / ok[peer]["fwd_ms"]
-            out[f"ratio_graph_vs_{peer}"] = qa["graph_fwd_bwd_ms"] / ok[peer]["graph_fwd_bwd_ms"]
     out["q_attn_tflops_fwd_bwd"] = flops / qa["fwd_bwd_ms"] / 1e9
     return out
 
@@ -289,10 +264,10 @@ def main():
         raise SystemExit("correctness check failed; not benchmarking")
     results = {"device": torch.cuda.get_device_name(), "correctness": c,
                "note": "NVFP4 GEMMs emulated on Hopper (BF16 MMA on exact dequantized values)"}
-    print("\nper arm, causal, BF16 inputs (ms; graph = fwd+bwd replayed as one CUDA graph, no host "
-          "gaps; host = host time per eager fwd+bwd):\n")
-    print("| shape | arm | fwd | fwd+bwd | graph fwd+bwd | host | saved MiB (hooks) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\nper arm, causal, BF16 inputs (ms; host = host time per eager fwd+bwd; the device time "
+          "without host gaps: scripts/gpu/profile_q_attn.py):\n")
+    print("| shape | arm | fwd | fwd+bwd | host | saved MiB (hooks) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for shape in ((1, 24, 4096, 128), (4, 24, 2048, 128)):
         r = bench(*shape)
         tag = "x".join(map(str, shape))
@@ -301,13 +276,10 @@ def main():
             if not isinstance(a, dict):
                 continue
             if "failed" in a:
-                print(f"| {tag} | {name} | failed: {a['failed']} | | | | |")
+                print(f"| {tag} | {name} | failed: {a['failed']} | | | |")
                 continue
             print(f"| {tag} | {name} | {a['fwd_ms']:.3f} | {a['fwd_bwd_ms']:.3f} | "
-                  f"{a['graph_fwd_bwd_ms']:.3f} | {a['host_fwd_bwd_ms']:.3f} | "
-                  f"{a['saved_bytes'] / 2**20:.1f} |")
-            if "graph_failed" in a:
-                print(f"  {name}: CUDA graph capture failed: {a['graph_failed']}")
+                  f"{a['host_fwd_bwd_ms']:.3f} | {a['saved_bytes'] / 2**20:.1f} |")
         print(f"  Q-Attn saved bytes by formula: {r['q_attn']['saved_bytes_formula'] / 2**20:.1f} MiB;"
               f" fastest SDPA backend here: {r['fastest_sdpa']}")
         for key in sorted(k for k in r if k.startswith("ratio_")):

@@ -1,9 +1,10 @@
 """Where Q-Attn's fwd+bwd spends device time: a per-kernel table from torch.profiler.
 
 For each bench shape (1×24×4096×128 and 4×24×2048×128, causal, default paths) it times the
-whole fwd+bwd with CUDA events (as scripts/bench_q_attn.py does) beside SDPA flash, then runs
+whole fwd+bwd with CUDA events (as scripts/bench_q_attn.py does) beside SDPA (torch's default
+backend choice), then runs
 ``ITERS`` fwd+bwd under torch.profiler and prints every CUDA kernel's device time per
-iteration, largest first, with its share of the sum. The sum of kernel times against the event
+iteration, largest first, with its share of the sum, and SDPA's kernels the same way. The sum of kernel times against the event
 time says how much of the step is gaps (launch latency / host) rather than kernels.
 
 Usage (GPU): ``python scripts/gpu/profile_q_attn.py``; writes ``q_attn_profile.json`` into
@@ -74,13 +75,17 @@ def main():
         t_q, t_s = event_ms(qattn), event_ms(sdpa)
         rows = kernel_table(qattn)
         total = sum(r[1] for r in rows)
+        s_rows = kernel_table(sdpa)
+        s_total = sum(r[1] for r in s_rows)
         name = f"{b}x{h}x{s}x{d}"
-        print(f"\n## {name} causal: q_attn fwd+bwd {t_q:.3f} ms, SDPA {t_s:.3f} ms "
-              f"({t_q / t_s:.2f}x); kernel sum {total:.3f} ms ({t_q - total:.3f} ms not in kernels)\n")
+        print(f"\n## {name} causal: q_attn fwd+bwd {t_q:.3f} ms, SDPA (torch's default backend) "
+              f"{t_s:.3f} ms ({t_q / t_s:.2f}x); kernel sums (device time) {total:.3f} vs "
+              f"{s_total:.3f} ms ({total / s_total:.2f}x); q_attn {t_q - total:.3f} ms not in kernels\n")
+        print("SDPA kernels: " + "; ".join(f"{n[:60]} {t:.4f}" for n, t, _ in s_rows) + "\n")
         print("| kernel | launches | ms | share |\n| --- | --- | --- | --- |")
         for n, t, c in rows:
             print(f"| {n[:90]} | {c} | {t:.4f} | {100 * t / total:.1f}% |")
-        out[name] = {"q_attn_ms": t_q, "sdpa_ms": t_s, "kernels": rows}
+        out[name] = {"q_attn_ms": t_q, "sdpa_ms": t_s, "kernels": rows, "sdpa_kernels": s_rows}
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "q_attn_profile.json"), "w") as f:
             json.dump(out, f, indent=1)
