@@ -5,8 +5,8 @@
    the float order; a max is exact and order-free, so this is the torch ``abs().amax()``'s value
    bit for bit). ``mean`` is K-smoothing's FP32 seq-mean (``quant.smooth_k``), subtracted here
    in FP32 exactly as torch does (``kf − mean``), so the smoothed K is never materialised.
-2. ``_prologue_kernel`` — one program per (b·h, 64 rows; ``prologue_config``): loads the tile once (FP32,
-   minus the mean), derives the tensor scale from ``amax[b·h]`` (program (b·h, 0) stores the
+2. ``_prologue_kernel`` — one program per (b·h, 16 or 64 rows: ``prologue_config``): loads
+   its tile once (FP32, minus the mean), derives the tensor scale from ``amax[b·h]`` (program (b·h, 0) stores the
    decode scale) and quantizes it both ways (``quant.py``):
      * along head_dim: blocks ``[1, 16]`` of each row   (the ``S = Q Kᵀ`` operand),
      * along seq:      blocks ``[16, 1]`` of each column (the ``dQ``, ``dK`` operands).
@@ -27,7 +27,7 @@ import triton.language as tl
 from .packed import PackedView, empty_packed, padded_seq
 from .triton_nvfp4 import block_scales, e4m3_bits, head_scales, qdq_codes
 
-BLOCK_S = 64       # prologue rows per program (a multiple of 16: whole seq blocks)
+BLOCK_S = 64       # prologue rows per program at D <= 64 (a multiple of 16: whole seq blocks)
 AMAX_ROWS = 128    # amax rows per program (fewer atomics)
 
 
@@ -37,17 +37,21 @@ def prologue_config(d: int):
 
     Occupancy is the question: at D = 128, 64 rows on 8 warps take 183 registers (sm_90
     compile gate), i.e. one program = 8 warps per SM, and the kernel, a load-quantize-store
-    stream, has nothing to hide its latency with (measured 0.23 ms for Q and K at
-    1x24x4096x128, ~5x its bytes at copy speed). 32 rows: 113 registers (2 programs per SM);
-    16 rows: 51 registers (5 per SM). The numbers do not depend on the tiling (every block and
-    scale lies inside one program's rows)."""
+    stream, has nothing to hide its latency with (0.23 ms for Q and K at 1x24x4096x128, ~5x
+    its bytes at copy speed). The D = 128 default, 16 rows on 2 warps (154 registers, 6
+    programs = 12 warps per SM), was the fastest of the sweep on the H200: the prologue stage
+    (amax, K mean and views of Q and K) 0.266 ms against 0.554 ms at 64 rows on 8 warps
+    (32,4: 0.284; 16,4: 0.309; `bench_q_attn.py --sweep`, 2026-12-01, benchmarks/results/
+    2026-12-01/run31_q_attn_backends). D <= 64 keeps 64 rows on 4 warps (not measured). The
+    numbers do not depend on the tiling (every block and scale lies inside one program's
+    rows; tests/fullstack_fp4/attention/test_kernels.py checks 16, 32 and 64 rows bit for bit)."""
     from .triton_fwd import _env_ints
     cfg = _env_ints("FP4_QATTN_PROLOGUE", 2)
     if cfg is not None:
         if cfg[0] < 16 or cfg[0] % 16 or cfg[0] & (cfg[0] - 1) or cfg[1] not in (1, 2, 4, 8, 16):
             raise ValueError("FP4_QATTN_PROLOGUE: rows a power of two >= 16, warps 1..16")
         return cfg
-    return BLOCK_S, (8 if d >= 128 else 4)   # D = 128 at 4 warps: 255 registers and spills
+    return (16, 2) if d >= 128 else (BLOCK_S, 4)
 
 
 @triton.jit
