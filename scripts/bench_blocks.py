@@ -87,8 +87,9 @@ def cuda_time(fn) -> float:
 
 
 # Kernel families for --profile, first match wins (lower-case substrings of the kernel name).
-FAMILIES = (("gemm (cuBLAS/cuDNN)", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_")),
-            ("attention (SDPA / megatron softmax)", ("flash", "fmha", "softmax", "attention")),
+FAMILIES = (("attention (SDPA: cuDNN / flash)", ("sdpa", "flash", "fmha", "softmax", "attention",
+                                                 "compute_dot_do_o", "convert_dq")),
+            ("gemm (cuBLAS)", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
             ("q_attn (Triton)", ("_dkdv_kernel", "_dq_kernel", "_fwd_kernel", "_prologue_kernel",
                                  "_unpack_kernel", "_delta_kernel", "_amax_kernel", "_ds_")),
             ("nvfp4 quantize/decode/epilogue (Triton)", ("quant", "decode", "dequant", "amax",
@@ -114,13 +115,18 @@ def profile_phase(fn) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         wall = cuda_time(fn)
     fam: dict = {}
-    for ev in prof.events():
+    per: dict = {}
+    for ev in prof.events():  # (a kernel name shared by two packages, e.g. _amax_kernel, goes to the first family)
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             f = kernel_family(ev.name)
             fam[f] = fam.get(f, 0.0) + ev.device_time_total / 1e3
+            n, t = per.get(ev.name, (0, 0.0))
+            per[ev.name] = (n + 1, t + ev.device_time_total / 1e3)
     busy = sum(fam.values())
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
     return {"wall_ms": 1e3 * wall, "kernel_ms": busy, "gpu_idle_ms": 1e3 * wall - busy,
-            "by_family_ms": dict(sorted(fam.items(), key=lambda kv: -kv[1]))}
+            "by_family_ms": dict(sorted(fam.items(), key=lambda kv: -kv[1])),
+            "top_kernels": [{"name": n[:120], "launches": c, "ms": t} for n, (c, t) in top]}
 
 
 def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_interval: int = 0,
@@ -228,6 +234,8 @@ def markdown(rows: list[dict]) -> str:
                 lines.append(f"- {r['arm']} {phase}: wall {pr['wall_ms']:.1f} (profiled; {timed:.1f} "
                              f"timed), kernels {pr['kernel_ms']:.1f}, idle {pr['gpu_idle_ms']:.1f} "
                              f"({timed - pr['kernel_ms']:.1f} of the timed) — {fams}")
+                lines += [f"    - {k['ms']:.2f} ms, {k['launches']}×: {k['name'][:100]}"
+                          for k in pr["top_kernels"][:10]]
     return "\n".join(lines)
 
 
