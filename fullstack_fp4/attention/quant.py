@@ -154,7 +154,9 @@ def smooth_k(k: torch.Tensor) -> tuple:
 
 
 def seq_mean(k: torch.Tensor) -> torch.Tensor:
-    """K-smoothing's mean ``[B, Hkv, 1, D]`` FP32: ``k.to(fp32).mean(seq)``, the one torch
-    reduction both backends share (its summation order is torch's; the Triton prologue
-    subtracts it per element exactly as ``smooth_k`` does)."""
-    return k.to(torch.float32).mean(dim=2, keepdim=True)
+    """K-smoothing's mean ``[B, Hkv, 1, D]`` FP32: the seq-mean of ``k`` accumulated in FP32,
+    the one torch reduction both backends share (its summation order is torch's; the Triton
+    prologue subtracts it per element exactly as ``smooth_k`` does). ``dtype=`` reads the BF16
+    input directly: one kernel and 2 bytes per element instead of ``k.float().mean``'s two
+    kernels and 10 (the FP32 copy written and read back); the accumulation is FP32 in both."""
+    return k.mean(dim=2, keepdim=True, dtype=torch.float32)
