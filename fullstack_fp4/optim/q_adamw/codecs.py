@@ -70,8 +70,24 @@ Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0625 + 0.0039 → **1.195 B/p
 Bit-exactness with the fused kernel (``triton_step.py``): every reduction whose result is
 rounded (tile sum → mean) is a fixed pairwise tree written out here and mirrored in the kernel;
 the Hadamard is fullstack_fp4.nvfp4's butterfly (stages 1, 2, 4, 8); amax/min are exact in any
-order; the 4/6 error sums are FP32 halving trees too (``_block_error32``; nvfp4's reference sums
+order; the 4/6 error sums are FP32 halving trees too (``_code_error32``; nvfp4's reference sums
 them in FP64, which cost the kernel FP64 converts and adds for no accuracy that matters).
+
+Where this oracle departs from nvfp4.reference's order, and why (each cut an instruction count
+of the kernel; PERF.md "v3"), all bit-identical to nvfp4's order outside FP32's subnormal range
+unless said otherwise:
+
+* the RHT's ``× 1/4`` is not applied to the 16 entries: the encoder gets the unscaled butterfly
+  and takes its block amax × 1/4 (exactly nvfp4's amax: rounding is monotone) and the element
+  factor ``0.25 / (s · dec)``; the decoder takes the block scale × 1/4 (``_quantize_chunked``,
+  ``_dequantize_chunked``). In the subnormal range the new order rounds once where nvfp4's
+  rounds two or three times, and the decode no longer overflows when ``q · s · dec`` exceeds
+  FP32_MAX (it can: 6 · 448 · FP32_MAX / 1536 > FP32_MAX) while ``q · s · dec / 4`` does not;
+* the 4/6 criterion is measured in the code domain (``_code_error32``): it can choose
+  differently only between candidates whose block errors agree to a few ulps;
+* the stochastic rounding of m reads its fraction off the FP32 bits, which rounds magnitudes
+  below 1 (in units of the block scale) to 2^-23 first (``sr_codes``): its bias bound becomes
+  (2^-16 + 2^-23) of an E2M1 step with the kernel's 16-bit uniforms (was 2^-16).
 """
 
 from __future__ import annotations
@@ -83,7 +99,7 @@ import torch
 
 from fullstack_fp4.nvfp4.e2m1 import (E2M1_MAX, e2m1_decode, e2m1_round_nearest,
                                       e2m1_round_stochastic, pack_codes, unpack_codes)
-from fullstack_fp4.nvfp4.hadamard import hadamard16, inverse_hadamard16
+from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, _butterfly
 # The reference's per-block helpers take broadcastable enc/dec, so per-chunk scales reuse them.
 from fullstack_fp4.nvfp4.reference import _candidate, tensor_scales
 
@@ -161,23 +177,85 @@ def _halving_sum(x: torch.Tensor) -> torch.Tensor:
     return x[..., 0]
 
 
-def _block_error32(y3, codes, s, dec) -> torch.Tensor:
-    """Σ|y − q·s·dec| per 16-block, FP32, halving tree (the 4/6 decision's error).
+def _code_error32(y3, f, s, dec) -> torch.Tensor:
+    """The 4/6 criterion of one candidate: ``Σ|t − rtn(min(t, 6))| · (s · dec)`` per 16-block,
+    ``t = |y| · f``, the sum an FP32 halving tree (the kernel's, term for term).
 
-    fullstack_fp4.nvfp4.reference sums these terms in FP64; the fused kernel sums in FP32 with
-    this fixed tree (FP64 adds and conversions were ~10% of its instructions), so the oracle
-    does the same. Only near-ties between the two candidates can decide differently."""
-    xhat = (e2m1_decode(codes) * s.to(torch.float32)) * dec
-    return _halving_sum((y3 - xhat).abs())[..., None]
+    The block error Σ|y − q · s · dec| measured in the code domain (|y| / (s · dec) ≈ t) and
+    scaled back once per block: per entry one FMUL for t, which the rounding needs anyway, and
+    one subtraction, instead of two more products and a subtraction in the element domain.
+    ``t − rtn(·)`` is exact (both multiples of ulp(t), and |t − r| <= t as 0 is on the grid),
+    so the two forms differ only by the rounding of f = 1 / (s · dec), of t and of the sums —
+    a few ulps, relative: the choice can differ only between candidates whose block errors
+    agree to ~1e-6, where neither is the better one. (nvfp4.reference sums element-domain
+    errors in FP64; the fused kernel's instruction budget is why this is FP32 and code-domain.)
+    A candidate with ``s · dec == 0`` (its E4M3 scale, or the product, underflowed) has an
+    error of 0 or NaN here: the caller makes it lose (it would reconstruct only zeros)."""
+    t = y3.abs() * f
+    r = e2m1_decode(e2m1_round_nearest(torch.clamp(t, max=E2M1_MAX)))
+    return _halving_sum((t - r).abs())[..., None] * (s.to(torch.float32) * dec)
+
+
+def sr_codes(yq: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Stochastic E2M1 codes of ``yq`` (already clamped to [-6, 6]) with uniforms ``u``.
+
+    nvfp4.e2m1's rule — magnitude rounded up iff ``u < frac``, ``frac = (|yq| − lo) / step`` —
+    applied to ``|yq|`` after rounding magnitudes below 1 to nearest-even on 2^-23 (the grid of
+    ``fl(|yq| / 2 + 1/2)``: the kernel maps [0, 1) there to read the fraction off the FP32 bits,
+    triton_rows._sr_code). Sign bit from ``yq < 0`` itself, as nvfp4's ``_with_sign`` (so a
+    magnitude that rounds to 0 keeps the sign of a negative ``yq``; ``-0.0`` gives code 0).
+
+    Bias: the pre-rounding moves ``|yq|`` by at most 2^-24 = 2^-23 of the 0.5 step there (RNE,
+    so it is also zero on average over the values), and nothing at all for ``|yq| >= 1`` or for
+    values already on 2^-23 (every FP32 >= 0.5 but those in [0.5, 1) with the last bit set).
+    With exact uniforms the rounding of the pre-rounded value is unbiased; with the kernel's
+    16-bit Philox uniforms P(up) = ceil(frac · 2^16) / 2^16, so the bias of one rounding is
+    at most (2^-16 + 2^-23) of one E2M1 step (it was 2^-16)."""
+    a = yq.abs()
+    x = torch.maximum(a, a * 0.5 + 0.5)      # a * 0.5 + 0.5: the kernel's FFMA (a * 0.5 is exact
+    # unless a < 2^-125, where the sum rounds to 0.5 either way)
+    a = torch.where(a < 1.0, (x - 0.5) * 2.0, a)          # exact: Sterbenz, then a power of 2
+    mag = e2m1_round_stochastic(a, u)                       # a >= 0: sign bit clear
+    return mag | ((yq < 0).to(torch.uint8) << 3)
+
+
+_SIGNS: dict = {}
+
+
+def _signs_on(device) -> torch.Tensor:
+    t = _SIGNS.get(str(device))
+    if t is None:
+        t = _SIGNS[str(device)] = torch.tensor(DEFAULT_SIGNS, dtype=torch.float32, device=device)
+    return t
+
+
+def _rht16_unscaled(x: torch.Tensor) -> torch.Tensor:
+    """``4 · hadamard16(x)`` on a flat FP32 length-16k ``x``: the butterfly of ``x · signs``
+    without nvfp4's final ``× 1/4``, which ``_quantize_chunked`` folds into its scales."""
+    return _butterfly(x.view(-1, BLOCK) * _signs_on(x.device), BLOCK).reshape(-1)
+
+
+def _irht16_unscaled(y: torch.Tensor) -> torch.Tensor:
+    """``inverse_hadamard16`` without its ``× 1/4`` (``_dequantize_chunked`` has it)."""
+    return (_butterfly(y.view(-1, BLOCK), BLOCK) * _signs_on(y.device)).reshape(-1)
 
 
 def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Tensor],
                       phase: int = 0):
-    """NVFP4 of flat FP32 ``y`` (length a multiple of 16) with one FP32 scale per CHUNK.
+    """NVFP4 of ``y / 4`` (flat FP32 ``y``, length a multiple of 16) with one FP32 scale per
+    CHUNK; ``y`` is the *unscaled* RHT-16 output (``_rht16_unscaled``).
 
     Same FP32 order of operations as fullstack_fp4.nvfp4.reference (TE's), with the tensor amax
-    replaced by each chunk's amax. ``rand`` given -> stochastic rounding with those uniforms.
-    ``phase``: the chunk grid's offset (``num_chunks``); zeros fill the grid around ``y``.
+    replaced by each chunk's amax, and the RHT's ``× 1/4`` moved from the 16 entries of a block
+    to its amax and element factor: ``amax = max|y| · 1/4`` is exactly the amax of ``fl(y/4)``
+    (rounding is monotone), so enc, dec and the E4M3 block scales are nvfp4's bit for bit; the
+    element factor is ``f = min(0.25 / (s · dec), FP32_MAX / 4)`` and the scaled value
+    ``t = y · f``. Outside FP32's subnormal range that is ``fl(fl(y/4) · f_nvfp4)`` exactly
+    (scaling by 2^-2 commutes with rounding); when ``y/4`` or ``f / 4`` would be subnormal,
+    ``t`` here is the single correctly rounded ``y / (4 · s · dec)`` where nvfp4's order rounds
+    two or three times — never a larger error. ``rand`` given -> stochastic rounding with
+    those uniforms (``sr_codes``). ``phase``: the chunk grid's offset (``num_chunks``); zeros
+    fill the grid around ``y``.
     """
     _check_phase(phase)
     npad = y.numel()
@@ -186,16 +264,20 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     yc = torch.zeros(nch * CHUNK, dtype=torch.float32, device=y.device)
     yc[phase:phase + npad] = y
     y3 = yc.view(nch, CHUNK // BLOCK, BLOCK)
-    amax = y3.abs().amax(dim=(1, 2))                        # [nch], exact in any order
+    bamax = y3.abs().amax(dim=-1, keepdim=True) * 0.25      # exact in any order
+    amax = bamax.amax(dim=(1, 2))                           # [nch]
     enc, dec = tensor_scales(amax, scale_rule)
     enc3, dec3 = enc.view(nch, 1, 1), dec.view(nch, 1, 1)
-    bamax = y3.abs().amax(dim=-1, keepdim=True)
-    s, f = _candidate(y3, bamax, enc3, dec3, 6.0)
+
+    def candidate(target):
+        s, _ = _candidate(y3, bamax, enc3, dec3, target)
+        return s, torch.clamp(0.25 / (s.to(torch.float32) * dec3), max=FP32_MAX * 0.25)
+
+    s, f = candidate(6.0)
     if scale_rule == "4over6":
-        s4, f4 = _candidate(y3, bamax, enc3, dec3, 4.0)
-        c6 = e2m1_round_nearest(torch.clamp(y3 * f, -E2M1_MAX, E2M1_MAX))
-        c4 = e2m1_round_nearest(torch.clamp(y3 * f4, -E2M1_MAX, E2M1_MAX))
-        use4 = _block_error32(y3, c4, s4, dec3) < _block_error32(y3, c6, s, dec3)
+        s4, f4 = candidate(4.0)
+        use4 = ((_code_error32(y3, f4, s4, dec3) < _code_error32(y3, f, s, dec3))
+                | (s.to(torch.float32) * dec3 == 0))
         s = torch.where(use4, s4.to(torch.float32), s.to(torch.float32)).to(torch.float8_e4m3fn)
         f = torch.where(use4, f4, f)
     yq = torch.clamp(y3 * f, -E2M1_MAX, E2M1_MAX)
@@ -204,7 +286,7 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     else:
         u = torch.zeros(nch * CHUNK, dtype=torch.float32, device=y.device)
         u[phase:phase + npad] = rand.reshape(-1)[:npad]
-        codes = e2m1_round_stochastic(yq, u.view_as(yq))
+        codes = sr_codes(yq, u.view_as(yq))
     codes = codes.reshape(-1)[phase:phase + npad]
     b0 = phase // BLOCK
     return pack_codes(codes), s.reshape(-1)[b0:b0 + nb].contiguous(), dec.contiguous()
@@ -212,12 +294,16 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
 
 def _dequantize_chunked(codes: torch.Tensor, block_scale: torch.Tensor,
                         chunk_scale: torch.Tensor, phase: int = 0) -> torch.Tensor:
-    """``q · fp32(s) · d`` per element, left to right (the nvfp4 decode order)."""
+    """``(q · (fp32(s) / 4)) · d`` per element: the decoded block already carries the inverse
+    RHT's ``× 1/4`` (``_irht16_unscaled`` follows). ``q · s / 4`` is exact (a multiple of 2^-13
+    below 2^10), so each value is the single rounding of ``q · s · d / 4``; nvfp4's order
+    (``((q · s) · d)``, butterfly, ``× 1/4``) gives the same bits unless a value is subnormal,
+    where it rounds twice."""
     q = e2m1_decode(unpack_codes(codes)).view(-1, BLOCK)
     nb = q.shape[0]
     b0 = phase // BLOCK
     d = chunk_scale.repeat_interleave(CHUNK // BLOCK)[b0:b0 + nb]
-    return ((q * block_scale.to(torch.float32)[:, None]) * d[:, None]).reshape(-1)
+    return ((q * (block_scale.to(torch.float32) * 0.25)[:, None]) * d[:, None]).reshape(-1)
 
 
 def _sqrt_rn(x: torch.Tensor) -> torch.Tensor:
@@ -244,7 +330,7 @@ def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
     """
     n = m.numel()
     npad = padded_numel(n, tile)
-    y = hadamard16(_pad(m, npad).view(-1, BLOCK)).reshape(-1)
+    y = _rht16_unscaled(_pad(m, npad))
     if rand is None:
         rand = torch.rand(npad, generator=generator, dtype=torch.float32, device=m.device)
     codes, bs, cs = _quantize_chunked(y, M_SCALE_RULE, rand, phase)
@@ -254,7 +340,7 @@ def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
 def decode_exp_avg(state: MomentState) -> torch.Tensor:
     """Flat FP32 first moment of ``state.numel`` entries."""
     y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
-    return inverse_hadamard16(y.view(-1, BLOCK)).reshape(-1)[: state.numel]
+    return _irht16_unscaled(y)[: state.numel]
 
 
 # ----------------------------------------------------------------------------- second moment
@@ -297,7 +383,7 @@ def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
     if with_floor:
         floor = bf16_toward_zero(torch.where(valid.view(-1, tile), s2, torch.inf).amin(dim=1))
     r = torch.where(valid.view(-1, tile), s2 - mean.to(torch.float32)[:, None], 0.0)
-    y = hadamard16(r.reshape(-1, BLOCK)).reshape(-1)
+    y = _rht16_unscaled(r.reshape(-1))
     codes, bs, cs = _quantize_chunked(y, scale_rule, None, phase)
     return MomentState(codes, bs, cs, n, tile_mean=mean, tile_floor=floor, tile=tile,
                        phase=phase)
@@ -311,7 +397,7 @@ def decode_exp_avg_sq(state: MomentState, *, guard: str = "relative",
     "tile_min" (needs ``with_floor=True`` at encode) or "none" (``max(ŝ, 0)``).
     """
     y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
-    r = inverse_hadamard16(y.view(-1, BLOCK)).reshape(-1, state.tile)
+    r = _irht16_unscaled(y).reshape(-1, state.tile)
     mean = state.tile_mean.to(torch.float32)[:, None]
     sh = r + mean
     if guard == "relative":

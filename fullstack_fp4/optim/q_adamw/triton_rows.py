@@ -106,22 +106,19 @@ def _fwht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
 
 @triton.jit
 def _rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
-    """fwht(x · signs) · 0.25 (x · −1 is −x exactly, so the signs fold into the adds)."""
-    y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _fwht16(
-        x0, x1, x2, -x3, x4, -x5, -x6, -x7, -x8, -x9, -x10, x11, -x12, x13, -x14, -x15)
-    return (y0 * 0.25, y1 * 0.25, y2 * 0.25, y3 * 0.25, y4 * 0.25, y5 * 0.25, y6 * 0.25,
-            y7 * 0.25, y8 * 0.25, y9 * 0.25, y10 * 0.25, y11 * 0.25, y12 * 0.25, y13 * 0.25,
-            y14 * 0.25, y15 * 0.25)
+    """fwht(x · signs), unscaled: the RHT's × 1/4 is folded into the encoders' per-row block
+    amax and element factor (codecs._quantize_chunked). x · −1 is −x exactly, so the signs
+    fold into the adds."""
+    return _fwht16(x0, x1, x2, -x3, x4, -x5, -x6, -x7, -x8, -x9, -x10, x11, -x12, x13, -x14, -x15)
 
 
 @triton.jit
 def _irht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
-    """(fwht(y) · 0.25) · signs; (z · 0.25) · −1 == z · −0.25 exactly."""
+    """fwht(y) · signs, unscaled: the × 1/4 is in the decoded values (_decode_rows: the block
+    scale is taken × 1/4). The negations fold into the consumers' FADD/FMUL operands."""
     y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _fwht16(
         x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-    return (y0 * 0.25, y1 * 0.25, y2 * 0.25, y3 * -0.25, y4 * 0.25, y5 * -0.25, y6 * -0.25,
-            y7 * -0.25, y8 * -0.25, y9 * -0.25, y10 * -0.25, y11 * 0.25, y12 * -0.25,
-            y13 * 0.25, y14 * -0.25, y15 * -0.25)
+    return (y0, y1, y2, -y3, y4, -y5, -y6, -y7, -y8, -y9, -y10, y11, -y12, y13, -y14, -y15)
 
 
 @triton.jit
@@ -180,9 +177,12 @@ def _e4m3_decode(c):
 
 @triton.jit
 def _candidate(bamax, enc, dec, inv_target):
+    """(E4M3 scale s, its code, element factor f = min(0.25 / (s · dec), FP32_MAX / 4) for the
+    unscaled RHT output, sd = s · dec). ``bamax``: the row's amax of the scaled RHT (× 1/4)."""
     s, code = _e4m3_rne(tl.minimum(bamax * (enc * inv_target), 448.0))
-    f = tl.minimum(tl.div_rn(1.0, s * dec), FP32_MAX_C)
-    return s, code, f
+    sd = s * dec
+    f = tl.minimum(tl.div_rn(0.25, sd), FP32_MAX_C * 0.25)     # for the unscaled RHT output
+    return s, code, f, sd
 
 
 @triton.jit
@@ -210,39 +210,49 @@ def _rtn_code(a):
 
 
 @triton.jit
-def _sr_code(a, u):
-    """Stochastic E2M1 code of a in [0, 6]: lo + (u < (a - lo) / step), nvfp4.e2m1's rule.
+def _sr_code(a, d):
+    """Stochastic E2M1 code of a in [0, 6] with dither d = 0x3FFFFF − K (K = floor(u · 2^22)):
+    codecs.sr_round's rule (nvfp4.e2m1's ``u < frac`` on a pre-rounded to 2^-23 below 1).
 
-    lo = a truncated to 1 mantissa bit (a >= 1) or 0 / 0.5; step is a power of two, so
-    (a - lo) · (1 / step) equals the reference's correctly rounded division bit for bit."""
-    b = a.to(tl.int32, bitcast=True)
-    bl = b & -4194304
-    inv_n = ((255 << 23) - (b & 0x7F800000)).to(tl.float32, bitcast=True)   # 1 / 2^(e-1)
-    half = a >= 0.5
-    is_n = a >= 1.0
-    vlo = tl.where(is_n, bl.to(tl.float32, bitcast=True), tl.where(half, 0.5, 0.0))
-    frac = (a - vlo) * tl.where(is_n, inv_n, 2.0)
-    code = tl.where(is_n, (bl >> 22) - 252, tl.where(half, 1, 0))
-    return code + tl.where(u < frac, 1, 0)
+    x = max(a, a/2 + 1/2) (one FFMA, one FMNMX): a >= 1 is kept; a < 1 maps to [0.5, 1), whose
+    FP32 grid of 1 mantissa bit (0.5, 0.75, 1) is E2M1's (0, 0.5, 1) halved and shifted, so in
+    both ranges the E2M1 lower grid point is x truncated to 1 mantissa bit and the fraction
+    (a − lo) / step is the low 22 bits L of x over 2^22 (a < 1: after x's one rounding, i.e. a
+    rounded to nearest-even on 2^-23). Adding d carries into bit 22 iff L + 0x3FFFFF − K >= 2^22
+    iff K < L iff u < L / 2^22 = frac, and the code is then the carried word's bits 22+ minus
+    bits(0.5) >> 22: one IADD3 and one shift."""
+    x = tl.maximum(a, tl.fma(a, 0.5, 0.5))
+    return (x.to(tl.int32, bitcast=True) + d - 1056964608) >> 22    # 0x3F000000 = 252 << 22
+
+
+@triton.jit
+def _dither(u):
+    """SR dither of an FP32 uniform u in [0, 1): 0x3FFFFF − floor(u · 2^22) (exact)."""
+    return 4194303 - (u * 4194304.0).to(tl.int32)
 
 
 @triton.jit
 def _nib(w, J: tl.constexpr, s, dec, FAST: tl.constexpr):
-    """Decode nibble J of word w: (q · s) · dec (q = ±E2M1 value; code 8 is −0).
+    """Decode nibble J of word w: (q · (s / 4)) · dec (q = ±E2M1 value; code 8 is −0).
 
     FAST: the 3 magnitude bits k placed at bits 22-24 of an FP32 word are exactly
     E2M1(k) · 2^-126 (k = 0, 1: subnormals 0, 2^-127; k >= 2: exponent field k >> 1 with the
-    top mantissa bit k & 1), so q = fl(bits · 2^126) exactly (sm_90 FMUL keeps subnormals:
-    Triton emits mul.f32 without .ftz) — two shifts, one LOP3 and one FMUL instead of the
-    select chain."""
+    top mantissa bit k & 1) (sm_90 FMUL keeps subnormals: Triton emits mul.f32 without .ftz).
+    The 2^126 is split over the row's factors (_decode_rows passes s · 2^116 — the inverse
+    RHT's 1/4 included — and dec · 2^8): bits · (s · 2^116) = q · s · 2^-10 is exact (q · s is a
+    multiple of 2^-11 below 2^12, so it has <= 23 significant bits, and 2^-21 <= |·| < 2^2:
+    normal), s · 2^116 <= 448 · 2^116 and dec · 2^8 <= 2^125.4 (dec <= FP32_MAX / 1536) stay
+    finite and are exact, so the second product is the single rounding of the real
+    q · s · dec / 4 — the same rounding as (q · (s / 4)) · dec with q · s / 4 exact (the
+    select chain, and the reference): bit-identical, subnormal and overflowing results included. Two shifts,
+    one LOP3 and two FMULs per nibble instead of the select chain and three FMULs."""
     if FAST:
         if 4 * J <= 22:
             mag = (w << (22 - 4 * J)) & 0x01C00000
         else:
             mag = (w >> (4 * J - 22)) & 0x01C00000
         bits = mag | ((w << (28 - 4 * J)) & -2147483648)
-        q = bits.to(tl.float32, bitcast=True) * 8.507059173023462e37          # 2^126
-        return (q * s) * dec
+        return (bits.to(tl.float32, bitcast=True) * s) * dec    # s, dec: · 2^116, · 2^8
     else:
         k = (w >> (4 * J)) & 7
         bits = tl.where(k >= 2, (k + 252) << 22, k * 0x3F000000)
@@ -251,12 +261,13 @@ def _nib(w, J: tl.constexpr, s, dec, FAST: tl.constexpr):
 
 
 @triton.jit
-def _err46(y, f6, s6, f4, s4, dec):
-    """|y − q6·s6·dec|, |y − q4·s4·dec| (RTN candidates; sign-symmetric, so on |y|)."""
+def _err46(y, f6, f4):
+    """Code-domain rounding errors |t − rtn(min(t, 6))|, t = |y| · f, of the two 4/6
+    candidates (codecs._code_error32: the block sums times s · dec are the 4/6 criterion)."""
     ay = tl.abs(y)
-    e6 = tl.abs(ay - (_rtn_val(tl.minimum(ay * f6, 6.0)) * s6) * dec)
-    e4 = tl.abs(ay - (_rtn_val(tl.minimum(ay * f4, 6.0)) * s4) * dec)
-    return e6, e4
+    t6 = ay * f6
+    t4 = ay * f4
+    return tl.abs(t6 - _rtn_val(tl.minimum(t6, 6.0))), tl.abs(t4 - _rtn_val(tl.minimum(t4, 6.0)))
 
 
 @triton.jit
@@ -289,6 +300,13 @@ def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.cons
     live = (rows < nrows) & (rows >= 0)
     s = _e4m3_decode(tl.load(scale_ptr + rows, mask=live, other=0))
     dec = tl.load(cs_ptr + vrows // 64, mask=live, other=0.0)
+    # the inverse RHT's 1/4 goes into s (q · s / 4 stays exact: a multiple of 2^-13 below
+    # 2^10), so each value is the single rounding of q · s · dec / 4 (codecs._dequantize_chunked)
+    if FAST:        # and the nibble trick's 2^126: s · 2^-2 · 2^118 = s · 2^116, dec · 2^8 (_nib)
+        s = s * 8.307674973655724e+34          # 2^116
+        dec = dec * 256.0
+    else:
+        s = s * 0.25
     return (_nib(w0, 0, s, dec, FAST), _nib(w0, 1, s, dec, FAST), _nib(w0, 2, s, dec, FAST),
             _nib(w0, 3, s, dec, FAST), _nib(w0, 4, s, dec, FAST), _nib(w0, 5, s, dec, FAST),
             _nib(w0, 6, s, dec, FAST), _nib(w0, 7, s, dec, FAST), _nib(w1, 0, s, dec, FAST),
@@ -329,28 +347,31 @@ def _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
     bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
+    bamax = bamax * 0.25                # = the amax of the × 1/4 RHT (rounding is monotone)
     enc, dec, dec_c = _chunk_scales(bamax, 1536.0, R)          # 256 · 6
-    s6, sc6, f6 = _candidate(bamax, enc, dec, 0.1666666716337204)   # fp32(1/6)
-    s4, sc4, f4 = _candidate(bamax, enc, dec, 0.25)
-    a0, b0 = _err46(y0, f6, s6, f4, s4, dec)
-    a1, b1 = _err46(y1, f6, s6, f4, s4, dec)
-    a2, b2 = _err46(y2, f6, s6, f4, s4, dec)
-    a3, b3 = _err46(y3, f6, s6, f4, s4, dec)
-    a4, b4 = _err46(y4, f6, s6, f4, s4, dec)
-    a5, b5 = _err46(y5, f6, s6, f4, s4, dec)
-    a6, b6 = _err46(y6, f6, s6, f4, s4, dec)
-    a7, b7 = _err46(y7, f6, s6, f4, s4, dec)
-    a8, b8 = _err46(y8, f6, s6, f4, s4, dec)
-    a9, b9 = _err46(y9, f6, s6, f4, s4, dec)
-    a10, b10 = _err46(y10, f6, s6, f4, s4, dec)
-    a11, b11 = _err46(y11, f6, s6, f4, s4, dec)
-    a12, b12 = _err46(y12, f6, s6, f4, s4, dec)
-    a13, b13 = _err46(y13, f6, s6, f4, s4, dec)
-    a14, b14 = _err46(y14, f6, s6, f4, s4, dec)
-    a15, b15 = _err46(y15, f6, s6, f4, s4, dec)
+    s6, sc6, f6, sd6 = _candidate(bamax, enc, dec, 0.1666666716337204)   # fp32(1/6)
+    s4, sc4, f4, sd4 = _candidate(bamax, enc, dec, 0.25)
+    a0, b0 = _err46(y0, f6, f4)
+    a1, b1 = _err46(y1, f6, f4)
+    a2, b2 = _err46(y2, f6, f4)
+    a3, b3 = _err46(y3, f6, f4)
+    a4, b4 = _err46(y4, f6, f4)
+    a5, b5 = _err46(y5, f6, f4)
+    a6, b6 = _err46(y6, f6, f4)
+    a7, b7 = _err46(y7, f6, f4)
+    a8, b8 = _err46(y8, f6, f4)
+    a9, b9 = _err46(y9, f6, f4)
+    a10, b10 = _err46(y10, f6, f4)
+    a11, b11 = _err46(y11, f6, f4)
+    a12, b12 = _err46(y12, f6, f4)
+    a13, b13 = _err46(y13, f6, f4)
+    a14, b14 = _err46(y14, f6, f4)
+    a15, b15 = _err46(y15, f6, f4)
     e6 = _hsum16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
     e4 = _hsum16(b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15)
-    use4 = e4 < e6
+    # 4 wins if its block error, in the element domain, is smaller — or if the 6-candidate
+    # reconstructs nothing (s6 · dec == 0: its code-domain error times 0 says nothing)
+    use4 = (e4 * sd4 < e6 * sd6) | (sd6 == 0.0)
     sc = tl.where(use4, sc4, sc6)
     f = tl.where(use4, f4, f6)
     w0 = _pack8(_q(y0, f, u0, True), _q(y1, f, u1, True), _q(y2, f, u2, True),
@@ -369,8 +390,9 @@ def _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
     bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
+    bamax = bamax * 0.25                # = the amax of the × 1/4 RHT (rounding is monotone)
     enc, dec, dec_c = _chunk_scales(bamax, 2688.0, R)          # 448 · 6
-    s6, sc, f = _candidate(bamax, enc, dec, 0.1666666716337204)
+    s6, sc, f, sd = _candidate(bamax, enc, dec, 0.1666666716337204)
     w0 = _pack8(_q(y0, f, y0, False), _q(y1, f, y1, False), _q(y2, f, y2, False),
                 _q(y3, f, y3, False), _q(y4, f, y4, False), _q(y5, f, y5, False),
                 _q(y6, f, y6, False), _q(y7, f, y7, False))
@@ -402,17 +424,21 @@ def _adam(p, g, m, v, live, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, 
 
 @triton.jit
 def _u16(r):
-    """Two uniforms k / 2^16 from the halves of a uint32 (exact: 1.k - 1 on the bits)."""
-    lo = (((r & 0xFFFF) << 7) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    hi = (((r >> 9) & 0x7FFF80) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    return lo, hi
+    """Dithers (``_sr_code``) of the two uniforms k / 2^16, k = the halves of a uint32:
+    0x3FFFFF − (k << 6) = ((0xFFFF − k) << 6) | 0x3F, one shift and one LOP3 each."""
+    nr = ~r
+    lo = ((nr << 6) & 0x3FFFC0) | 0x3F
+    hi = ((nr >> 10) & 0x3FFFC0) | 0x3F
+    return lo.to(tl.int32, bitcast=True), hi.to(tl.int32, bitcast=True)
 
 
 @triton.jit
 def _u8(r):
-    """Four uniforms k / 2^8 from the bytes of a uint32 (exact: 1.k - 1 on the bits)."""
-    a = (((r & 0xFF) << 15) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    b = (((r << 7) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    c = (((r >> 1) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    d = (((r >> 9) & 0x7F8000) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    return a, b, c, d
+    """Dithers of the four uniforms k / 2^8, k = the bytes of a uint32: ((0xFF − k) << 14) | 0x3FFF."""
+    nr = ~r
+    a = ((nr << 14) & 0x3FC000) | 0x3FFF
+    b = ((nr << 6) & 0x3FC000) | 0x3FFF
+    c = ((nr >> 2) & 0x3FC000) | 0x3FFF
+    d = ((nr >> 10) & 0x3FC000) | 0x3FFF
+    return (a.to(tl.int32, bitcast=True), b.to(tl.int32, bitcast=True),
+            c.to(tl.int32, bitcast=True), d.to(tl.int32, bitcast=True))

@@ -16,7 +16,8 @@ in FP32 (IEEE ``div_rn``/``sqrt_rn``, launched with ``enable_fp_fusion=False`` s
 contraction; every sum is the reference's fixed halving tree), so given the same uniforms
 (``rand``) the two agree bit for bit. Without ``rand`` the stochastic-rounding uniforms come from
 Philox (``tl.randint4x``) seeded per (step, parameter): one Philox call gives 8 uniforms of 16
-bits (u = k / 2^16; the rounding's bias is then at most 2^-16 of one E2M1 step).
+bits (u = k / 2^16, used as the integer dither 0x3FFFFF − (k << 6): triton_rows._sr_code; the
+rounding's bias is then at most (2^-16 + 2^-23) of one E2M1 step, codecs.sr_codes).
 
 Rounding without comparison ladders, exact in IEEE FP32 (so the interpreter and the GPU agree):
 E2M1 and E4M3 round-to-nearest-even is one add of a power of two M picked from the exponent
@@ -39,8 +40,8 @@ import triton.language as tl
 
 from .codecs import BLOCK, CHUNK, TILE
 # The per-row register arithmetic (one thread = one 16-block) lives in triton_rows.py.
-from .triton_rows import (REL_FLOOR_C, _adam, _decode_rows, _encode_m, _encode_v, _hsum16,
-                          _irht16, _ld16, _rht16, _st16, _store_rows, _u16, _u8, _vhat)
+from .triton_rows import (REL_FLOOR_C, _adam, _decode_rows, _dither, _encode_m, _encode_v,
+                          _hsum16, _irht16, _ld16, _rht16, _st16, _store_rows, _u16, _u8, _vhat)
 
 CPP = 1          # chunks per program (one warp = 32 blocks; 2·CPP warps per program)
 FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the select chain
@@ -130,6 +131,10 @@ def q_adamw_kernel(p_ptr, g_ptr,
     if HAS_U:
         u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15 = _ld16(
             u_ptr, rows, npad, 0.0)
+        u0, u1, u2, u3 = _dither(u0), _dither(u1), _dither(u2), _dither(u3)
+        u4, u5, u6, u7 = _dither(u4), _dither(u5), _dither(u6), _dither(u7)
+        u8, u9, u10, u11 = _dither(u8), _dither(u9), _dither(u10), _dither(u11)
+        u12, u13, u14, u15 = _dither(u12), _dither(u13), _dither(u14), _dither(u15)
     else:
         off = ((rows + row0) * 2).to(tl.int32)
         if U8:      # one Philox call per row: 16 uniforms of 8 bits (SR bias <= 2^-8 step)
@@ -138,7 +143,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
             u4, u5, u6, u7 = _u8(k1)
             u8, u9, u10, u11 = _u8(k2)
             u12, u13, u14, u15 = _u8(k3)
-        else:       # two calls per row: 16 uniforms of 16 bits (SR bias <= 2^-16 step)
+        else:       # two calls per row: 16 uniforms of 16 bits (SR bias <= 2^-16 + 2^-23 step)
             k0, k1, k2, k3 = tl.randint4x(seed, off, ROUNDS)
             k4, k5, k6, k7 = tl.randint4x(seed, off + 1, ROUNDS)
             u0, u1 = _u16(k0)

@@ -64,7 +64,7 @@ def test_rounding_helpers_match_nvfp4_and_torch():
         u = tl.load(u_ptr + i)
         tl.store(o_ptr + i, ts._rtn_code(a).to(tl.float32))
         tl.store(o_ptr + N + i, ts._rtn_val(a))
-        tl.store(o_ptr + 2 * N + i, ts._sr_code(a, u).to(tl.float32))
+        tl.store(o_ptr + 2 * N + i, ts._sr_code(a, ts._dither(u)).to(tl.float32))
         v, c = ts._e4m3_rne(x)
         tl.store(o_ptr + 3 * N + i, v)
         tl.store(o_ptr + 4 * N + i, c.to(tl.float32))
@@ -95,10 +95,200 @@ def test_rounding_helpers_match_nvfp4_and_torch():
     assert torch.equal(code, ref)
     grid_t = torch.tensor(grid)
     assert torch.equal(val, grid_t[ref.long()])
-    assert torch.equal(sr, e2m1_round_stochastic(a, u).float())
+    assert torch.equal(sr, _sr_oracle(a, u).float())
+    on23 = (a >= 1.0) | (a * 2.0 ** 23 == torch.round(a * 2.0 ** 23))
+    assert torch.equal(sr[on23], e2m1_round_stochastic(a[on23], u[on23]).float())
     q = x.to(torch.float8_e4m3fn)
     assert torch.equal(e4v, q.float())
     assert torch.equal(e4c, q.view(torch.uint8).float())
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="checks the kernel's decode in the interpreter")
+@pytest.mark.parametrize("fast", [False, True])
+def test_decode_rows_all_codes_scales_extreme_decs(fast):
+    """_decode_rows (nibble trick with 2^126 and the inverse RHT's 1/4 split over s and dec,
+    or the select chain) == (e2m1(code) · (fp32(s) / 4)) · dec in torch (codecs'
+    _dequantize_chunked): every 4-bit code × every finite E4M3 scale × chunk decode scales from
+    the smallest subnormal to FP32_MAX / 1536 (the largest a chunk can have), subnormal results
+    included; and == nvfp4's order ((q · s) · dec) · 1/4 wherever that stays normal and finite
+    (it overflows for q · s · dec > FP32_MAX; the folded order does not)."""
+    import triton.language as tl
+
+    from fullstack_fp4.nvfp4.e2m1 import e2m1_decode
+
+    @triton.jit
+    def k(c_ptr, s_ptr, d_ptr, o_ptr, R: tl.constexpr, FAST: tl.constexpr):
+        rows = tl.arange(0, R)
+        q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = ts._decode_rows(
+            c_ptr, s_ptr, d_ptr, rows, rows, R, FAST)
+        b = o_ptr + rows * 16
+        tl.store(b + 0, q0); tl.store(b + 1, q1); tl.store(b + 2, q2); tl.store(b + 3, q3)
+        tl.store(b + 4, q4); tl.store(b + 5, q5); tl.store(b + 6, q6); tl.store(b + 7, q7)
+        tl.store(b + 8, q8); tl.store(b + 9, q9); tl.store(b + 10, q10); tl.store(b + 11, q11)
+        tl.store(b + 12, q12); tl.store(b + 13, q13); tl.store(b + 14, q14)
+        tl.store(b + 15, q15)
+
+    R = 64 * 64                                   # 64 chunks of 64 rows
+    gen = torch.Generator().manual_seed(7)
+    codes = torch.arange(16, dtype=torch.uint8)
+    codes = ((codes[1::2] << 4) | codes[0::2]).repeat(R)          # every code in every row
+    sc = (torch.arange(R) % 127).to(torch.uint8)                   # every finite E4M3 >= 0
+    fmax = torch.finfo(torch.float32).max
+    dec = torch.exp2(torch.rand(64, generator=gen, dtype=torch.float64) * 260 - 140).float()
+    dec[:10] = torch.tensor([0.0, 1.4e-45, 2.9e-39, 1 / fmax, 2.0 ** -126, 1.0, 2.0 ** 100,
+                             fmax / 2688, fmax / 1536, 1.5e35])
+    dec = dec.clamp(max=fmax / 1536)
+    out = torch.empty(R * 16)
+    k[(1,)](codes, sc, dec, out, R=R, FAST=fast)
+    q = e2m1_decode(torch.stack([codes & 15, codes >> 4], -1).reshape(-1)).view(R, 16)
+    sf = sc.view(torch.float8_e4m3fn).float()[:, None]
+    d = dec.repeat_interleave(64)[:, None]
+    ref = (q * (sf * 0.25)) * d
+    assert torch.equal(out.view(R, 16).view(torch.int32), ref.view(torch.int32))
+    assert (ref.abs() < 2.0 ** -126).any() and (ref != 0).any()
+    old = ((q * sf) * d) * 0.25
+    normal = (old.abs() >= 2.0 ** -126) & torch.isfinite(old)
+    assert torch.equal(ref[normal], old[normal])
+    assert torch.isinf(old).any() and torch.isfinite(ref).all()   # q · s · dec > FP32_MAX
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="checks the kernel's row encoders in the interpreter")
+def test_encode_rows_match_reference_on_edge_blocks():
+    """_encode_m / _encode_v == codecs._quantize_chunked (4/6 + SR, 6 + RTN) bit for bit on
+    chunks with edge blocks: all zero, subnormal, a block whose 6-candidate E4M3 scale
+    underflows to 0 while the 4-candidate's does not (the 4/6 rule must then pick 4), blocks
+    across 2^-40..1 of the chunk amax, and chunks of amax 1e38 / 1e-38 / 0."""
+    import triton.language as tl
+
+    from fullstack_fp4.optim.q_adamw.codecs import _quantize_chunked
+
+    @triton.jit
+    def k(y_ptr, u_ptr, o_ptr, R: tl.constexpr):
+        rows = tl.arange(0, R)
+        y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = ts._ld16(
+            y_ptr, rows, R * 16, 0.0)
+        u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15 = ts._ld16(
+            u_ptr, rows, R * 16, 0.0)
+        w0, w1, sc, dec = ts._encode_m(
+            y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+            ts._dither(u0), ts._dither(u1), ts._dither(u2), ts._dither(u3), ts._dither(u4),
+            ts._dither(u5), ts._dither(u6), ts._dither(u7), ts._dither(u8), ts._dither(u9),
+            ts._dither(u10), ts._dither(u11), ts._dither(u12), ts._dither(u13),
+            ts._dither(u14), ts._dither(u15), R)
+        tl.store(o_ptr + rows * 4, w0)
+        tl.store(o_ptr + rows * 4 + 1, w1)
+        tl.store(o_ptr + rows * 4 + 2, sc)
+        tl.store(o_ptr + R * 4 + tl.arange(0, R // 64), dec.to(tl.int32, bitcast=True))
+        w0, w1, sc, dec = ts._encode_v(
+            y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15, R)
+        b = o_ptr + R * 4 + R // 64
+        tl.store(b + rows * 4, w0)
+        tl.store(b + rows * 4 + 1, w1)
+        tl.store(b + rows * 4 + 2, sc)
+        tl.store(b + R * 4 + tl.arange(0, R // 64), dec.to(tl.int32, bitcast=True))
+
+    gen = torch.Generator().manual_seed(11)
+    R = 64 * 4
+    y = torch.randn(R, 16, generator=gen)
+    y *= torch.exp2(-40 * torch.rand(R, 1, generator=gen))           # blocks across 2^-40..1
+    y[0:64:8] *= 0.0                                                  # zero blocks
+    y[1:64:8] = torch.randn(8, 16, generator=gen) * 1e-41            # subnormal blocks
+    y[2, 0] = 1536.0                                                  # chunk 0: amax 1536, enc 1
+    y[3:64:8] = torch.rand(8, 16, generator=gen) * 0.005             # bamax·enc in (2^-8, 6·2^-10]:
+    y[3:64:8, 0] = torch.linspace(0.0040, 0.0058, 8)                 # s6 = 0, s4 = 2^-9
+    y[64:128] *= 1e38 / y[64:128].abs().max()
+    y[128:192] *= 1e-38 / y[128:192].abs().max()
+    y[192:256] = 0.0
+    y = y.reshape(-1)
+    u = torch.rand(R * 16, generator=gen)
+    out = torch.zeros(2 * (R * 4 + R // 64), dtype=torch.int32)
+    k[(1,)](y, u, out, R=R)
+    for half, (rule, rand) in enumerate((("4over6", u), ("6", None))):
+        o = out[half * (R * 4 + R // 64):(half + 1) * (R * 4 + R // 64)]
+        codes, bs, dec = _quantize_chunked(y, rule, rand)
+        assert torch.equal(o[:R * 4].view(R, 4)[:, :2].contiguous().view(torch.uint8).reshape(-1),
+                           codes), rule
+        assert torch.equal(o[:R * 4].view(R, 4)[:, 2].to(torch.uint8), bs.view(torch.uint8)), rule
+        assert torch.equal(o[R * 4:].view(torch.float32), dec), rule
+        if rule == "4over6":        # the s6-underflow blocks took the 4-candidate (nonzero scale)
+            assert (bs.view(torch.uint8)[3:64:8] == 1).all() and (codes.view(R, 8)[3:64:8] != 0).any()
+
+
+def _sr_oracle(a, u):
+    """Independent SR oracle for a in [0, 6]: a < 1 rounded to nearest-even on 2^-23 in FP64
+    (torch.round: half to even), then nvfp4.e2m1's threshold rule (u < frac, frac exact)."""
+    from fullstack_fp4.nvfp4.e2m1 import e2m1_round_stochastic
+    a64 = a.double()
+    ar = torch.where(a64 < 1.0, torch.round(a64 * 2.0 ** 23) / 2.0 ** 23, a64).float()
+    return e2m1_round_stochastic(ar, u)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="checks the kernel's rounding helpers in the interpreter")
+def test_sr_code_and_dithers_exhaustive_thresholds():
+    """_sr_code with every dither source (FP32 uniforms via _dither, 16-bit and 8-bit Philox
+    halves via _u16/_u8) == the threshold rule on u = K / 2^22: on every a whose fraction is at
+    a threshold of the uniform grid (u = frac exactly, and one step of u either side), on the
+    2^-23 rounding ties below 1, on tiny and subnormal a, and on random a; and codecs.sr_codes
+    (the reference) == the same oracle, signs included."""
+    import triton.language as tl
+
+    from fullstack_fp4.optim.q_adamw.codecs import sr_codes
+
+    @triton.jit
+    def k(a_ptr, u_ptr, r_ptr, o_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        a = tl.load(a_ptr + i)
+        u = tl.load(u_ptr + i)
+        r = tl.load(r_ptr + i).to(tl.uint32, bitcast=True)
+        tl.store(o_ptr + i, ts._sr_code(a, ts._dither(u)))
+        d0, d1 = ts._u16(r)
+        tl.store(o_ptr + N + i, ts._sr_code(a, d0))
+        tl.store(o_ptr + 2 * N + i, ts._sr_code(a, d1))
+        e0, e1, e2, e3 = ts._u8(r)
+        tl.store(o_ptr + 3 * N + i, ts._sr_code(a, e0))
+        tl.store(o_ptr + 4 * N + i, ts._sr_code(a, e3))
+
+    gen = torch.Generator().manual_seed(5)
+    N = 1 << 14
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    lo_i = torch.randint(0, 7, (N,), generator=gen)
+    step = grid[lo_i + 1] - grid[lo_i]
+    kk = torch.randint(0, 1 << 16, (N,), generator=gen)
+    # a whose fraction is k / 2^16 (the threshold of the 16-bit uniform k) or a neighbour
+    a = grid[lo_i] + step * (kk.double() / 2.0 ** 16).float()
+    a = torch.where(torch.arange(N) % 3 == 1, torch.nextafter(a, torch.tensor(7.0)), a)
+    a = torch.where(torch.arange(N) % 3 == 2, torch.nextafter(a, torch.tensor(-1.0)), a)
+    sel = torch.arange(N) % 8
+    # 2^-23 ties below 1 (odd multiples of 2^-24 in [0, 0.5)), tiny and subnormal values
+    tie = (torch.randint(0, 1 << 22, (N,), generator=gen) * 2 + 1).double() * 2.0 ** -24
+    a = torch.where(sel == 3, tie.float(), a)
+    a = torch.where(sel == 4, torch.rand(N, generator=gen) * 2.0 ** -20, a)
+    a = torch.where(sel == 5, torch.rand(N, generator=gen) * 1e-40, a)
+    a = torch.where(sel == 6, torch.rand(N, generator=gen) * 6.0, a).clamp(0.0, 6.0)
+    a[:8] = grid
+    a[8] = 0.0
+    # uniforms: 16-bit halves k (lo) / k2 (hi) of r; FP32 u = k / 2^16, or random FP32
+    k2 = torch.randint(0, 1 << 16, (N,), generator=gen)
+    r = (kk | (k2 << 16)).to(torch.int64)
+    r = torch.where(r >= 2 ** 31, r - 2 ** 32, r).to(torch.int32)
+    u = torch.where(sel == 7, torch.rand(N, generator=gen), (kk.double() / 2.0 ** 16).float())
+    out = torch.empty(5 * N, dtype=torch.int32)
+    k[(1,)](a, u, r, out, N=N)
+    o = out.view(5, N).long()
+    assert torch.equal(o[0], _sr_oracle(a, u).long())
+    assert torch.equal(o[1], _sr_oracle(a, (kk.double() / 2.0 ** 16).float()).long())
+    assert torch.equal(o[2], _sr_oracle(a, (k2.double() / 2.0 ** 16).float()).long())
+    assert torch.equal(o[3], _sr_oracle(a, ((kk & 255).double() / 256).float()).long())
+    assert torch.equal(o[4], _sr_oracle(a, ((k2 >> 8).double() / 256).float()).long())
+    # the reference, signed (negative values get bit 3, -0.0 does not)
+    y = torch.where(torch.arange(N) % 2 == 0, a, -a)
+    y[8] = -0.0
+    ref = _sr_oracle(a, u) | ((y < 0).to(torch.uint8) << 3)
+    assert torch.equal(sr_codes(y, u), ref)
+    assert sr_codes(y, u)[8] == 0
 
 
 def test_kernel_signs_are_nvfp4s():
