@@ -228,8 +228,12 @@ def run_scenarios():
                                          backend="triton")
         o, lse = attention_forward(fwd_views, v, causal=causal, scale=d ** -0.5)
         do = torch.randn(q.shape, dtype=r["in_dt"])
-        attention_backward(do, o, lse, v, saved.unpack("triton"), causal=causal, scale=d ** -0.5,
-                           ds_fp4=ds_fp4, ds_stochastic=stoch, seed=5, out_dtypes=(r["in_dt"],) * 3)
+        # NVFP4 dS: both dq paths — dS stored by the dkdv kernel + _dq_ds_kernel (the default),
+        # and the recompute _dq_kernel (FP4_QATTN_DS_STORE=0 / scratch over the byte limit)
+        for store in ((True, False) if ds_fp4 else (None,)):
+            attention_backward(do, o, lse, v, saved.unpack("triton"), causal=causal,
+                               scale=d ** -0.5, ds_fp4=ds_fp4, ds_stochastic=stoch, seed=5,
+                               out_dtypes=(r["in_dt"],) * 3, ds_store=store)
     # the BF16-view path (make_views: tests, benchmark stage times) and the 64-row backward at
     # 8 warps (FP4_QATTN_BWD rn = rm = 1: the old default, a benchmark sweep option)
     for d in (64, 128):
@@ -239,8 +243,10 @@ def run_scenarios():
         o, lse = attention_forward(views, v, causal=True, scale=d ** -0.5)
         os.environ["FP4_QATTN_BWD"] = "8,2,8,2,1,1"
         try:
-            attention_backward(torch.randn(q.shape, dtype=torch.bfloat16), o, lse, v, views,
-                               causal=True, scale=d ** -0.5, out_dtypes=(torch.bfloat16,) * 3)
+            for store in (True, False):
+                attention_backward(torch.randn(q.shape, dtype=torch.bfloat16), o, lse, v, views,
+                                   causal=True, scale=d ** -0.5, out_dtypes=(torch.bfloat16,) * 3,
+                                   ds_store=store)
         finally:
             os.environ.pop("FP4_QATTN_BWD", None)
 
@@ -368,7 +374,7 @@ def _ptxas_verbose(ptx: str) -> str:
 
 _JOBS: list = []
 _COST = {"q_adamw_kernel": 40, "_quantize_two_ways_kernel": 30, "_quantize_kernel": 6,
-         "_dkdv_kernel": 4, "_dq_kernel": 3}  # rough s
+         "_dkdv_kernel": 4, "_dq_kernel": 3, "_dq_ds_kernel": 2}  # rough s
 
 
 def compile_job(i: int) -> dict:

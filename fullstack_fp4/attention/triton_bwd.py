@@ -1,10 +1,11 @@
-"""Triton Q-Attn backward: a row pre-pass and two flash-style kernels, S and dS never materialised.
+"""Triton Q-Attn backward: a row pre-pass, a flash-style dK/dV kernel and a dQ kernel; S is
+never materialised, dS only as the 4-bit tiles of the stored-dS path (below).
 
 ``_delta_kernel`` (one program per (b·h, 64 queries)): ``D = rowsum(dO ⊙ O)`` in FP32 and the
 base-2 LSE ``lse2 = lse · (1/ln 2)`` (the product the host used to do; bit-identical).
 
-Both main kernels recompute ``P = exp2(τ·log2e · S − lse2)`` from the head_dim views and compute,
-per 64×64 tile (queries × keys),
+The dkdv kernel and the recompute dq kernel compute ``P = exp2(τ·log2e · S − lse2)`` from the
+head_dim views and, per 64×64 tile (queries × keys),
 
     dP = dO Vᵀ (BF16),   dS = P ⊙ (dP − D)   (FP32)
 
@@ -17,7 +18,17 @@ argues the granularity) in 1×16 blocks along the reduction dimension of the GEM
   GQA needs no atomics: the group's heads are summed inside the program.
 * ``_dq_kernel`` — one program per (b, head, 64·RM queries); loops over 64-key blocks;
   ``dQ += dec_tile·dec_k · (dS₄)(K₄ˢ)`` with dS blocks along keys. Causal programs run the
-  longest query blocks first.
+  longest query blocks first. This recompute kernel is the fallback since 2026-12-01:
+
+**dS stored once (default).** With ``STORE_DS`` the dkdv kernel also quantizes each dS tile it
+holds along *keys* (the dq direction, same tile amax) and writes codes + E4M3 scale bytes + the
+tile's FP32 decode scale to a transient scratch (0.5635 B per stored dS element; causal stores
+only the tiles at or below the diagonal); ``_dq_ds_kernel`` then computes dQ from them — decode
++ one BF16 GEMM per tile, no S/P/dP recompute (``triton_ds_store.py``: layout, bytes, numbers).
+``FP4_QATTN_DS_STORE=0`` (or ``attention_backward(ds_store=False)``) selects the recompute
+kernel; so does a scratch above ``FP4_QATTN_DS_STORE_MAX_BYTES`` (256 MiB default: 110 MiB at
+1×24×4096×128 and 112 MiB at 4×24×2048×128 causal), the BF16 dS path and head_dim ∉ {64, 128}.
+Under the interpreter dQ is bit-identical on both paths (tested).
 
 ``RN``/``RM`` (1 or 2, ``FP4_QATTN_BWD``) widen a program's own dimension to 128 rows, so the
 MMAs are 128 rows tall; the dS tile stays 64×64 — each 64-row group of the ``[64·R, 64]`` tile
@@ -34,7 +45,8 @@ and to no tile amax — the same numbers the masked code gives.
 Epilogue: ``dQ, dK ← τ·(…)`` and the cast to the output dtype happen in the kernels (the host
 did them in separate FP32 passes); with K-smoothing dK stays FP32 for the seq-mean projection.
 Stochastic rounding draws ``tl.rand`` (Philox) per element, keyed by (seed, b·h, query, key);
-the dQ and dK kernels use different seeds.
+the dQ and dK quantizations use different seeds (seed + 1 for dQ: the dkdv kernel draws that
+stream for the stored tiles, so both dq paths round alike).
 """
 
 import os
@@ -44,6 +56,7 @@ import triton
 import triton.language as tl
 
 from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, block_scales, qdq_apply
+from .triton_ds_store import _dq_ds_kernel, ds_scratch, store_ds_tile, use_ds_store
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
@@ -78,6 +91,24 @@ def _quantize_tile(x, u, ROWS: tl.constexpr, COLS: tl.constexpr, STOCH: tl.const
 
 
 @triton.jit
+def _quantize_tile_given(x, u, enc6_g, dec_g, ROWS: tl.constexpr, COLS: tl.constexpr,
+                         STOCH: tl.constexpr):
+    """:func:`_quantize_tile`'s values with the per-64-row-group ``(enc·(1/6), dec)`` given
+    (``[ROWS/64]``; the tile amax is the same whichever axis its blocks run along)."""
+    x3 = tl.reshape(x, [ROWS, COLS // 16, 16])
+    bam = tl.max(tl.abs(x3), axis=2)
+    enc6 = tl.reshape(tl.broadcast_to(enc6_g[:, None], [ROWS // 64, 64]), [ROWS])
+    dec = tl.reshape(tl.broadcast_to(dec_g[:, None], [ROWS // 64, 64]), [ROWS])
+    s, f = block_scales(bam, enc6[:, None], dec[:, None])
+    if STOCH:
+        u3 = tl.reshape(u, [ROWS, COLS // 16, 16])
+    else:
+        u3 = x3
+    v3 = qdq_apply(x3, s[:, :, None], f[:, :, None], u3, STOCH)
+    return tl.reshape(v3, [ROWS, COLS])
+
+
+@triton.jit
 def _ds_product(ds, op, dec_op, u, ROWS: tl.constexpr, COLS: tl.constexpr,
                 DS_FP4: tl.constexpr, STOCH: tl.constexpr, INTERP: tl.constexpr):
     """``dS₄ · op`` scaled to real units: the dS (or dSᵀ) tile ``[ROWS, COLS]`` quantized along
@@ -94,10 +125,10 @@ def _ds_product(ds, op, dec_op, u, ROWS: tl.constexpr, COLS: tl.constexpr,
 
 @triton.jit
 def _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh, lo, hi, offs_n,
-               Sq, Sk, qk_mul, dec_qs, seed,
+               start_n, Sq, Sk, qk_mul, dec_qs, seed, dsc_ptr, dss_ptr, dsd_ptr, NKT, TPH, seed_dq,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr,
                CAUSAL: tl.constexpr, DS_FP4: tl.constexpr, STOCH: tl.constexpr,
-               INTERP: tl.constexpr):
+               STORE_DS: tl.constexpr, INTERP: tl.constexpr):
     offs_d = tl.arange(0, D)
     for start_m in range(lo, hi, BM):
         offs_m = start_m + tl.arange(0, BM)
@@ -121,17 +152,29 @@ def _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh, lo,
         u = dsT
         if STOCH:
             u = tl.rand(seed, (bh * Sq + offs_m[None, :]) * Sk + offs_n[:, None])
-        dk += _ds_product(dsT, qs, dec_qs, u, BN, BM, DS_FP4, STOCH, INTERP)
+        if STORE_DS:
+            # the tile also quantized along keys and stored for _dq_ds_kernel
+            # (triton_ds_store.py); its per-tile (enc, dec) serve the dK quantization too
+            u_q = dsT
+            if STOCH:
+                u_q = tl.rand(seed_dq, (bh * Sq + offs_m[None, :]) * Sk + offs_n[:, None])
+            enc6_t, dec_t = store_ds_tile(dsT, u_q, dsc_ptr, dss_ptr, dsd_ptr, bh, start_m,
+                                          start_n, NKT, TPH, BN, BM, CAUSAL, STOCH)
+            vals = _quantize_tile_given(dsT, u, enc6_t, dec_t, BN, BM, STOCH)
+            dk += dot_bf16(to_bf16(vals, INTERP), qs, INTERP) * (
+                tl.reshape(tl.broadcast_to(dec_t[:, None], [BN // 64, 64]), [BN]) * dec_qs)[:, None]
+        else:
+            dk += _ds_product(dsT, qs, dec_qs, u, BN, BM, DS_FP4, STOCH, INTERP)
     return dk, dv
 
 
 @triton.jit
 def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
-                 decqh_ptr, deckh_ptr, decqs_ptr, dk_ptr, dv_ptr,
-                 Sq, Sk, H, GROUPS, scale, scale2, seed,
+                 decqh_ptr, deckh_ptr, decqs_ptr, dk_ptr, dv_ptr, dsc_ptr, dss_ptr, dsd_ptr,
+                 Sq, Sk, H, GROUPS, NKT, TPH, scale, scale2, seed, seed_dq,
                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
                  DS_FP4: tl.constexpr, STOCH: tl.constexpr, DK_BF16: tl.constexpr,
-                 DV_BF16: tl.constexpr, INTERP: tl.constexpr):
+                 DV_BF16: tl.constexpr, STORE_DS: tl.constexpr, INTERP: tl.constexpr):
     start_n = tl.program_id(0) * BN
     bkv = tl.program_id(1)
     hk_n = H // GROUPS
@@ -161,11 +204,13 @@ def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
         qk_mul = tl.load(decqh_ptr + bh) * dec_k * scale2
         dec_qs = tl.load(decqs_ptr + bh)
         dk, dv = _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh,
-                            mlo, mhi, offs_n, Sq, Sk, qk_mul, dec_qs, seed,
-                            D, BM, BN, True, CAUSAL, DS_FP4, STOCH, INTERP)
+                            mlo, mhi, offs_n, start_n, Sq, Sk, qk_mul, dec_qs, seed, dsc_ptr,
+                            dss_ptr, dsd_ptr, NKT, TPH, seed_dq,
+                            D, BM, BN, True, CAUSAL, DS_FP4, STOCH, STORE_DS, INTERP)
         dk, dv = _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh,
-                            mhi, Sq, offs_n, Sq, Sk, qk_mul, dec_qs, seed,
-                            D, BM, BN, False, CAUSAL, DS_FP4, STOCH, INTERP)
+                            mhi, Sq, offs_n, start_n, Sq, Sk, qk_mul, dec_qs, seed, dsc_ptr,
+                            dss_ptr, dsd_ptr, NKT, TPH, seed_dq,
+                            D, BM, BN, False, CAUSAL, DS_FP4, STOCH, STORE_DS, INTERP)
     dk = dk * scale
     if DK_BF16:
         tl.store(dk_ptr + kv_offs, to_bf16(dk, INTERP), mask=n_ok[:, None])
@@ -290,12 +335,28 @@ def bwd_config(d: int):
     return (8, 3, 2), (8, 3, 2)
 
 
+def ds_dq_config(d: int):
+    """``(warps, stages, RM)`` of ``_dq_ds_kernel`` (the stored-dS dq kernel); RM = 64-row
+    groups per program. ``FP4_QATTN_DQS="warps,stages,rm"`` overrides (benchmark sweeps).
+    Default: the recompute dq kernel's config (``bwd_config``) — a guess until measured."""
+    from .triton_fwd import _env_ints
+    cfg = _env_ints("FP4_QATTN_DQS", 3)
+    if cfg is not None:
+        if cfg[2] not in (1, 2):
+            raise ValueError("FP4_QATTN_DQS: rm must be 1 or 2")
+        return cfg
+    return bwd_config(d)[1]
+
+
 def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_fp4: bool = True,
-                       ds_stochastic: bool = False, seed: int = 0, out_dtypes=None):
+                       ds_stochastic: bool = False, seed: int = 0, out_dtypes=None,
+                       ds_store=None):
     """``(dQ, dK, dV)``. ``lse`` is the forward's natural-log LSE [B, H, Sq]; ``ds_fp4`` says
     whether the ds path is NVFP4 (else dS and the seq views are plain BF16). ``out_dtypes``:
     the dtypes of (dQ, dK, dV), default FP32; BF16 outputs are rounded in the kernels (RNE, as
-    ``Tensor.to``), other dtypes are cast from FP32 on the host."""
+    ``Tensor.to``), other dtypes are cast from FP32 on the host. ``ds_store``: dQ from the dS
+    tiles the dkdv kernel stores (``triton_ds_store.py``) instead of recomputing them; None =
+    ``FP4_QATTN_DS_STORE`` (default on), within ``FP4_QATTN_DS_STORE_MAX_BYTES``."""
     qh, kh = views.q_hd, views.k_hd
     b, h, sq, d = qh.shape
     hk, sk = kh.shape[1], kh.shape[2]
@@ -319,15 +380,30 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
     (w_kv, st_kv, rn), (w_q, st_q, rm) = bwd_config(d)
     common = dict(D=d, BM=BLOCK, CAUSAL=causal, DS_FP4=ds_fp4, STOCH=ds_stochastic,
                   INTERP=INTERPRET)
+    store = use_ds_store(b, h, sq, sk, d, causal, ds_fp4, ds_store)
+    if store:
+        dsc, dss, dsd, nqt, nkt, tph = ds_scratch(b, h, sq, sk, causal, dev)
+    else:
+        dsc = dss = dsd = dv    # unused (STORE_DS=False)
+        nqt = nkt = tph = 0
     _dkdv_kernel[(triton.cdiv(sk, BLOCK * rn), b * hk)](
         qh, kh, views.q_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_q_sq,
-        dk, dv, sq, sk, h, groups, scale, scale2, seed, BN=BLOCK * rn, DK_BF16=dk.dtype == bf,
-        DV_BF16=dv.dtype == bf, **common, num_warps=w_kv, num_stages=st_kv)
-    common["BM"] = BLOCK * rm
-    _dq_kernel[(triton.cdiv(sq, BLOCK * rm), b * h)](
-        qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_k_sq,
-        dq, sq, sk, h, groups, scale, scale2, seed + 1, BN=BLOCK, DQ_BF16=dq.dtype == bf,
-        **common, num_warps=w_q, num_stages=st_q)
+        dk, dv, dsc, dss, dsd, sq, sk, h, groups, nkt, tph, scale, scale2, seed, seed + 1,
+        BN=BLOCK * rn, DK_BF16=dk.dtype == bf, DV_BF16=dv.dtype == bf, STORE_DS=store, **common,
+        num_warps=w_kv, num_stages=st_kv)
+    if store:
+        (w_s, st_s, rs) = ds_dq_config(d)
+        _dq_ds_kernel[(triton.cdiv(sq, BLOCK * rs), b * h)](
+            dsc, dss, dsd, views.k_sq, views.dec_k_sq, dq, sq, sk, h, groups, nqt, nkt, tph,
+            scale, D=d, BM=BLOCK * rs, CAUSAL=causal, DQ_BF16=dq.dtype == bf, INTERP=INTERPRET,
+            num_warps=w_s, num_stages=st_s)
+        del dsc, dss, dsd
+    else:
+        common["BM"] = BLOCK * rm
+        _dq_kernel[(triton.cdiv(sq, BLOCK * rm), b * h)](
+            qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd,
+            views.dec_k_sq, dq, sq, sk, h, groups, scale, scale2, seed + 1, BN=BLOCK,
+            DQ_BF16=dq.dtype == bf, **common, num_warps=w_q, num_stages=st_q)
     if smoothed:
         dk -= dk.mean(dim=2, keepdim=True)   # K-smoothing: project out the seq-mean (prologue.py)
     return dq.to(dq_t), dk.to(dk_t), dv.to(dv_t)
