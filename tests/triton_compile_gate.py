@@ -228,7 +228,7 @@ def run_scenarios():
                                          backend="triton")
         o, lse = attention_forward(fwd_views, v, causal=causal, scale=d ** -0.5)
         do = torch.randn(q.shape, dtype=r["in_dt"])
-        # NVFP4 dS: both dq paths — dS stored by the dkdv kernel + _dq_ds_kernel (the default),
+        # NVFP4 dS: both dq paths — dS stored by the dkdv kernel + _dq_ds_kernel (FP4_QATTN_DS_STORE=1),
         # and the recompute _dq_kernel (FP4_QATTN_DS_STORE=0 / scratch over the byte limit)
         for store in ((True, False) if ds_fp4 else (None,)):
             attention_backward(do, o, lse, v, saved.unpack("triton"), causal=causal,

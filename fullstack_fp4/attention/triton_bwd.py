@@ -18,16 +18,17 @@ argues the granularity) in 1×16 blocks along the reduction dimension of the GEM
   GQA needs no atomics: the group's heads are summed inside the program.
 * ``_dq_kernel`` — one program per (b, head, 64·RM queries); loops over 64-key blocks;
   ``dQ += dec_tile·dec_k · (dS₄)(K₄ˢ)`` with dS blocks along keys. Causal programs run the
-  longest query blocks first. This recompute kernel is the fallback since 2026-12-01:
+  longest query blocks first. This recompute kernel is the default.
 
-**dS stored once (default).** With ``STORE_DS`` the dkdv kernel also quantizes each dS tile it
-holds along *keys* (the dq direction, same tile amax) and writes codes + E4M3 scale bytes + the
-tile's FP32 decode scale to a transient scratch (0.5635 B per stored dS element; causal stores
-only the tiles at or below the diagonal); ``_dq_ds_kernel`` then computes dQ from them — decode
-+ one BF16 GEMM per tile, no S/P/dP recompute (``triton_ds_store.py``: layout, bytes, numbers).
-``FP4_QATTN_DS_STORE=0`` (or ``attention_backward(ds_store=False)``) selects the recompute
-kernel; so does a scratch above ``FP4_QATTN_DS_STORE_MAX_BYTES`` (256 MiB default: 110 MiB at
-1×24×4096×128 and 112 MiB at 4×24×2048×128 causal), the BF16 dS path and head_dim ∉ {64, 128}.
+**dS stored once (``FP4_QATTN_DS_STORE=1``; off by default: measured slower on the H200, the
+dkdv kernel with the store 1.60 ms against 0.92, the dq kernel 0.33 against 0.70 — PERF.md).**
+With ``STORE_DS`` the dkdv kernel also quantizes each dS tile it holds along *keys* (the dq
+direction, same tile amax) and writes codes + E4M3 scale bytes + the tile's FP32 decode scale to
+a transient scratch (0.5635 B per stored dS element; causal stores only the tiles at or below
+the diagonal); ``_dq_ds_kernel`` then computes dQ from them — decode + one BF16 GEMM per tile, no
+S/P/dP recompute (``triton_ds_store.py``: layout, bytes, numbers). It is used only within
+``FP4_QATTN_DS_STORE_MAX_BYTES`` (256 MiB default: 110 MiB at 1×24×4096×128 and 112 MiB at
+4×24×2048×128 causal), on the NVFP4 dS path and for head_dim ∈ {64, 128}.
 Under the interpreter dQ is bit-identical on both paths (tested).
 
 ``RN``/``RM`` (1 or 2, ``FP4_QATTN_BWD``) widen a program's own dimension to 128 rows, so the
@@ -356,7 +357,7 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
     the dtypes of (dQ, dK, dV), default FP32; BF16 outputs are rounded in the kernels (RNE, as
     ``Tensor.to``), other dtypes are cast from FP32 on the host. ``ds_store``: dQ from the dS
     tiles the dkdv kernel stores (``triton_ds_store.py``) instead of recomputing them; None =
-    ``FP4_QATTN_DS_STORE`` (default on), within ``FP4_QATTN_DS_STORE_MAX_BYTES``."""
+    ``FP4_QATTN_DS_STORE`` (default off), within ``FP4_QATTN_DS_STORE_MAX_BYTES``."""
     qh, kh = views.q_hd, views.k_hd
     b, h, sq, d = qh.shape
     hk, sk = kh.shape[1], kh.shape[2]

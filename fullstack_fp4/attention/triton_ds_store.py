@@ -1,5 +1,12 @@
 """dS stored once: the dkdv kernel's second quantization of its dS tiles, and the dq kernel on them.
 
+**Off by default: measured slower.** On the H200 (2026-12-01, BENCHMARKS.md §F.3, run32) at
+1×24×4096×128 causal the dq kernel drops from 0.697 to 0.331 ms but the dkdv kernel with the
+store grows from 0.921 to 1.597 ms (255 registers with ~230 B of spills in its loop, and every
+lane recomputing the key-direction block scales of the 8 lanes that share a 16-key block): the
+backward kernels together take 1.93 ms against 1.62 ms. ``FP4_QATTN_DS_STORE=1`` (or
+``attention_backward(ds_store=True)``) turns it on; PERF.md lists what would have to change.
+
 The dkdv kernel (``triton_bwd._dkdv_kernel``) already holds every dS tile (64 keys × 64 queries
 per 64-row group, FP32, in registers) to quantize it along *queries* for ``dK = dS₄ᵀ Q₄ˢ``. With
 ``STORE_DS`` it also quantizes the tile along **keys** — 1×16 blocks along the key axis, the
@@ -271,11 +278,11 @@ def use_ds_store(b, h, sq, sk, d, causal, ds_fp4, ds_store=None) -> bool:
     """Whether the backward stores dS in the dkdv kernel and runs ``_dq_ds_kernel``.
 
     ``ds_store`` (the ``attention_backward`` argument) else ``FP4_QATTN_DS_STORE`` (``0``/``1``,
-    default 1) asks for it; it is taken only for the NVFP4 dS path, head_dim 64/128, and when
+    default 0: measured slower on the H200, module docstring) asks for it; it is taken only for the NVFP4 dS path, head_dim 64/128, and when
     the scratch fits ``max_bytes()`` and int32 offsets (< 2³¹ code bytes); else the recompute
     ``_dq_kernel`` runs."""
     if ds_store is None:
-        ds_store = os.environ.get("FP4_QATTN_DS_STORE", "1").strip() not in ("0", "")
+        ds_store = os.environ.get("FP4_QATTN_DS_STORE", "0").strip() not in ("0", "")
     if not (ds_store and ds_fp4 and d in (64, 128)):
         return False
     n_tiles = ds_store_tiles(b, h, sq, sk, causal)[3]
