@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Session 8's device calls on one H200 (each fits the 600 s limit). Carry .whl.
-#   bash scripts/gpu/session8.sh attn     # Q-Attn beside every SDPA backend (eager and CUDA
-#       graph), prologue/forward/backward tiling sweeps; per-kernel profile; the 4-block 3b
+#   bash scripts/gpu/session8.sh attn     # Q-Attn beside every SDPA backend (eager),
+#       prologue/forward/backward tiling sweeps; per-kernel profile; the 4-block 3b
 #       step profiled (GPU busy vs idle, kernel time by family) for bf16, q_attn, full stack
-#   bash scripts/gpu/session8.sh final    # kernels check; Q-AdamW bench; Q-Attn bench; 4-block
-#       3b table (bf16, nvfp4_linear, q_attn, q_adamw_bf16_grads, full_stack_bf16_grads)
+#   bash scripts/gpu/session8.sh adamw    # kernels check; FAST_IEEE exactness check; Q-AdamW sweep
+#   bash scripts/gpu/session8.sh blocks   # 4-block 3b table + profile (bf16, nvfp4_linear, q_attn,
+#       q_adamw_bf16_grads, full_stack_bf16_grads); Q-Attn per-kernel and host profile
 set -u
 source scripts/gpu/setup_env.sh
 run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
@@ -16,12 +17,16 @@ case "${1:-attn}" in
     TAILN=12 run blocks 240 python3 scripts/bench_blocks.py --arms bf16,q_attn,full_stack_bf16_grads \
       --steps 4 --warmup 2 --profile --out "$OUT"
     ;;
-  final)
-    TAILN=3 run check 120 python3 scripts/gpu/check_kernels_exact.py
-    TAILN=30 run q_adamw 200 python3 scripts/bench_q_adamw.py
-    TAILN=40 run q_attn 150 python3 scripts/bench_q_attn.py
-    TAILN=16 run blocks 200 python3 scripts/bench_blocks.py \
+  adamw)   # Q-AdamW v3 (default) beside the FAST_IEEE and Philox (u8, 7 rounds) options
+    TAILN=3 run check 60 python3 scripts/gpu/check_kernels_exact.py
+    TAILN=12 run check_fast_ieee 200 python3 scripts/gpu/check_fast_ieee.py
+    TAILN=30 run q_adamw 330 python3 scripts/bench_q_adamw.py --sweep \
+      --sweep-configs '1,128,1;1,128,1,0,10,1;1,128,1,1,7;1,128,1,1,7,1'
+    ;;
+  blocks)  # the 4-block 3b table with the kernel-family profile; Q-Attn's host side
+    TAILN=40 run blocks 420 python3 scripts/bench_blocks.py \
       --arms bf16,nvfp4_linear,q_attn,q_adamw_bf16_grads,full_stack_bf16_grads --steps 6 --warmup 2 \
       --profile --out "$OUT"
+    TAILN=40 run profile_q_attn 120 python3 scripts/gpu/profile_q_attn.py
     ;;
 esac
