@@ -6,6 +6,7 @@
 #   bash scripts/gpu/session8.sh adamw    # kernels check; FAST_IEEE exactness check; Q-AdamW sweep
 #   bash scripts/gpu/session8.sh blocks   # 4-block 3b table + profile (bf16, nvfp4_linear, q_attn,
 #       q_adamw_bf16_grads, full_stack_bf16_grads); Q-Attn per-kernel and host profile
+#   FULLSTACK_COMMIT=<sha> bash scripts/gpu/session8.sh ablation   # bf16, q_attn, full stack losses
 set -u
 source scripts/gpu/setup_env.sh
 run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
@@ -28,5 +29,12 @@ case "${1:-attn}" in
       --arms bf16,nvfp4_linear,q_attn,q_adamw_bf16_grads,full_stack_bf16_grads --steps 6 --warmup 2 \
       --profile --out "$OUT"
     TAILN=40 run profile_q_attn 120 python3 scripts/gpu/profile_q_attn.py
+    ;;
+  ablation)  # bf16, q_attn, full stack at the current kernels (seed 1234, as run26); carry data/quickstart
+    run ablation 420 python3 scripts/ablation.py --arms bf16,q_attn,full_stack_bf16_grads --iters 300 \
+      --out /tmp/abl --time-budget 360 --ppl-tokens 65536 --cloze-items 200
+    cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
+    for d in /tmp/abl/*/; do a=$(basename "$d")
+      [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done
     ;;
 esac
