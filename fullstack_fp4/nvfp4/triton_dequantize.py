@@ -11,9 +11,17 @@ Decoding without tables:
 * E4M3 byte ``b`` (never NaN here): ``e = b >> 3``, ``m = b & 7``; ``e == 0``: ``m · 2⁻⁹``
   (subnormal); else FP32 bits ``((e + 120) << 23) | (m << 20)`` (exponent bias 7 → 127).
 
-A program reads ``BLOCK_M`` rows × ``BLOCK_B`` blocks: 8 code bytes per block (loaded as two
-4-byte halves, so each thread expands whole bytes in registers) plus one scale byte, and writes
-16 outputs per block. Bytes moved: 0.5625 B/element read, 2 (BF16) or 4 (FP32) written.
+Layout of the work (``_dequantize_flat_kernel``, the one used). The codes ``[rows, K/2]`` and
+the block scales ``[rows, K/16]`` of a row-major tensor with K % 16 == 0 are, read flat, the
+blocks in order: block ``b`` is code bytes ``8b .. 8b+7`` and scale byte ``b`` (no block straddles
+a row; 16×16 tiles store their scale on each row, so the same holds). A program takes ``NBP``
+consecutive blocks as ``[NBP, 2, 4]`` bytes: each thread one 4-byte half-block (8 elements) and
+its block's scale byte, consecutive threads consecutive halves, so a warp's code load is 128
+contiguous bytes and its store 32 × 16 contiguous bytes (BF16). The earlier tiled kernel
+(``BM`` rows × ``NB`` blocks, each thread a [row, block] pair) ran at ~1 TB/s in the 4-block 3b
+model (BENCHMARKS.md §F.5: 2.6 ms for 2.5 GB). Bytes moved: 0.5625 B/element read, 2 (BF16) or
+4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and ``FP4_DEQUANT_WARPS`` override
+the defaults (``scripts/bench_decode.py`` sweeps them).
 """
 
 from __future__ import annotations
@@ -45,39 +53,52 @@ def _e4m3_value(b):
 
 
 @triton.jit
-def _dequantize_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, M, NBLK,
-                       OUT_BF16: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr,
-                       APPLY_DEC: tl.constexpr = True):
-    nbk = tl.cdiv(NBLK, NB)
-    pid = tl.program_id(0)
-    rows = (pid // nbk) * BM + tl.arange(0, BM)
-    blks = (pid % nbk) * NB + tl.arange(0, NB)
-    mask2 = (rows < M)[:, None] & (blks < NBLK)[None, :]
-    m3 = mask2[:, :, None]
-    r64 = rows.to(tl.int64)
-    dec = tl.load(dec_ptr)
-    s = _e4m3_value(tl.load(scale_ptr + r64[:, None] * NBLK + blks[None, :], mask=mask2,
-                            other=0).to(tl.int32))
+def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
+                            OUT_BF16: tl.constexpr, NBP: tl.constexpr, APPLY_DEC: tl.constexpr,
+                            I64: tl.constexpr):
+    """``NBP`` consecutive 16-blocks of the flat tensor (module docstring): codes read as
+    ``[NBP, 2, 4]`` bytes, one scale byte a block, 16 outputs a block."""
+    if I64:
+        blk = tl.program_id(0).to(tl.int64) * NBP + tl.arange(0, NBP)
+    else:
+        blk = tl.program_id(0) * NBP + tl.arange(0, NBP)
+    bmask = blk < NBLK_ALL
+    h = tl.arange(0, 2)
     q = tl.arange(0, 4)
-    boff = (r64 * (NBLK * 8))[:, None, None] + (blks * 8)[None, :, None] + q[None, None, :]
-    ooff = (r64 * (NBLK * 16))[:, None, None] + (blks * 16)[None, :, None]
+    m3 = bmask[:, None, None]
+    byte = tl.load(data_ptr + blk[:, None, None] * 8 + h[None, :, None] * 4 + q[None, None, :],
+                   mask=m3, other=0, eviction_policy="evict_first").to(tl.int32)
+    s = _e4m3_value(tl.load(scale_ptr + blk, mask=bmask, other=0).to(tl.int32))
+    v_even = _e2m1_value(byte & 15) * s[:, None, None]
+    v_odd = _e2m1_value(byte >> 4) * s[:, None, None]
+    if APPLY_DEC:
+        dec = tl.load(dec_ptr)
+        v_even = v_even * dec
+        v_odd = v_odd * dec
+    v = tl.reshape(tl.join(v_even, v_odd), (NBP, 2, 8))   # element 2i low nibble, 2i+1 high
+    if OUT_BF16:
+        # FP32 -> BF16 RNE in integer arithmetic (finite values only): the Triton interpreter's
+        # FP32 -> BF16 cast truncates, the GPU's rounds; this is exact on both.
+        bits = v.to(tl.int32, bitcast=True)
+        v = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
+    else:
+        v = v.to(out_ptr.dtype.element_ty)
     j = tl.arange(0, 8)
-    for h in tl.static_range(2):
-        byte = tl.load(data_ptr + boff + 4 * h, mask=m3, other=0).to(tl.int32)
-        v_even = _e2m1_value(byte & 15) * s[:, :, None]
-        v_odd = _e2m1_value(byte >> 4) * s[:, :, None]
-        if APPLY_DEC:
-            v_even = v_even * dec
-            v_odd = v_odd * dec
-        v = tl.reshape(tl.join(v_even, v_odd), (BM, NB, 8))   # element 2i low nibble, 2i+1 high
-        if OUT_BF16:
-            # FP32 -> BF16 RNE in integer arithmetic (finite values only): the Triton
-            # interpreter's FP32 -> BF16 cast truncates, the GPU's rounds; this is exact on both.
-            bits = v.to(tl.int32, bitcast=True)
-            v = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
-        else:
-            v = v.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + ooff + 8 * h + j[None, None, :], v, mask=m3)
+    tl.store(out_ptr + blk[:, None, None] * 16 + h[None, :, None] * 8 + j[None, None, :], v,
+             mask=m3)
+
+
+def _flat_config():
+    """(NBP blocks per program, num_warps): 128 blocks = 256 half-block threads on 8 warps, i.e.
+    one 4-byte code load and one 16-byte BF16 store per thread. Env overrides for the sweep."""
+    import os
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return 8, 1
+    nbp = int(os.environ.get("FP4_DEQUANT_NBP", "128"))
+    warps = int(os.environ.get("FP4_DEQUANT_WARPS", "8"))
+    if nbp < 1 or nbp & (nbp - 1) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError("FP4_DEQUANT_NBP: a power of two; FP4_DEQUANT_WARPS: 1, 2, 4, 8 or 16")
+    return nbp, warps
 
 
 def decode_bf16_triton(t: NVFP4Tensor) -> torch.Tensor:
@@ -100,12 +121,11 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
     data = t.data.reshape(rows, k // 2).contiguous()
     scale = t.block_scale.reshape(rows, k // 16).contiguous().view(torch.uint8)
     dec = t.tensor_scale.to(torch.float32).reshape(1)
-    nblk = k // 16
-    import os
-    bm, nb = (16, 4) if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else (32, 8)
-    grid = (triton.cdiv(rows, bm) * triton.cdiv(nblk, nb),)
+    nblk_all = rows * (k // 16)
+    nbp, warps = _flat_config()
     out_k = out.view(torch.int16) if dtype == torch.bfloat16 else out
-    _dequantize_kernel[grid](data, scale, dec, out_k, rows, nblk, OUT_BF16=dtype == torch.bfloat16,
-                             BM=bm, NB=nb, APPLY_DEC=_apply_dec, num_warps=4,
-                             enable_fp_fusion=False)
+    _dequantize_flat_kernel[(triton.cdiv(nblk_all, nbp),)](
+        data, scale, dec, out_k, nblk_all, OUT_BF16=dtype == torch.bfloat16, NBP=nbp,
+        APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, num_warps=warps,
+        enable_fp_fusion=False)
     return out.reshape(shape)

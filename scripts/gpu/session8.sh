@@ -7,6 +7,7 @@
 #   bash scripts/gpu/session8.sh blocks   # 4-block 3b table + profile (bf16, nvfp4_linear, q_attn,
 #       q_adamw_bf16_grads, full_stack_bf16_grads); Q-Attn per-kernel and host profile
 #   FULLSTACK_COMMIT=<sha> bash scripts/gpu/session8.sh ablation   # bf16, q_attn, full stack losses
+#   bash scripts/gpu/session8.sh decode   # flat NVFP4 decode sweep, then the 4-block table with it
 set -u
 source scripts/gpu/setup_env.sh
 run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
@@ -36,5 +37,15 @@ case "${1:-attn}" in
     cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
     for d in /tmp/abl/*/; do a=$(basename "$d")
       [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done
+    ;;
+  decode)  # the flat decode kernel: exactness + GB/s sweep; then the 4-block table with the
+           # fastest (blocks/program, warps) exported, so the step figure uses it
+    TAILN=40 run decode 150 python3 scripts/bench_decode.py --sweep
+    best=$(python3 -c "import json; c=json.load(open('$OUT/bench_decode.json'))['configs']
+t={k: sum(r['ms'] for r in v) for k, v in c.items()}; b=min(t, key=t.get); print('' if b == 'default' else b)")
+    if [ -n "$best" ]; then export FP4_DEQUANT_NBP=${best%,*} FP4_DEQUANT_WARPS=${best#*,}; fi
+    echo "decode config for the blocks run: ${best:-default}"
+    TAILN=14 run blocks 330 python3 scripts/bench_blocks.py --arms bf16,nvfp4_linear,full_stack_bf16_grads \
+      --steps 6 --warmup 2 --profile --out "$OUT"
     ;;
 esac
