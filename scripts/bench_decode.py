@@ -24,7 +24,7 @@ from fullstack_fp4.nvfp4.quantize import quantize  # noqa: E402
 from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton  # noqa: E402
 
 SHAPES = ((3072, 5120), (3072, 16384), (8192, 3072), (8192, 8192))
-SWEEP = ((128, 8), (64, 4), (256, 8), (128, 4), (512, 16), (32, 1))
+SWEEP = ((256, 8), (512, 8), (1024, 8), (2048, 8), (1024, 4), (512, 4), (2048, 16))
 
 
 def torch_decode(t):

@@ -15,11 +15,11 @@ Layout of the work (``_dequantize_flat_kernel``, the one used). The codes ``[row
 the block scales ``[rows, K/16]`` of a row-major tensor with K % 16 == 0 are, read flat, the
 blocks in order: block ``b`` is code bytes ``8b .. 8b+7`` and scale byte ``b`` (no block straddles
 a row; 16×16 tiles store their scale on each row, so the same holds). A program takes ``NBP``
-consecutive blocks as ``[NBP, 2, 4]`` bytes: each thread one 4-byte half-block (8 elements) and
-its block's scale byte, consecutive threads consecutive halves, so a warp's code load is 128
-contiguous bytes and its store 32 × 16 contiguous bytes (BF16). The earlier tiled kernel
-(``BM`` rows × ``NB`` blocks, each thread a [row, block] pair) ran at ~1 TB/s in the 4-block 3b
-model (BENCHMARKS.md §F.5: 2.6 ms for 2.5 GB). Bytes moved: 0.5625 B/element read, 2 (BF16) or
+consecutive blocks and walks their two halves: ``[NBP, 4]`` code bytes (4-byte loads,
+consecutive blocks at an 8-byte stride) and ``[NBP, 8]`` BF16 outputs (16-byte stores) a half, one
+scale byte a block. On the H200 it decodes 8192×8192 in 0.11 ms against 0.24 ms for the tiled
+kernel it replaced (``BM`` rows × ``NB`` blocks, each thread a [row, block] pair), ~40% of copy
+bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.8). Bytes moved: 0.5625 B/element read, 2 (BF16) or
 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and ``FP4_DEQUANT_WARPS`` override
 the defaults (``scripts/bench_decode.py`` sweeps them).
 """
@@ -41,7 +41,9 @@ _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _e2m1_value(c):
     m = c & 7
     mag = tl.where(m < 4, m.to(tl.float32) * 0.5, tl.where(m == 7, 6.0, (m - 2).to(tl.float32)))
-    return tl.where((c & 8) != 0, -mag, mag)
+    # the sign as a bit: `where(sign, -mag, mag)` gave +0.0 for code 8 on the H200 (sm_90,
+    # triton 3.6: scripts/gpu/diag_decode.py), where the reference decodes -0.0
+    return (mag.to(tl.int32, bitcast=True) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -56,45 +58,45 @@ def _e4m3_value(b):
 def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
                             OUT_BF16: tl.constexpr, NBP: tl.constexpr, APPLY_DEC: tl.constexpr,
                             I64: tl.constexpr):
-    """``NBP`` consecutive 16-blocks of the flat tensor (module docstring): codes read as
-    ``[NBP, 2, 4]`` bytes, one scale byte a block, 16 outputs a block."""
+    """``NBP`` consecutive 16-blocks of the flat tensor (module docstring), one half-block
+    (4 code bytes, 8 outputs) at a time: ``[NBP, 4]`` bytes in, ``[NBP, 8]`` values out."""
     if I64:
         blk = tl.program_id(0).to(tl.int64) * NBP + tl.arange(0, NBP)
     else:
         blk = tl.program_id(0) * NBP + tl.arange(0, NBP)
     bmask = blk < NBLK_ALL
-    h = tl.arange(0, 2)
+    m2 = bmask[:, None]
     q = tl.arange(0, 4)
-    m3 = bmask[:, None, None]
-    byte = tl.load(data_ptr + blk[:, None, None] * 8 + h[None, :, None] * 4 + q[None, None, :],
-                   mask=m3, other=0, eviction_policy="evict_first").to(tl.int32)
+    j = tl.arange(0, 8)
     s = _e4m3_value(tl.load(scale_ptr + blk, mask=bmask, other=0).to(tl.int32))
-    v_even = _e2m1_value(byte & 15) * s[:, None, None]
-    v_odd = _e2m1_value(byte >> 4) * s[:, None, None]
     if APPLY_DEC:
         dec = tl.load(dec_ptr)
-        v_even = v_even * dec
-        v_odd = v_odd * dec
-    v = tl.reshape(tl.join(v_even, v_odd), (NBP, 2, 8))   # element 2i low nibble, 2i+1 high
-    if OUT_BF16:
-        # FP32 -> BF16 RNE in integer arithmetic (finite values only): the Triton interpreter's
-        # FP32 -> BF16 cast truncates, the GPU's rounds; this is exact on both.
-        bits = v.to(tl.int32, bitcast=True)
-        v = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
-    else:
-        v = v.to(out_ptr.dtype.element_ty)
-    j = tl.arange(0, 8)
-    tl.store(out_ptr + blk[:, None, None] * 16 + h[None, :, None] * 8 + j[None, None, :], v,
-             mask=m3)
+    for h in tl.static_range(2):
+        byte = tl.load(data_ptr + blk[:, None] * 8 + 4 * h + q[None, :], mask=m2, other=0,
+                       eviction_policy="evict_first").to(tl.int32)
+        v_even = _e2m1_value(byte & 15) * s[:, None]
+        v_odd = _e2m1_value(byte >> 4) * s[:, None]
+        if APPLY_DEC:
+            v_even = v_even * dec
+            v_odd = v_odd * dec
+        v = tl.reshape(tl.join(v_even, v_odd), (NBP, 8))   # element 2i low nibble, 2i+1 high
+        if OUT_BF16:
+            # FP32 -> BF16 RNE in integer arithmetic (finite values only): the Triton
+            # interpreter's FP32 -> BF16 cast truncates, the GPU's rounds; exact on both.
+            bits = v.to(tl.int32, bitcast=True)
+            v = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
+        else:
+            v = v.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + blk[:, None] * 16 + 8 * h + j[None, :], v, mask=m2)
 
 
 def _flat_config():
-    """(NBP blocks per program, num_warps): 128 blocks = 256 half-block threads on 8 warps, i.e.
-    one 4-byte code load and one 16-byte BF16 store per thread. Env overrides for the sweep."""
+    """(NBP blocks per program, num_warps): 256 blocks on 8 warps, the fastest of the H200 sweep
+    (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.8). Env overrides for the sweep."""
     import os
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return 8, 1
-    nbp = int(os.environ.get("FP4_DEQUANT_NBP", "128"))
+    nbp = int(os.environ.get("FP4_DEQUANT_NBP", "256"))
     warps = int(os.environ.get("FP4_DEQUANT_WARPS", "8"))
     if nbp < 1 or nbp & (nbp - 1) or warps not in (1, 2, 4, 8, 16):
         raise ValueError("FP4_DEQUANT_NBP: a power of two; FP4_DEQUANT_WARPS: 1, 2, 4, 8 or 16")
