@@ -19,8 +19,8 @@ consecutive blocks and walks their two halves: ``[NBP, 4]`` code bytes (4-byte l
 consecutive blocks at an 8-byte stride) and ``[NBP, 8]`` BF16 outputs (16-byte stores) a half, one
 scale byte a block. On the H200 it decodes 8192×8192 in 0.11 ms against 0.24 ms for the tiled
 kernel it replaced (``BM`` rows × ``NB`` blocks, each thread a [row, block] pair), ~40% of copy
-bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.8). Bytes moved: 0.5625 B/element read, 2 (BF16) or
-4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and ``FP4_DEQUANT_WARPS`` override
+bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.7). Bytes moved: 0.5625 B/element
+read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and ``FP4_DEQUANT_WARPS`` override
 the defaults (``scripts/bench_decode.py`` sweeps them).
 """
 
@@ -92,7 +92,7 @@ def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
 
 def _flat_config():
     """(NBP blocks per program, num_warps): 256 blocks on 8 warps, the fastest of the H200 sweep
-    (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.8). Env overrides for the sweep."""
+    (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.7). Env overrides for the sweep."""
     import os
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return 8, 1
