@@ -20,8 +20,8 @@ consecutive blocks at an 8-byte stride) and ``[NBP, 8]`` BF16 outputs (16-byte s
 scale byte a block. On the H200 it decodes 8192×8192 in 0.11 ms against 0.24 ms for the tiled
 kernel it replaced (``BM`` rows × ``NB`` blocks, each thread a [row, block] pair), ~40% of copy
 bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.7). Bytes moved: 0.5625 B/element
-read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and ``FP4_DEQUANT_WARPS`` override
-the defaults (``scripts/bench_decode.py`` sweeps them).
+read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and
+``FP4_DEQUANT_WARPS`` override the defaults (``scripts/bench_decode.py`` sweeps them).
 """
 
 from __future__ import annotations
