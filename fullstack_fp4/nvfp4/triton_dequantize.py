@@ -17,7 +17,7 @@ blocks in order: block ``b`` is code bytes ``8b .. 8b+7`` and scale byte ``b`` (
 a row; 16×16 tiles store their scale on each row, so the same holds). A program takes ``NBP``
 consecutive blocks and walks their two halves: ``[NBP, 4]`` code bytes (4-byte loads,
 consecutive blocks at an 8-byte stride) and ``[NBP, 8]`` BF16 outputs (16-byte stores) a half, one
-scale byte a block. On the H200 it decodes 8192×8192 in 0.11 ms against 0.24 ms for the tiled
+scale byte a block. On the H200 it decodes 8192×8192 in 0.12 ms against 0.24 ms for the tiled
 kernel it replaced (``BM`` rows × ``NB`` blocks, each thread a [row, block] pair), ~40% of copy
 bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.7). Bytes moved: 0.5625 B/element
 read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and

@@ -212,7 +212,7 @@ def _rtn_code(a):
 @triton.jit
 def _sr_code(a, d):
     """Stochastic E2M1 code of a in [0, 6] with dither d = 0x3FFFFF − K (K = floor(u · 2^22)):
-    codecs.sr_round's rule (nvfp4.e2m1's ``u < frac`` on a pre-rounded to 2^-23 below 1).
+    codecs.sr_codes' rule (nvfp4.e2m1's ``u < frac`` on a pre-rounded to 2^-23 below 1).
 
     x = max(a, a/2 + 1/2) (one FFMA, one FMNMX): a >= 1 is kept; a < 1 maps to [0.5, 1), whose
     FP32 grid of 1 mantissa bit (0.5, 0.75, 1) is E2M1's (0, 0.5, 1) halved and shifted, so in
