@@ -19,6 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _timing import median_ms  # noqa: E402
 from fullstack_fp4.nvfp4.e2m1 import e2m1_decode  # noqa: E402
 from fullstack_fp4.nvfp4.quantize import quantize  # noqa: E402
 from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton  # noqa: E402
@@ -34,21 +35,6 @@ def torch_decode(t):
         torch.bfloat16)
 
 
-def time_ms(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(z))
-    return sorted(ts)[len(ts) // 2]
-
-
 def run(cfg, qs):
     env = {}
     if cfg is not None:
@@ -59,7 +45,7 @@ def run(cfg, qs):
         for (m, k), q in qs.items():
             exact = torch.equal(decode_bf16_triton(q).view(torch.int16),
                                 torch_decode(q).view(torch.int16))
-            ms = time_ms(lambda: decode_bf16_triton(q)) if exact else float("nan")
+            ms = median_ms(lambda: decode_bf16_triton(q), warmup=3) if exact else float("nan")
             gb = m * k * (0.5625 + 2) / 1e9
             rows.append({"shape": f"{m}x{k}", "exact": exact, "ms": ms, "GB/s": gb / ms * 1e3})
         return rows
@@ -75,7 +61,7 @@ def main():
           for m, k in SHAPES}
     big = torch.empty(8192 * 8192, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(big)
-    copy_ms = time_ms(lambda: dst.copy_(big))
+    copy_ms = median_ms(lambda: dst.copy_(big), warmup=3)
     copy_gbs = 2 * big.numel() * 2 / 1e9 / copy_ms * 1e3
     out = {"device": torch.cuda.get_device_name(), "copy_GB/s": copy_gbs, "configs": {}}
     print(f"device-to-device copy of 8192x8192 BF16: {copy_ms:.4f} ms, {copy_gbs:.0f} GB/s\n")

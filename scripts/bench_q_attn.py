@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _timing import median_ms  # noqa: E402
 from fullstack_fp4.attention import q_attention  # noqa: E402
 from fullstack_fp4.attention import reference  # noqa: E402
 from fullstack_fp4.attention.packed import padded_seq  # noqa: E402
@@ -109,21 +110,6 @@ def q_attn_saved_formula(b, h, hk, s, d):
     return 2 * b * hk * s * d + 2 * b * h * s * d + 4 * b * h * s + views + 4 * (b * h + b * hk)
 
 
-def time_ms(fn, iters=20, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(z))
-    return sorted(ts)[len(ts) // 2]
-
-
 def host_ms(fn, iters=20):
     """Host time per call of ``fn`` (launches queued back to back, the GPU waited on once at the
     end): if it is near the CUDA-event time, the host sets the pace, not the kernels."""
@@ -166,12 +152,12 @@ def bench(b, h, s, d):
     for name, fn in arms + [("q_attn", qattn)]:
         try:
             with torch.no_grad():
-                f_ms = time_ms(lambda: fn(q, k, v))
+                f_ms = median_ms(lambda: fn(q, k, v))
 
             def fb():
                 o = fn(q, k, v)
                 o.backward(do)
-            fb_ms = time_ms(fb)
+            fb_ms = median_ms(fb)
             out[name] = {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms,
                          "saved_bytes": saved_bytes(fn, q, k, v), "host_fwd_bwd_ms": host_ms(fb)}
         except Exception as e:  # noqa: BLE001 -- a backend this torch/GPU cannot run
@@ -222,7 +208,7 @@ def breakdown(b, h, s, d, sweep):
     kw = dict(qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
     rows = {}
     fwd_views, saved = prepare_views(q, k, **kw)
-    rows["decode saved views"] = time_ms(lambda: saved.unpack("triton"))
+    rows["decode saved views"] = median_ms(lambda: saved.unpack("triton"))
     views = saved.unpack("triton")
     o, lse = attention_forward(fwd_views, v, causal=True, scale=scale)
     sweeps = {}
@@ -245,7 +231,7 @@ def breakdown(b, h, s, d, sweep):
                 if env == "FP4_QATTN_PROLOGUE" and not same_saved(prepare_views(q, k, **kw)[1], saved):
                     table.append((shown, "differs from the default tiling's views: not timed"))
                     continue
-                table.append((shown, time_ms(fn)))
+                table.append((shown, median_ms(fn)))
             except Exception as e:  # noqa: BLE001 -- a config that fails to compile/launch
                 table.append((cfg, f"failed: {type(e).__name__}: {str(e)[:80]}"))
             finally:

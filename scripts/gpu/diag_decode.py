@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _timing import median_ms  # noqa: E402
 from fullstack_fp4.nvfp4.e2m1 import e2m1_decode  # noqa: E402
 from fullstack_fp4.nvfp4.quantize import quantize  # noqa: E402
 from fullstack_fp4.nvfp4.triton_dequantize import (_dequantize_flat_kernel, _e2m1_value,  # noqa: E402
@@ -128,21 +130,6 @@ def launch(variant, t):
     return out
 
 
-def time_ms(fn, iters=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(z))
-    return sorted(ts)[len(ts) // 2]
-
-
 def main():
     torch.manual_seed(0)
     for m, k in ((64, 160), (8192, 8192), (3072, 16384)):
@@ -157,7 +144,7 @@ def main():
                 line += (f"; first at ({r},{c}): got {got[r, c].item():#06x} want {ref[r, c].item():#06x};"
                          f" cols of the first 8: {bad[:8, 1].tolist()}")
             elif m > 64:
-                ms = time_ms(lambda: launch(var, t))
+                ms = median_ms(lambda: launch(var, t), warmup=3)
                 line += f"; {ms:.4f} ms, {m * k * 2.5625 / 1e9 / ms * 1e3:.0f} GB/s"
             print(line, flush=True)
 

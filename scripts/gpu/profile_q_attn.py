@@ -28,25 +28,11 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _timing import median_ms  # noqa: E402
 from fullstack_fp4.attention import q_attention  # noqa: E402
 
 ITERS = 10
-
-
-def event_ms(fn, iters=20, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(z))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def kernel_table(fn):
@@ -79,7 +65,7 @@ def main():
         def sdpa():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
 
-        t_q, t_s = event_ms(qattn), event_ms(sdpa)
+        t_q, t_s = median_ms(qattn), median_ms(sdpa)
         rows = kernel_table(qattn)
         total = sum(r[1] for r in rows)
         s_rows = kernel_table(sdpa)

@@ -1,0 +1,22 @@
+"""CUDA-event timing shared by the GPU benchmark scripts."""
+
+import torch
+
+
+def median_ms(fn, iters: int = 20, warmup: int = 5) -> float:
+    """Median, over ``iters`` calls of ``fn`` after ``warmup`` untimed ones, of the CUDA-event
+    time from just before the call to just after it. The GPU is synchronised after every call,
+    so host time inside a call counts (a host-bound call shows as such) and nothing queued by
+    one call overlaps the next."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        z.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(z))
+    return sorted(ts)[len(ts) // 2]
