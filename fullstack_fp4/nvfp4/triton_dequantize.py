@@ -26,6 +26,8 @@ read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -93,7 +95,6 @@ def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
 def _flat_config():
     """(NBP blocks per program, num_warps): 256 blocks on 8 warps, the fastest of the H200 sweep
     (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.7). Env overrides for the sweep."""
-    import os
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return 8, 1
     nbp = int(os.environ.get("FP4_DEQUANT_NBP", "256"))

@@ -1,10 +1,11 @@
-"""Which form of the flat NVFP4 decode is exact on the GPU (run33's first flat kernel was not).
+"""Which form of the flat NVFP4 decode is exact on the GPU (run36's first flat kernel was not).
 
-Three layouts of the same arithmetic, each compared bit for bit with the PyTorch decode on
-quantized random tensors and timed at 8192×8192: A = the committed kernel (one [NBP, 2, 4]
-byte load, join + reshape to [NBP, 2, 8], one store); B = per half-block ([NBP, 4] bytes, join
-+ reshape to [NBP, 8], two stores); C = no join: the even and odd elements stored separately
-at stride 2; D = the tiled kernel the flat one replaced. Prints mismatch counts and the first mismatches.
+Layouts of the same arithmetic, each compared bit for bit with the PyTorch decode on quantized
+random tensors and timed at 8192×8192 and 3072×16384, all at 128 blocks a program: A = the
+committed ``_dequantize_flat_kernel`` (a half-block at a time; in run36's first calls A was an
+earlier form, one [NBP, 2, 4] load and one store); B = the same half-block walk written here;
+C = no join: the even and odd elements stored separately at stride 2; D = the tiled kernel the
+flat one replaced. Prints mismatch counts and the first mismatches.
 
     python scripts/gpu/diag_decode.py
 """
@@ -18,7 +19,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _timing import median_ms  # noqa: E402
-from fullstack_fp4.nvfp4.e2m1 import e2m1_decode  # noqa: E402
+from bench_decode import torch_decode  # noqa: E402
 from fullstack_fp4.nvfp4.quantize import quantize  # noqa: E402
 from fullstack_fp4.nvfp4.triton_dequantize import (_dequantize_flat_kernel, _e2m1_value,  # noqa: E402
                                                    _e4m3_value)
@@ -94,13 +95,6 @@ def _kernel_d(data_ptr, scale_ptr, dec_ptr, out_ptr, M, NBLK,
             v = v.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + ooff + 8 * h + j[None, None, :], v, mask=m3)
 
-
-
-def torch_decode(t):
-    k = t.shape[-1]
-    vals = e2m1_decode(t.codes()).reshape(-1, k // 16, 16)
-    return (vals * t.block_scale.reshape(-1, k // 16, 1).to(torch.float32)).reshape(-1, k).to(
-        torch.bfloat16)
 
 
 def launch(variant, t):

@@ -14,25 +14,9 @@ import torch
 from fullstack_fp4.attention import reference
 from fullstack_fp4.attention.paths import resolve_paths
 from fullstack_fp4.attention.prologue import make_views
-
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-GRAD_TOL = 2e-2 if DEV.type == "cuda" else 1e-3     # as test_kernels.py (its docstring says why)
-
-
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def _inputs(b, h, hk, s, d, seed=0):
-    """test_kernels.py's inputs: per-channel scales, K channel offsets, outlier tokens."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, s, d, generator=g) * torch.exp(0.5 * torch.randn(1, 1, 1, d, generator=g))
-    k = torch.randn(b, hk, s, d, generator=g) + torch.randn(1, hk, 1, d, generator=g)
-    q[:, :, 3] *= 10.0
-    k[:, :, 5] *= 10.0
-    v = torch.randn(b, hk, s, d, generator=g)
-    do = torch.randn(b, h, s, d, generator=g)
-    return [x.to(device=DEV, dtype=torch.bfloat16) for x in (q, k, v, do)]
+from tests.fullstack_fp4.attention.kernel_inputs import DEV, GRAD_TOL
+from tests.fullstack_fp4.attention.kernel_inputs import inputs as _inputs
+from tests.fullstack_fp4.attention.kernel_inputs import rel as _rel
 
 
 def _garbage_scratch(monkeypatch):
