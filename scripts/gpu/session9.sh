@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 9's device calls on one H200 (each fits the 600 s limit). Carry .whl.
+#   bash scripts/gpu/session9.sh diag    # quantize two-ways kernel table (events) + ncu of the
+#       two-ways / amax kernels and Q-Attn's backward kernels (speed of light, occupancy, stalls)
+set -u
+source scripts/gpu/setup_env.sh
+run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
+        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -${TAILN:-40}; }
+case "${1:-diag}" in
+  diag)
+    TAILN=16 run two_ways 180 python3 scripts/gpu/diag_two_ways.py
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: ${NCU:-none}"
+    if [ -n "$NCU" ]; then
+      TAILN=5 run ncu 300 "$NCU" --clock-control none --launch-count 14 \
+        -k regex:'_quantize_two_ways|_amax_two_ways|_dkdv_kernel|_dq_kernel' \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section SchedulerStats \
+        python3 scripts/gpu/diag_two_ways.py --ncu-target
+      grep -E "^  _|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Registers|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth" \
+        "$OUT/ncu.txt" | head -220
+    fi
+    ;;
+esac
