@@ -28,6 +28,13 @@ counted once per rank in the grad norm) and are saved as TP-sharded tensors: col
 same TP size; at another TP size the tensors load but describe a different block structure.
 The NVFP4 amax of W_res and of the activations is all-reduced over TP as in the NVFP4 layers.
 
+Gradient-accumulation fusion (`fuse_wgrad_accumulation`, from `parallel.gradient_accumulation_fusion`):
+as in the NVFP4 layers (fullstack_fp4/integration/nvfp4_linear_layers.py, `MainGradAccumulator`),
+W_res's wgrad is added straight into `weight.main_grad` inside megatron-core's DDP — under the
+dense route (the default), where W_res's gradient is the NVFP4 wgrad itself. The projected route
+rewrites the wgrad (`G_q − Q QᵀG_q`) and stays unfused (fullstack_fp4/linear/lora_svd.py). L1's
+gradient is never fused (a thin BF16 tensor, zero under the dense route).
+
 Realignment (`realign_model`, called by `recipes.after_optimizer_step` when
 ``iteration % realign_interval == 0``): per module, from the FP32 master copies,
 ``W = W_res + β L2 L1`` is rebuilt, re-split by randomized SVD (generator seeded from
@@ -82,7 +89,7 @@ from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParal
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-from fullstack_fp4.integration.nvfp4_linear_layers import _amax_reducer
+from fullstack_fp4.integration.nvfp4_linear_layers import _amax_reducer, main_grad_accumulator
 from fullstack_fp4.linear.lora_svd import (BasisCache, lora_svd_linear, lora_svd_split, merge,
                                           subspace_basis)
 
@@ -105,7 +112,8 @@ def _tp_rank(tp_group) -> int:
 class _LoRASVDMixin:
     _lora_axis: int  # TP sharding axis of weight and both factors
 
-    def _lora_init(self, rank, beta, oversample, power_iters, exact=False, route="dense"):
+    def _lora_init(self, rank, beta, oversample, power_iters, exact=False, route="dense",
+                   fuse_wgrad_accumulation=True):
         if self.sequence_parallel:
             raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
         out_f, in_f = self.weight.shape
@@ -118,6 +126,8 @@ class _LoRASVDMixin:
         if route not in ("projected", "dense"):
             raise ValueError(f"LoRA-SVD route must be 'projected' or 'dense', got {route!r}")
         self.lora_route = route         # backward routing (fullstack_fp4/linear/lora_svd.py)
+        # W_res's wgrad into megatron's main_grad (dense route only; module docstring)
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self._lora_basis = BasisCache()  # (Q, R⁻¹) of L2, recomputed only when L2 is rewritten
         w = self.weight
         self.lora_l2 = torch.nn.Parameter(torch.zeros(out_f, rank, dtype=w.dtype, device=w.device),
@@ -157,10 +167,11 @@ class _LoRASVDMixin:
         # (Q, R⁻¹) only where the backward projects (the dense route does not)
         basis = (self._lora_basis.get(self.lora_l2)
                  if torch.is_grad_enabled() and self.lora_route == "projected" else None)
+        fuse = self.fuse_wgrad_accumulation and self.lora_route == "dense"
         return lora_svd_linear(input, weight, self.lora_l1, self.lora_l2, self.lora_beta, bias,
                                exact=self.lora_exact, route=self.lora_route,
                                amax_reduce=_amax_reducer(self.tp_group),
-                               basis=basis)
+                               basis=basis, wgrad_accumulator=main_grad_accumulator(weight, fuse))
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         state_dict = self.state_dict(prefix="", keep_vars=True)
@@ -176,10 +187,10 @@ class LoRASVDColumnParallelLinear(_LoRASVDMixin, ColumnParallelLinear):
     _lora_axis = 0
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, lora_route="dense", **kwargs):
+                 lora_exact=False, lora_route="dense", fuse_wgrad_accumulation=True, **kwargs):
         super().__init__(*args, **kwargs)
         self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
-                        lora_route)
+                        lora_route, fuse_wgrad_accumulation)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         return self._lora_forward_impl(input, weight, **kwargs)
@@ -189,10 +200,10 @@ class LoRASVDRowParallelLinear(_LoRASVDMixin, RowParallelLinear):
     _lora_axis = 1
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, lora_route="dense", **kwargs):
+                 lora_exact=False, lora_route="dense", fuse_wgrad_accumulation=True, **kwargs):
         super().__init__(*args, **kwargs)
         self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
-                        lora_route)
+                        lora_route, fuse_wgrad_accumulation)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         kwargs["allreduce_dgrad"] = False  # the input is already split along K
@@ -501,13 +512,14 @@ def merged_state_dict(model, dtype=None) -> dict:
     return out
 
 
-def lora_svd_layer_specs(lcfg):
-    """(column, row) `ModuleSpec`s carrying the `fp4.lora_svd` settings into the layers."""
+def lora_svd_layer_specs(lcfg, fuse_wgrad_accumulation: bool = True):
+    """(column, row) `ModuleSpec`s carrying the `fp4.lora_svd` settings (and
+    `parallel.gradient_accumulation_fusion`) into the layers."""
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     params = dict(lora_rank=lcfg.rank, lora_beta=lcfg.beta, lora_oversample=lcfg.oversample,
                   lora_power_iters=lcfg.power_iters, lora_exact=lcfg.unquantized,
-                  lora_route=lcfg.route)
+                  lora_route=lcfg.route, fuse_wgrad_accumulation=fuse_wgrad_accumulation)
     return (ModuleSpec(module=LoRASVDColumnParallelLinear, params=dict(params)),
             ModuleSpec(module=LoRASVDRowParallelLinear, params=dict(params)))
 

@@ -152,6 +152,15 @@ tensors they are stored in. ``dY Q = P R⁻¹`` amplifies the rounding of P by c
 ``exact=True`` replaces the NVFP4 GEMMs of the W_res path by exact matmuls (the
 "unquantized limit" the tests and the merged-export check use).
 
+Gradient-accumulation fusion (``wgrad_accumulator``, the NVFP4 linear's
+:class:`~fullstack_fp4.linear.nvfp4_linear.WgradAccumulator`): under the dense route
+``g_Wres = G_q`` is the NVFP4 wgrad unchanged, so its epilogue adds ``acc·(ts_a·ts_b)`` straight
+into the accumulator's buffer (megatron's ``main_grad``), rounded once, as the NVFP4 linear does;
+with ``exact=True`` (the BF16 fallback's W_res path) the FP32 ``dYᵀX`` is added the same way
+(``alpha = 1``). The projected route is **not** fused: ``g_Wres = G_q − Q(QᵀG_q)`` needs the
+whole ``G_q`` before anything can be added (``QᵀG_q`` reduces over all its rows), so fusing it
+would still materialise ``G_q`` and only move the final add; it refuses an accumulator.
+
 Memory: the W_res GEMMs are the NVFP4 linear's forward/backward functions called directly (no
 nested autograd graph), so they save what the NVFP4 linear saves, its 4-bit codes, and nothing
 of their BF16 output. The branch adds the factors and, under the projected route only, ``X`` in
@@ -164,7 +173,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .nvfp4_linear import nvfp4_linear_backward, nvfp4_linear_forward, pack_saved, unpack_saved
+from fullstack_fp4.nvfp4.gemm import scale_accumulate
+
+from .nvfp4_linear import (WgradAccumulator, nvfp4_linear_backward, nvfp4_linear_forward,
+                           pack_saved, unpack_saved)
 
 __all__ = ["cholesky_qr", "randomized_svd", "lora_svd_split", "lora_svd_linear",
            "LoRASVDLinearFunction", "merge", "route_gradient", "subspace_basis", "BasisCache"]
@@ -324,7 +336,8 @@ class LoRASVDLinearFunction(torch.autograd.Function):
     """``y = NVFP4(x, W_res) + β (x L1ᵀ) L2ᵀ`` with the routed backward (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, w_res, l1, l2, beta, exact, generator, amax_reduce, basis, route):
+    def forward(ctx, x, w_res, l1, l2, beta, exact, generator, amax_reduce, basis, route,
+                wgrad_accumulator=None):
         in_f, out_f = w_res.shape[1], w_res.shape[0]
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
@@ -349,6 +362,9 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         ctx.beta, ctx.exact, ctx.x_shape, ctx.basis, ctx.route = beta, exact, x.shape, basis, route
         ctx.x_dtype, ctx.w_dtype, ctx.need_gq = x2.dtype, w_res.dtype, need_gq
         ctx.generator, ctx.amax_reduce = generator, amax_reduce
+        # fused only where g_Wres is the wgrad itself (dense route; see module docstring)
+        ctx.wgrad_accumulator = (wgrad_accumulator
+                                 if route == "dense" and ctx.needs_input_grad[1] else None)
         return y.reshape(*x.shape[:-1], out_f)
 
     @staticmethod
@@ -358,6 +374,8 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         dy2 = grad_out.reshape(-1, l2.shape[0]).to(x_dtype)
         need_dx = ctx.needs_input_grad[0]
         need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        accumulator = ctx.wgrad_accumulator
+        wgrad_into = accumulator.buffer() if accumulator is not None else None
         dx_res = g_q = None
         if ctx.exact:
             x2, w_res = saved
@@ -365,11 +383,14 @@ class LoRASVDLinearFunction(torch.autograd.Function):
                 dx_res = dy2 @ w_res.to(x_dtype)
             if ctx.need_gq:
                 g_q = dy2.float().T @ x2.float()
+                if wgrad_into is not None:
+                    one = g_q.new_ones(())
+                    scale_accumulate(g_q, one, one, wgrad_into)   # alpha = 1: g_q added exactly
         else:
             x2, codes = saved[0], saved[1:]
             qw, qxt = unpack_saved(codes, ctx.meta)
             dx_res, g_q = nvfp4_linear_backward(dy2, qw, qxt, x_dtype, w_dtype, ctx.generator,
-                                                ctx.amax_reduce)
+                                                ctx.amax_reduce, wgrad_into=wgrad_into)
         l2c = l2.to(x_dtype)
         p = dy2 @ l2c                                            # dY L2, [T, r]: shared
         dx = dw_res = dl1 = None
@@ -379,7 +400,10 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         if need_w and ctx.route == "dense":
             # W_res takes the whole gradient, the branch holds still (zero gradient: Adam moves
             # it by weight decay only, so W = W_res + β L2 L1 decays uniformly)
-            dw_res = g_q.to(w_dtype) if ctx.needs_input_grad[1] else None
+            if accumulator is not None:
+                dw_res = accumulator.accumulated()   # G_q is in the accumulator's buffer already
+            else:
+                dw_res = g_q.to(w_dtype) if ctx.needs_input_grad[1] else None
             dl1 = torch.zeros_like(l1) if ctx.needs_input_grad[2] else None
         elif need_w:
             basis = ctx.basis if ctx.basis is not None else subspace_basis(l2)
@@ -387,23 +411,28 @@ class LoRASVDLinearFunction(torch.autograd.Function):
             dw_res = g_res.to(w_dtype) if ctx.needs_input_grad[1] else None
             dl1 = g_l1.to(l1.dtype) if ctx.needs_input_grad[2] else None
         ctx.basis = None
-        return dx, dw_res, dl1, None, None, None, None, None, None, None
+        return dx, dw_res, dl1, None, None, None, None, None, None, None, None
 
 
 def lora_svd_linear(x: torch.Tensor, w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor,
                     beta: float, bias: Optional[torch.Tensor] = None, *, exact: bool = False,
                     route: str = "dense", generator: Optional[torch.Generator] = None,
                     amax_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                    basis=None):
+                    basis=None, wgrad_accumulator: Optional[WgradAccumulator] = None):
     """Functional LoRA-SVD linear: ``x [..., in]``, ``w_res [out, in]``, ``l1 [r, in]``,
     ``l2 [out, r]``. ``exact=True``: the W_res GEMMs unquantized. L2 never gets a gradient.
     ``route``: ``"dense"`` (the default: W_res gets the whole wgrad ``G_q``, L1 a zero gradient)
     or ``"projected"`` (the paper's routing); both in the module docstring.
-    ``basis``: :func:`subspace_basis` (L2), if the caller caches it (else computed in backward)."""
+    ``basis``: :func:`subspace_basis` (L2), if the caller caches it (else computed in backward).
+    ``wgrad_accumulator``: add W_res's gradient into its buffer instead of returning it (dense
+    route only; module docstring, "Gradient-accumulation fusion")."""
     if route not in ("projected", "dense"):
         raise ValueError(f"route must be 'projected' or 'dense', got {route!r}")
+    if wgrad_accumulator is not None and route != "dense":
+        raise ValueError("wgrad_accumulator needs route='dense' (the projected route rewrites "
+                         "the wgrad before use)")
     y = LoRASVDLinearFunction.apply(x, w_res, l1, l2, float(beta), bool(exact), generator,
-                                    amax_reduce, basis, route)
+                                    amax_reduce, basis, route, wgrad_accumulator)
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y

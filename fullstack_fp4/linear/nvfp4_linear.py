@@ -72,12 +72,23 @@ same order: dY's, then RHT(dYᵀ)'s) and GEMM calls as the composition
 ``quantize`` → ``decode_to_bf16`` → ``nvfp4_matmul``: y, dX and dW are bit-identical to it
 (tests under ``TRITON_INTERPRET=1``). The CPU path is that composition with the reference
 quantizer.
+
+Gradient-accumulation fusion (``wgrad_accumulator``, both paths): a training loop that sums the
+weight gradients of its micro-batches in a buffer of its own (megatron-core's DDP:
+``param.main_grad``, FP32 or BF16) would otherwise get dW in W's dtype and add it to that
+buffer in a second full pass. With an accumulator the wgrad epilogue adds the scaled FP32 GEMM
+accumulator into the buffer directly, ``buf ← buf + acc·(ts_a·ts_b)``, rounded once to
+``buf``'s dtype (``gemm.scale_accumulate``): one pass fewer, no dW tensor, and for a BF16
+``buf`` one rounding instead of two (dW is not rounded to BF16 before the sum). What the
+backward then returns to autograd as W's gradient is the accumulator's business
+(:class:`WgradAccumulator`): this package knows no training loop, the integration layer
+(``fullstack_fp4/integration/nvfp4_linear_layers.py``) implements megatron's protocol.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -86,9 +97,27 @@ from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, quantize
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16, decoded_matmul, nvfp4_matmul, nvfp4_matmul_nt
 
 __all__ = ["NVFP4LinearFunction", "nvfp4_linear", "nvfp4_linear_forward", "nvfp4_linear_backward",
-           "pack_saved", "unpack_saved", "quantize_wgrad_operand"]
+           "pack_saved", "unpack_saved", "quantize_wgrad_operand", "WgradAccumulator"]
 
 AmaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
+
+
+class WgradAccumulator(Protocol):
+    """Where a backward adds W's gradient instead of returning it (gradient-accumulation fusion).
+
+    An object, not the buffer itself, because the owner of the buffer, not this package, decides
+    two things: which tensor it is at backward time, and what autograd receives as W's gradient
+    once it holds the sum (megatron-core wants a placeholder tensor and a flag on the parameter;
+    another owner may want None). The backward calls ``buffer()``, adds into it, then returns
+    ``accumulated()`` as W's gradient, each once per backward."""
+
+    def buffer(self) -> torch.Tensor:
+        """The tensor of W's shape (contiguous, FP32 or BF16) the wgrad is added into in place."""
+        ...
+
+    def accumulated(self) -> Optional[torch.Tensor]:
+        """Called after the add: what autograd gets as W's gradient."""
+        ...
 
 
 def _check_finite(t: torch.Tensor) -> bool:
@@ -176,9 +205,10 @@ def _composed_forward(x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.d
 
 def _composed_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
                        x_dtype: torch.dtype, w_dtype: torch.dtype, generator,
-                       amax_reduce: AmaxReduce):
+                       amax_reduce: AmaxReduce, wgrad_into: Optional[torch.Tensor] = None):
     """CPU / reference path of the backward: dX from dY (1×16, SR) and W's saved 16×16 codes
-    (read transposed), dW from RHT(dYᵀ) (SR) and RHT(xᵀ)'s saved codes."""
+    (read transposed), dW from RHT(dYᵀ) (SR) and RHT(xᵀ)'s saved codes (added into
+    ``wgrad_into`` instead, if given: then dW is None)."""
     dx = dw = None
     if qw is not None:
         qdy = _quantize(dy2, amax_reduce, tile=(1, 16), rounding="stochastic", generator=generator)
@@ -186,7 +216,7 @@ def _composed_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Option
     if qxt is not None:
         qdyt = quantize_wgrad_operand(dy2, rounding="stochastic", generator=generator,
                                       amax_reduce=amax_reduce)
-        dw = nvfp4_matmul(qdyt, qxt, out_dtype=w_dtype)
+        dw = nvfp4_matmul(qdyt, qxt, out_dtype=w_dtype, accumulate_into=wgrad_into)
     return dx, dw
 
 
@@ -214,10 +244,12 @@ def _fused_forward(x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtyp
 
 
 def _fused_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
-                    x_dtype: torch.dtype, w_dtype: torch.dtype, generator, amax_reduce: AmaxReduce):
+                    x_dtype: torch.dtype, w_dtype: torch.dtype, generator, amax_reduce: AmaxReduce,
+                    wgrad_into: Optional[torch.Tensor] = None):
     """GPU path of the backward: ``(dX [T, in] or None, dW [out, in] or None)`` from the saved
     codes (``qw`` for dX, ``qxt`` for dW). Per way in this order: amax_reduce, then the SR seed
-    from ``generator`` (dY's way, then RHT(dYᵀ)'s), as the composed path draws them."""
+    from ``generator`` (dY's way, then RHT(dYᵀ)'s), as the composed path draws them. With
+    ``wgrad_into`` the wgrad epilogue adds into it (one Triton pass) and dW is None."""
     tqd = _fused_kernels()
     need_dx, need_dw = qw is not None, qxt is not None
     if not (need_dx or need_dw):
@@ -240,7 +272,7 @@ def _fused_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[
         dx = decoded_matmul(q.row_decoded, decode_to_bf16(qw), q.row_scale, qw.tensor_scale, x_dtype)
     if need_dw:
         dw = decoded_matmul(q.col_decoded, decode_to_bf16(qxt).t(), q.col_scale, qxt.tensor_scale,
-                            w_dtype)
+                            w_dtype, accumulate_into=wgrad_into)
     return dx, dw
 
 
@@ -257,12 +289,21 @@ def nvfp4_linear_forward(x2: torch.Tensor, weight: torch.Tensor, need_dx: bool, 
 
 def nvfp4_linear_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
                           x_dtype: torch.dtype, w_dtype: torch.dtype, generator=None,
-                          amax_reduce: AmaxReduce = None):
+                          amax_reduce: AmaxReduce = None,
+                          wgrad_into: Optional[torch.Tensor] = None):
     """The backward without autograd: ``(dX [T, in] or None, dW [out, in] or None)`` from
     ``dY [T, out]`` and the codes :func:`nvfp4_linear_forward` returned (dX needs ``qw``, dW
-    ``qxt``); SR seeds come from ``generator`` (dY's way first, then RHT(dYᵀ)'s)."""
+    ``qxt``); SR seeds come from ``generator`` (dY's way first, then RHT(dYᵀ)'s).
+
+    ``wgrad_into`` (``[out, in]``, contiguous FP32 or BF16; needs ``qxt``): the wgrad is added
+    into it in place, ``wgrad_into ← wgrad_into + acc·(ts_a·ts_b)`` rounded once to its dtype
+    (``gemm.scale_accumulate``), and dW is returned as None. Same codes, draws and GEMM as
+    without it: the sum equals ``(wgrad_into.float() + dW_fp32).to(wgrad_into.dtype)`` where
+    ``dW_fp32`` is the dW this function returns for ``w_dtype=torch.float32``."""
+    if wgrad_into is not None and qxt is None:
+        raise ValueError("wgrad_into needs the wgrad operand codes (qxt)")
     backward = _fused_backward if _use_fused(dy2) else _composed_backward
-    return backward(dy2, qw, qxt, x_dtype, w_dtype, generator, amax_reduce)
+    return backward(dy2, qw, qxt, x_dtype, w_dtype, generator, amax_reduce, wgrad_into)
 
 
 def pack_saved(qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor]):
@@ -285,10 +326,13 @@ def unpack_saved(tensors, meta) -> tuple:
 
 
 class NVFP4LinearFunction(torch.autograd.Function):
-    """``y = x Wᵀ + b`` with NVFP4 fprop, dgrad and wgrad (see module docstring)."""
+    """``y = x Wᵀ + b`` with NVFP4 fprop, dgrad and wgrad (see module docstring). With a
+    ``wgrad_accumulator`` the wgrad is added into its buffer and W's gradient is whatever
+    ``accumulated()`` returns (gradient-accumulation fusion, module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias=None, generator=None, amax_reduce=None):
+    def forward(ctx, x, weight, bias=None, generator=None, amax_reduce=None,
+                wgrad_accumulator: Optional[WgradAccumulator] = None):
         in_f, out_f = weight.shape[1], weight.shape[0]
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
@@ -303,24 +347,32 @@ class NVFP4LinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.generator, ctx.amax_reduce = generator, amax_reduce
+        ctx.wgrad_accumulator = wgrad_accumulator if qxt is not None else None
         return y.reshape(*x.shape[:-1], out_f)
 
     @staticmethod
     def backward(ctx, grad_out):
         dy2 = grad_out.reshape(-1, grad_out.shape[-1])
         qw, qxt = unpack_saved(ctx.saved_tensors, ctx.meta)
-        dx, dw = nvfp4_linear_backward(dy2, qw, qxt, ctx.x_dtype, ctx.w_dtype, ctx.generator,
-                                       ctx.amax_reduce)
+        accumulator = ctx.wgrad_accumulator
+        dx, dw = nvfp4_linear_backward(
+            dy2, qw, qxt, ctx.x_dtype, ctx.w_dtype, ctx.generator, ctx.amax_reduce,
+            wgrad_into=accumulator.buffer() if accumulator is not None else None)
+        if accumulator is not None:
+            dw = accumulator.accumulated()   # dW is in its buffer already
         if dx is not None:
             dx = dx.reshape(ctx.x_shape)
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(dim=0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                  generator: Optional[torch.Generator] = None,
-                 amax_reduce: AmaxReduce = None) -> torch.Tensor:
-    """Functional NVFP4 linear, ``x [..., in]``, ``weight [out, in]`` (both multiples of 16)."""
-    return NVFP4LinearFunction.apply(x, weight, bias, generator, amax_reduce)
+                 amax_reduce: AmaxReduce = None,
+                 wgrad_accumulator: Optional[WgradAccumulator] = None) -> torch.Tensor:
+    """Functional NVFP4 linear, ``x [..., in]``, ``weight [out, in]`` (both multiples of 16).
+    ``wgrad_accumulator``: add W's gradient into its buffer instead of returning it (module
+    docstring, "Gradient-accumulation fusion")."""
+    return NVFP4LinearFunction.apply(x, weight, bias, generator, amax_reduce, wgrad_accumulator)

@@ -27,6 +27,14 @@ accumulator once, writes ``out_dtype``; bit-identical to ``(acc * alpha).to(out_
 is two passes and an FP32 temporary). :func:`decoded_matmul` runs steps 2-3 on operands
 decoded elsewhere (the NVFP4 linear's fused quantize→decode kernels).
 
+Accumulating epilogue (``accumulate_into=dst`` of :func:`decoded_matmul` / :func:`nvfp4_matmul`,
+or :func:`scale_accumulate` on an accumulator): instead of casting, step 3 adds the scaled
+accumulator into an existing FP32 or BF16 tensor, ``dst ← dst + acc · alpha``, rounded once to
+``dst``'s dtype (``(dst.float() + acc * alpha).to(dst.dtype)``; on CUDA one Triton pass,
+``triton_gemm_epilogue.scale_accumulate_triton``, bit-identical). It is the NVFP4 linear's
+gradient-accumulation fusion: the wgrad goes straight into the optimizer's gradient buffer,
+without a BF16 dW and without the separate ``main_grad.add_(dW)`` pass.
+
 Native path (Blackwell, sm_100 / sm_120): ``torch._scaled_mm`` with ``float4_e2m1fn_x2``
 operands and swizzled E4M3 block scales. UNTESTED: it has never run here (our GPU is an H200,
 sm_90); it is behind ``FULLSTACK_FP4_NATIVE_GEMM=1`` and must get a test on Blackwell against
@@ -36,13 +44,15 @@ the emulated path before anyone turns it on.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 
 from .e2m1 import e2m1_decode
 from .tensor import NVFP4Tensor
 
-__all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul"]
+__all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul",
+           "scale_accumulate"]
 
 
 def decode_to_bf16(t: NVFP4Tensor) -> torch.Tensor:
@@ -77,17 +87,50 @@ def _scale_cast(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
     return (acc * alpha).to(out_dtype)
 
 
+def scale_accumulate(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
+                     dst: torch.Tensor) -> None:
+    """``dst ← dst + acc · (ts_a · ts_b)`` in place (the accumulating step 3), rounded once to
+    ``dst``'s dtype: ``(dst.float() + acc * alpha).to(dst.dtype)`` with ``alpha = fp32(ts_a) ·
+    fp32(ts_b)`` and every product and sum one FP32 RNE operation. ``acc`` FP32 of ``dst``'s
+    shape. One Triton pass on CUDA for an FP32 / BF16 ``dst`` (bit-identical), else torch."""
+    if acc.shape != dst.shape:
+        raise ValueError(f"accumulator {tuple(acc.shape)} and destination {tuple(dst.shape)} differ")
+    if acc.is_cuda and dst.dtype in (torch.float32, torch.bfloat16) and dst.is_contiguous():
+        try:
+            from .triton_gemm_epilogue import scale_accumulate_triton  # noqa: PLC0415
+        except ImportError:
+            scale_accumulate_triton = None
+        if scale_accumulate_triton is not None:
+            return scale_accumulate_triton(acc.contiguous(), ts_a, ts_b, dst)
+    alpha = ts_a.to(torch.float32) * ts_b.to(torch.float32)
+    dst.copy_((dst.float() + acc * alpha).to(dst.dtype))
+    return None
+
+
+def _epilogue(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor, out_dtype: torch.dtype,
+              accumulate_into: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Step 3 either way: the cast output, or None after adding into ``accumulate_into``."""
+    if accumulate_into is None:
+        return _scale_cast(acc, ts_a, ts_b, out_dtype)
+    scale_accumulate(acc, ts_a, ts_b, accumulate_into)
+    return None
+
+
 def decoded_matmul(a2: torch.Tensor, b2: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
-                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                   out_dtype: torch.dtype = torch.bfloat16,
+                   accumulate_into: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``(a2 @ b2) · (ts_a · ts_b)`` cast to ``out_dtype``: steps 2-3 on already decoded BF16
     operands ``a2 [M, K]``, ``b2 [K, N]`` (any strides, e.g. ``decoded.t()``) and their FP32
     tensor scales. The same GEMM call and epilogue as :func:`nvfp4_matmul` for the same
-    operand layouts, hence the same bits."""
+    operand layouts, hence the same bits.
+
+    ``accumulate_into`` (``[M, N]``, FP32 or BF16): add the product into it in place
+    (:func:`scale_accumulate`, ``out_dtype`` unused) and return None."""
     if a2.is_cuda:
         acc = torch.mm(a2, b2, out_dtype=torch.float32)
     else:
         acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32))
-    return _scale_cast(acc, ts_a, ts_b, out_dtype)
+    return _epilogue(acc, ts_a, ts_b, out_dtype, accumulate_into)
 
 
 def _check(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
@@ -99,18 +142,25 @@ def _check(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
         raise ValueError("a and b are on different devices")
 
 
-def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16):
-    """``dequant(a) @ dequant(b).T`` computed as NVFP4 hardware would; shape ``[..., N]``."""
+def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16,
+                 accumulate_into: Optional[torch.Tensor] = None):
+    """``dequant(a) @ dequant(b).T`` computed as NVFP4 hardware would; shape ``[..., N]``.
+
+    ``accumulate_into`` (2-D ``a`` only; ``[M, N]``, FP32 or BF16): add the product into it in
+    place (:func:`scale_accumulate`) and return None."""
     _check(a, b)
+    if accumulate_into is not None and len(a.shape) != 2:
+        raise ValueError("accumulate_into needs a 2D a")
     if _native_enabled(a):
-        return _native_scaled_mm(a, b, out_dtype)
-    a2, b2 = decode_to_bf16(a), decode_to_bf16(b)
-    if a2.is_cuda:
-        acc = torch.mm(a2, b2.t(), out_dtype=torch.float32)
+        acc = _native_scaled_mm(a, b)
     else:
-        acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32).t())
-    out = _scale_cast(acc, a.tensor_scale, b.tensor_scale, out_dtype)
-    return out.reshape(*a.shape[:-1], b.shape[0])
+        a2, b2 = decode_to_bf16(a), decode_to_bf16(b)
+        if a2.is_cuda:
+            acc = torch.mm(a2, b2.t(), out_dtype=torch.float32)
+        else:
+            acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32).t())
+    out = _epilogue(acc, a.tensor_scale, b.tensor_scale, out_dtype, accumulate_into)
+    return None if out is None else out.reshape(*a.shape[:-1], b.shape[0])
 
 
 def nvfp4_matmul_nt(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16):
@@ -148,8 +198,9 @@ def _to_blocked(scale: torch.Tensor) -> torch.Tensor:
     return blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
 
 
-def _native_scaled_mm(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype):
-    """UNTESTED sketch of the Blackwell path; verify against the emulated path before use."""
+def _native_scaled_mm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
+    """UNTESTED sketch of the Blackwell path; verify against the emulated path before use.
+    Returns the FP32 accumulator ``[M, N]``; the caller applies ``alpha`` (step 3)."""
     k = a.shape[-1]
     a_data = a.data.reshape(-1, k // 2).contiguous()
     a_scale = a.block_scale.reshape(-1, k // 16).view(torch.uint8)
@@ -161,5 +212,4 @@ def _native_scaled_mm(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype):
         _to_blocked(b_scale).view(torch.float8_e4m3fn),
         out_dtype=torch.float32,
     )
-    alpha = a.tensor_scale.to(torch.float32) * b.tensor_scale.to(torch.float32)
-    return (acc * alpha).to(out_dtype).reshape(*a.shape[:-1], b.shape[0])
+    return acc

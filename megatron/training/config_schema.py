@@ -33,6 +33,7 @@ class ParallelConfig:
     pipeline_model_parallel_size: int = 1  # PP: layers split into this many stages
     use_distributed_optimizer: bool = False  # shard optimizer state over data-parallel ranks
     overlap_grad_reduce: bool = False  # overlap DP grad all-reduce with backward (GPU only)
+    gradient_accumulation_fusion: bool = True  # NVFP4 / LoRA-SVD linears add their wgrad straight into megatron's grad buffer (main_grad), rounded once, instead of returning dW for DDP to add in a second pass; megatron's BF16 linears stay unfused (theirs needs apex); fullstack_fp4/integration/nvfp4_linear_layers.py
     grad_reduce_in_fp32: bool = True  # keep FP32 grad buffers (4 B/param); false: BF16 grad buffer, which q_adamw reads in place; other optimizers get megatron's FP32 copies (fullstack_fp4/optim/q_adamw/README.md)
 
 

@@ -60,7 +60,9 @@ def transformer_config(cfg: RunConfig, *, use_cpu_initialization: bool,
         sequence_parallel=False,
         use_cpu_initialization=use_cpu_initialization,
         perform_initialization=perform_initialization,
-        gradient_accumulation_fusion=False,  # needs apex / TE
+        # megatron's own (BF16) linears: their fusion needs apex / TE. Ours (NVFP4, LoRA-SVD) fuse
+        # by parallel.gradient_accumulation_fusion, through their layer specs (recipes.py)
+        gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,

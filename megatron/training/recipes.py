@@ -40,16 +40,17 @@ def convert_layer_spec(spec, cfg, *, layer_index: int):
     """
     attn = spec.submodules.self_attention.submodules
     mlp = spec.submodules.mlp.submodules
+    # our linears' wgrad fusion into megatron's main_grad (megatron's own linears: see model.py)
+    fuse = cfg.parallel.gradient_accumulation_fusion
     if cfg.fp4.linear == "nvfp4":
-        from fullstack_fp4.integration.nvfp4_linear_layers import (NVFP4ColumnParallelLinear,
-                                                                   NVFP4RowParallelLinear)
+        from fullstack_fp4.integration.nvfp4_linear_layers import nvfp4_layer_specs
 
-        attn.linear_qkv, mlp.linear_fc1 = NVFP4ColumnParallelLinear, NVFP4ColumnParallelLinear
-        attn.linear_proj, mlp.linear_fc2 = NVFP4RowParallelLinear, NVFP4RowParallelLinear
+        col, row = nvfp4_layer_specs(fuse_wgrad_accumulation=fuse)
+        attn.linear_qkv, mlp.linear_fc1, attn.linear_proj, mlp.linear_fc2 = col, col, row, row
     if cfg.fp4.linear == "lora_svd":
         from fullstack_fp4.integration.lora_svd_layers import lora_svd_layer_specs
 
-        col, row = lora_svd_layer_specs(cfg.fp4.lora_svd)
+        col, row = lora_svd_layer_specs(cfg.fp4.lora_svd, fuse_wgrad_accumulation=fuse)
         attn.linear_qkv, mlp.linear_fc1, attn.linear_proj, mlp.linear_fc2 = col, col, row, row
     if cfg.fp4.attention == "q_attn":
         from fullstack_fp4.integration.q_attn_core_attention import QAttnCoreAttention

@@ -282,3 +282,45 @@ def test_saved_for_backward_codes_not_bf16_activations(route):
     assert any(t.dtype == torch.uint8 and t.shape == (IN, T // 2) for t in saved)
     y.float().square().mean().backward()     # and the backward runs from exactly those
     assert x.grad is not None and w_res.grad is not None
+
+
+# ------------------------------------------------- gradient-accumulation fusion (W_res wgrad)
+class _Buffer:
+    """A WgradAccumulator over a plain tensor; autograd gets None."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    def buffer(self):
+        return self.buf
+
+    def accumulated(self):
+        return None
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
+def test_dense_route_fuses_w_res_wgrad_into_the_buffer(exact, buf_dtype):
+    """Dense route: the buffer gets W_res's FP32 wgrad (the unfused gradient computed with an
+    FP32 W_res: acc·alpha, or dYᵀX exact) added and rounded once; dX and L1's zero gradient
+    unchanged; W_res's autograd gradient is accumulated()'s (None)."""
+    _, w_res, l2, l1 = _factors(seed=6)
+    x = torch.randn(T, IN, generator=_gen(17))
+    dy = torch.randn(T, OUT, generator=_gen(18))
+    dx_ref, g_ref, l1_ref = _grads_route(x, dy, w_res, l1, l2, exact, "dense", _gen(5))  # FP32 W_res
+    b0 = torch.randn(OUT, IN, generator=_gen(19)).to(buf_dtype)
+    sink = _Buffer(b0.clone())
+    xx, ww, ll = (t.clone().requires_grad_(True) for t in (x, w_res, l1))
+    lora_svd_linear(xx, ww, ll, l2, BETA, exact=exact, route="dense", generator=_gen(5),
+                    wgrad_accumulator=sink).backward(dy)
+    assert ww.grad is None
+    assert torch.equal(sink.buf, (b0.float() + g_ref).to(buf_dtype))
+    assert torch.equal(xx.grad, dx_ref) and torch.equal(ll.grad, l1_ref)
+
+
+def test_projected_route_refuses_a_wgrad_accumulator():
+    _, w_res, l2, l1 = _factors(seed=7)
+    x = torch.randn(T, IN, generator=_gen(20))
+    with pytest.raises(ValueError, match="route='dense'"):
+        lora_svd_linear(x, w_res, l1, l2, BETA, route="projected",
+                        wgrad_accumulator=_Buffer(torch.zeros(OUT, IN)))

@@ -145,3 +145,67 @@ def test_shape_errors():
         nvfp4_linear(torch.randn(4, 32), torch.randn(16, 48))
     with pytest.raises(ValueError):
         nvfp4_linear(torch.randn(4, 24), torch.randn(16, 24))
+
+
+# --------------------------------------------------- gradient-accumulation fusion (CPU path)
+class _Buffer:
+    """A WgradAccumulator over a plain tensor: records its calls, hands autograd ``give``."""
+
+    def __init__(self, buf, give=None):
+        self.buf, self.give, self.calls = buf, give, []
+
+    def buffer(self):
+        self.calls.append("buffer")
+        return self.buf
+
+    def accumulated(self):
+        self.calls.append("accumulated")
+        return self.give
+
+
+def _fp32_wgrad(x, w, dy, seed):
+    """Oracle: the unfused backward's dW in FP32 (= acc · alpha, no rounding to W's dtype), from
+    the function path without autograd, with the same stochastic-rounding draws."""
+    from fullstack_fp4.linear.nvfp4_linear import nvfp4_linear_backward, nvfp4_linear_forward
+    x2 = x.reshape(-1, x.shape[-1])
+    _, qw, qxt = nvfp4_linear_forward(x2, w, True, True)
+    dx, dw = nvfp4_linear_backward(dy.reshape(-1, dy.shape[-1]), qw, qxt, x.dtype, torch.float32,
+                                   torch.Generator().manual_seed(seed))
+    return dx, dw
+
+
+@pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16])
+def test_wgrad_accumulator_adds_the_fp32_wgrad_rounded_once(buf_dtype, act_dtype):
+    # T = 40: the wgrad token blocks are zero-padded
+    x, w, dy = (t.to(act_dtype) for t in _data(40, 64, 48, 9))
+    ref_dx, dw32 = _fp32_wgrad(x, w, dy, 7)
+    b0 = torch.randn(48, 64, generator=torch.Generator().manual_seed(1)).to(buf_dtype)
+    sink = _Buffer(b0.clone())
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    nvfp4_linear(xx, ww, generator=torch.Generator().manual_seed(7), wgrad_accumulator=sink).backward(dy)
+    assert sink.calls == ["buffer", "accumulated"]
+    assert ww.grad is None                               # what accumulated() returned
+    assert torch.equal(xx.grad, ref_dx)                  # dgrad untouched by the option
+    assert torch.equal(sink.buf, (b0.float() + dw32).to(buf_dtype))
+    # a second micro-batch adds again, onto the rounded first sum
+    nvfp4_linear(xx, ww, generator=torch.Generator().manual_seed(8), wgrad_accumulator=sink).backward(dy)
+    _, dw32_b = _fp32_wgrad(x, w, dy, 8)
+    assert torch.equal(sink.buf, ((b0.float() + dw32).to(buf_dtype).float() + dw32_b).to(buf_dtype))
+
+
+def test_wgrad_accumulator_grad_returned_and_unused_without_weight_grad():
+    x, w, dy = _data(32, 32, 16, 10)
+    give = torch.full_like(w, 5.0)
+    sink = _Buffer(torch.zeros(16, 32), give)
+    ww = w.clone().requires_grad_()
+    nvfp4_linear(x, ww, wgrad_accumulator=sink).backward(dy)
+    assert torch.equal(ww.grad, give)                    # autograd got accumulated()'s tensor
+    # W needs no gradient: the accumulator is never asked for its buffer
+    sink2 = _Buffer(torch.zeros(16, 32))
+    xx = x.clone().requires_grad_()
+    nvfp4_linear(xx, w, wgrad_accumulator=sink2).backward(dy)
+    assert sink2.calls == [] and torch.equal(sink2.buf, torch.zeros(16, 32))
+    from fullstack_fp4.linear.nvfp4_linear import nvfp4_linear_backward
+    with pytest.raises(ValueError, match="qxt"):
+        nvfp4_linear_backward(dy, None, None, x.dtype, w.dtype, wgrad_into=torch.zeros(16, 32))

@@ -48,9 +48,9 @@ def _seeds(gen_seed, n):
     return [int(torch.randint(0, 2**31 - 1, (1,), generator=g).item()) for _ in range(n)]
 
 
-def _oracle(x, w, dy, seeds, scale=None):
+def _oracle(x, w, dy, seeds, scale=None, dw_dtype=None):
     """y, dX, dW and the saved codes by the reference composition (``scale``: the factor an
-    amax_reduce applies to every amax)."""
+    amax_reduce applies to every amax; ``dw_dtype``: dW's dtype, default W's)."""
     from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
 
     def q(m, **kw):
@@ -65,7 +65,7 @@ def _oracle(x, w, dy, seeds, scale=None):
     qdyt = q(dyt, rounding="stochastic", rand=philox_uniforms(dyt.shape, seeds[1]))
     y = nvfp4_matmul(qx, qw, out_dtype=x.dtype)
     dx = nvfp4_matmul_nt(qdy, qw, out_dtype=x.dtype)
-    dw = nvfp4_matmul(qdyt, qxt, out_dtype=w.dtype)
+    dw = nvfp4_matmul(qdyt, qxt, out_dtype=dw_dtype or w.dtype)
     return y, dx, dw, qw, qxt
 
 
@@ -137,6 +137,42 @@ def test_autograd_function_on_the_fused_path(monkeypatch):
     _eq(xx.grad.reshape(48, 64), rdx)
     _eq(ww.grad, rdw)
     assert torch.equal(bb.grad.cpu(), dy.float().sum(0).bfloat16())
+
+
+@pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
+def test_fused_backward_accumulates_the_wgrad_into_a_buffer(buf_dtype, monkeypatch):
+    """``wgrad_into``: the buffer ends as ``(buf + dW_fp32)`` rounded once to its dtype, dW_fp32
+    the reference composition's wgrad in FP32 (acc·alpha); dX and the draws unchanged. Also
+    through the autograd Function with an accumulator."""
+    x, w, dy = _data(40, 64, 48, 4)
+    _, rdx, rdw32, _, _ = _oracle(x, w, dy, _seeds(13, 2), dw_dtype=torch.float32)
+    b0 = torch.randn(48, 64, generator=torch.Generator().manual_seed(2)).to(buf_dtype)
+    want = (b0.float() + rdw32).to(buf_dtype)
+    _, qw, qxt = lin._fused_forward(x.to(DEV), w.to(DEV), x.dtype, True, True, None)
+    buf = b0.clone().to(DEV)      # .to(cpu) would alias b0
+    dx, dw = lin._fused_backward(dy.to(DEV), qw, qxt, x.dtype, w.dtype,
+                                 torch.Generator().manual_seed(13), None, wgrad_into=buf)
+    assert dw is None
+    _eq(dx, rdx)
+    assert torch.equal(buf.cpu(), want)
+
+    class Buffer:
+        def __init__(self, t):
+            self.t = t
+
+        def buffer(self):
+            return self.t
+
+        def accumulated(self):
+            return None
+
+    monkeypatch.setattr(lin, "_use_fused", lambda t: True)
+    sink = Buffer(b0.clone().to(DEV))
+    xx, ww = x.to(DEV).requires_grad_(), w.to(DEV).requires_grad_()
+    lin.nvfp4_linear(xx, ww, generator=torch.Generator().manual_seed(13),
+                     wgrad_accumulator=sink).backward(dy.to(DEV))
+    assert ww.grad is None and torch.equal(sink.t.cpu(), want)
+    _eq(xx.grad, rdx)
 
 
 @pytest.mark.parametrize("where", ["x", "dy"])
