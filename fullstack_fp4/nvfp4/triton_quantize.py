@@ -68,13 +68,15 @@ bit for bit. A caller that passes ``global_amax`` together with ``rht_signs`` mu
 amax of the transformed tensor.
 
 **Stochastic rounding.** ``rand`` (FP32 uniforms, shape of ``x``) is read if given (tests);
-otherwise uniforms come from Triton's Philox (``tl.randint4x``, 10 rounds) in the kernel:
-element ``(row, 16·blk + 8·h + 2·g + b)`` (``h, b ∈ {0,1}``, ``g ∈ 0..3``) takes output
-``2·h + b`` of Philox counter ``(row·(K/16) + blk)·4 + g`` under ``seed``, converted by
-``tl.random.uint_to_uniform_float`` (so one Philox evaluation serves 4 elements). The eo
-kernel evaluates the same Philox4x32-10 rounds itself (:func:`_philox10`: one 64-bit product
-per ``umulhi``/low pair) on int32 counters; a test compares it with ``tl.randint4x``'s stream.
-:func:`philox_uniforms` dumps exactly those uniforms, so a test can hand them to the reference.
+otherwise the kernel draws 8 random bits an element from Philox4x32-10 under ``seed``: the
+stream of :mod:`.sr_stream` (its docstring has the counter/word/byte mapping and why 8 bits;
+``sr_stream.sr_uniforms`` computes it in PyTorch). One Philox call covers 4 rows × 4 elements
+of a block; these tiled kernels hold one row of a block a thread, so they evaluate the call of
+each (row, element quad) and keep the row's word — one call per 4 elements, as many as the
+32-bit uniforms took before. The eo kernel evaluates the Philox4x32-10 rounds itself
+(:func:`_philox10`: one 64-bit product per ``umulhi``/low pair) on int32 counters, the legacy
+one through ``tl.randint4x``. :func:`philox_uniforms` dumps the uniforms through the kernels'
+own helper; a test checks that they are ``sr_uniforms``.
 
 **Layout.** A program owns ``BLOCK_M`` rows × ``BLOCK_B`` 16-blocks. Each block is loaded as two
 8-element halves (columns ``16·blk + 0..7`` and ``16·blk + 8..15``), so each thread holds whole
@@ -538,7 +540,9 @@ def amax_triton(x: torch.Tensor, rht_signs=None, config: Optional[tuple] = None)
 
 
 def philox_uniforms(shape, seed: int, device="cpu") -> torch.Tensor:
-    """The FP32 uniforms the quantize kernel draws for a tensor of ``shape`` under ``seed``."""
+    """The FP32 uniforms the quantize kernel draws for a tensor of ``shape`` under ``seed``,
+    through the kernels' own Philox helper (``sr_stream.sr_uniforms`` is the same stream in
+    PyTorch)."""
     shape = tuple(shape)
     k = shape[-1]
     if k % 16:

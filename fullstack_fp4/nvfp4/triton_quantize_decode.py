@@ -29,12 +29,14 @@ is written ``−x``, the same value), butterflies with strides 1, 2, 4, 8 as ``(
 is exact in FP32 and in BF16, so its BF16 is the top half of its FP32 bits; its sign is the
 code's (``-0`` for a negative value rounded to 0), as decoding the code gives.
 
-**Stochastic rounding draws are the Philox draws of ``quantize_triton``** for the same seed:
-element ``(row, 16·blk + 8·h + 2·g + b)`` of the *quantized* tensor takes output ``2·h + b``
-of Philox counter ``(row·NBLK + blk)·4 + g``. For the row way the quantized tensor is ``m``
-(row = token); for the column way it is ``[C, T_pad]`` (row = channel, blk = token block,
-the position inside the block = token mod 16), so ``quantize_triton(hadamard16(pad(m)ᵀ),
-seed=s)`` and this kernel round every element with the same uniform. Counters below 2³¹ go
+**Stochastic rounding draws are :mod:`.sr_stream`'s**, as ``quantize_triton``'s for the same
+seed, on the *quantized* tensor: for the row way that is ``m`` (rows = tokens), for the column
+way ``[C, T_pad]`` (rows = channels, blocks = token blocks, the position inside a block = token
+mod 16), so ``quantize_triton(hadamard16(pad(m)ᵀ), seed=s)`` and this kernel round every element
+with the same uniform. One Philox4x32-10 call gives 4 rows × 4 elements of a block (8 bits an
+element), which is 4 of a lane's values × 4 of its tokens in the row way and its 4 channels × 4
+tokens in the column way: a lane makes 4 calls a way for its 64 values (it made 16 with 32-bit
+uniforms; on the H200 the calls were most of dY's quantize time). Counters below 2³¹ go
 through ``_philox10`` (the same rounds as ``tl.randint4x``), larger ones through
 ``tl.randint4x`` on int64 (``I64``, chosen on the host with the offsets' width).
 
@@ -44,9 +46,9 @@ Each token row is held in triton_quantize's "eo" form: four ``[NB, 4]`` tensors,
 two BF16. The 16 rows are 16-tuples, so the lane of ``(block, q)`` holds its four channels for
 all 16 tokens (64 FP32 values): the column way (RHT butterflies, block amax over tokens,
 per-channel scale) is register arithmetic between tuple entries; the row way's block amax is a
-4-lane reduction (its scale computed by each of the 4 lanes). A lane's channel pair
-``(2q, 2q+1)`` is one Philox counter's outputs in the row way; in the column way each channel
-takes 4 counters for its 16 tokens. Column outputs (16 tokens of a channel: 8 words of BF16
+4-lane reduction (its scale computed by each of the 4 lanes). The row way visits a lane's 16
+tokens in the order of their Philox calls (tokens 2k, 2k+1, 8+2k, 9+2k share call k). Column
+outputs (16 tokens of a channel: 8 words of BF16
 or 2 words of codes) are stored per channel from registers.
 
 **Non-finite input, no host sync.** A NaN/Inf in ``m`` (seen by the amax pass), or a given

@@ -11,7 +11,7 @@ import triton.language as tl
 from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
 
 from .triton_quantize_jit import (INV6, NAN_BITS, _bf16w_to_f32, _candidate_fast, _e2m1_rne_val,
-                                  _nib_rne, _nib_sr, _philox10, _tensor_scales)
+                                  _nib_rne, _nib_sr, _philox10, _sr_u8, _tensor_scales)
 
 
 
@@ -152,43 +152,62 @@ def _bf16_word(lo_bits, hi_bits):
 
 
 @triton.jit
-def _col_uniforms(seed, c, tb, NBLKT, I64: tl.constexpr):
-    """Philox uniforms of the column way for channels ``c`` ``[NB, 4]``: a 16-tuple over the
-    tokens p of block ``tb`` (p = 8h + 2g + b takes output 2h + b of counter (c·NBLKT + tb)·4 + g,
-    the stream of ``quantize_triton`` on the ``[C, T_pad]`` operand)."""
-    first = ()
-    second = ()
+def _philox_words(seed, ctr, I64: tl.constexpr):
+    """Philox4x32-10 of ``ctr`` under ``seed``: ``tl.randint4x`` on int64 counters (I64), else
+    the same rounds written out on uint32 ones (:func:`_philox10`)."""
     if I64:
-        base = (c.to(tl.int64) * NBLKT + tb) * 4
-    else:
-        base = ((c * NBLKT + tb) * 4).to(tl.uint32)
-        s = tlc.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
-        k0 = (s & 0xFFFFFFFF).to(tl.uint32)
-        k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    for g in tl.static_range(4):
-        if I64:
-            r0, r1, r2, r3 = tl.randint4x(seed, base + g)
-        else:
-            r0, r1, r2, r3 = _philox10(base + g, k0, k1)
-        first = first + (tl.random.uint_to_uniform_float(r0), tl.random.uint_to_uniform_float(r1))
-        second = second + (tl.random.uint_to_uniform_float(r2), tl.random.uint_to_uniform_float(r3))
-    return first + second
+        return tl.randint4x(seed, ctr)
+    s = tlc.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
+    k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    return _philox10(ctr.to(tl.uint32), k0, k1)
 
 
 @triton.jit
-def _row_uniforms(seed, t, blk, q, NBLK, I64: tl.constexpr):
-    """Philox uniforms of the row way for token t: (u_e0, u_o0, u_e1, u_o1) ``[NB, 4]``, outputs
-    0..3 of counter (t·NBLK + blk)·4 + q (``quantize_triton``'s stream on ``[T, C]``)."""
+def _col_sr_words(seed, blk, q, tb, NBLKT, I64: tl.constexpr):
+    """The column way's Philox words for the lane's 4 channels × 16 tokens (sr_stream.py on the
+    ``[C, T_pad]`` operand): the lane's channels ``16·blk + {2q, 2q+1, 8+2q, 9+2q}`` are one row
+    quad ``g = 4·blk + q`` (words 0..3 = channel groups E0, O0, E1, O1), token block ``tb``;
+    element quad ``k`` (tokens ``{2k, 2k+1, 8+2k, 9+2k}`` = bytes 0..3) is call ``k``.
+    Returns a 16-tuple, index ``4·k + p``: 4 calls instead of 16."""
+    g = blk * 4
     if I64:
-        r0, r1, r2, r3 = tl.randint4x(seed, ((t.to(tl.int64) * NBLK + blk) * 4)[:, None] + q[None, :])
+        base = ((g.to(tl.int64)[:, None] + q[None, :]) * NBLKT + tb) * 4
     else:
-        s = tlc.to_tensor(seed).to(tl.uint64)
-        k0 = (s & 0xFFFFFFFF).to(tl.uint32)
-        k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
-        r0, r1, r2, r3 = _philox10((((t * NBLK + blk) * 4)[:, None] + q[None, :]).to(tl.uint32),
-                                   k0, k1)
-    return (tl.random.uint_to_uniform_float(r0), tl.random.uint_to_uniform_float(r1),
-            tl.random.uint_to_uniform_float(r2), tl.random.uint_to_uniform_float(r3))
+        base = ((g[:, None] + q[None, :]) * NBLKT + tb) * 4
+    w = ()
+    for k in tl.static_range(4):
+        w0, w1, w2, w3 = _philox_words(seed, base + k, I64)
+        w = w + (w0, w1, w2, w3)
+    return w
+
+
+@triton.jit
+def _col_group_uniforms(words, P: tl.constexpr):
+    """The 16 tokens' uniforms of channel group ``P`` from :func:`_col_sr_words`' words:
+    token ``j`` takes byte ``s(j)`` of call ``q(j)``'s word ``P``."""
+    u = ()
+    for j in tl.static_range(16):
+        u = u + (_sr_u8(words[4 * ((j % 8) // 2) + P], (j // 8) * 2 + j % 2),)
+    return u
+
+
+@triton.jit
+def _token(E0, O0, E1, O1, I: tl.constexpr):
+    """Token ``I``'s four ``[NB, 4]`` values (e0, o0, e1, o1) of the 16-tuples."""
+    return E0[I], O0[I], E1[I], O1[I]
+
+
+@triton.jit
+def _row_sr_words(seed, tb, K: tl.constexpr, blk, q, NBLK, I64: tl.constexpr):
+    """The row way's Philox words for the tokens ``16·tb + {2K, 2K+1, 8+2K, 9+2K}`` (row quad
+    ``g = 4·tb + K``; words 0..3 in that order) of lane ``(blk, q)``: bytes 0..3 of a word are
+    the token's e0, o0, e1, o1 (sr_stream.py on ``[T, C]``)."""
+    if I64:
+        ctr = (((tb * 4 + K).to(tl.int64) * NBLK + blk) * 4)[:, None] + q[None, :]
+    else:
+        ctr = (((tb * 4 + K) * NBLK + blk) * 4)[:, None] + q[None, :]
+    return _philox_words(seed, ctr, I64)
 
 
 @triton.jit
@@ -223,13 +242,12 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
 
 
 @triton.jit
-def _col_group(z, c, tb, tpad, ntb, enc, dec, seed, cmask, col_dec_ptr, col_data_ptr,
+def _col_group(z, c, tb, tpad, ntb, enc, dec, u, cmask, col_dec_ptr, col_data_ptr,
                col_scale_ptr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
                COL_SR: tl.constexpr, I64: tl.constexpr):
-    """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``."""
+    """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``; ``u``
+    their 16 uniforms (:func:`_col_group_uniforms`) when ``COL_SR``."""
     s_val, s_bits, f = _candidate_fast(_abs_max_tuple(z), enc, dec, INV6)    # per channel
-    if COL_SR:
-        u = _col_uniforms(seed, c, tb, ntb, I64)
     if I64:
         cc = c.to(tl.int64)
     else:
@@ -289,47 +307,55 @@ def _quantize_two_ways_kernel(
             bm = tl.max(tl.maximum(tl.maximum(_abs_max_tuple(E0), _abs_max_tuple(O0)),
                                    tl.maximum(_abs_max_tuple(E1), _abs_max_tuple(O1))), 1)
             s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
-        for i in tl.static_range(16):
-            t = tb * 16 + i
-            m = _row_mask(cmask, t, T)
-            e0, o0, e1, o1 = E0[i], O0[i], E1[i], O1[i]
-            if not TILE2D:
-                bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
-                                       tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
-                s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
-            f2 = f[:, None]
-            s2 = s_val[:, None]
-            if I64:
-                t_ = t.to(tl.int64)
-            else:
-                t_ = t
+        # Tokens in the order of their Philox calls (sr_stream.py): call k covers the tokens
+        # 2k, 2k+1, 8+2k, 9+2k (its words 0..3), so one call serves 4 tokens of the lane.
+        for k in tl.static_range(4):
             if ROW_SR:
-                u0, u1, u2, u3 = _row_uniforms(seed_row, t, blk, q, nblk, I64)
-                n0 = _nib_sr(e0, f2, u0)
-                n1 = _nib_sr(o0, f2, u1)
-                n2 = _nib_sr(e1, f2, u2)
-                n3 = _nib_sr(o1, f2, u3)
-            elif ROW_CODES:
-                n0 = _nib_rne(e0, f2)
-                n1 = _nib_rne(o0, f2)
-                n2 = _nib_rne(e1, f2)
-                n3 = _nib_rne(o1, f2)
-            if ROW_DEC:
-                if ROW_SR:
-                    w_lo = _bf16_word(_dec_nib_bits(n0, s2), _dec_nib_bits(n1, s2))
-                    w_hi = _bf16_word(_dec_nib_bits(n2, s2), _dec_nib_bits(n3, s2))
+                words = _row_sr_words(seed_row, tb, k, blk, q, nblk, I64)
+            for pp in tl.static_range(4):
+                # token (pp // 2)·8 + 2k + pp % 2, written inline: a name assigned inside the
+                # loop is not a compile-time constant for the tuple subscripts (sm_90 compiler)
+                e0, o0, e1, o1 = _token(E0, O0, E1, O1, (pp // 2) * 8 + 2 * k + pp % 2)
+                t = tb * 16 + (pp // 2) * 8 + 2 * k + pp % 2
+                m = _row_mask(cmask, t, T)
+                if not TILE2D:
+                    bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
+                                           tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
+                    s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+                f2 = f[:, None]
+                s2 = s_val[:, None]
+                if I64:
+                    t_ = t.to(tl.int64)
                 else:
-                    w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
-                    w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
-                p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]   # int32 words
-                tl.store(p, w_lo, mask=m)
-                tl.store(p + 4, w_hi, mask=m)
-            if ROW_CODES:
-                p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]  # bytes
-                tl.store(p, (n0 | (n1 << 4)).to(tl.uint8), mask=m)
-                tl.store(p + 4, (n2 | (n3 << 4)).to(tl.uint8), mask=m)
-                tl.store(row_scale_ptr + t_ * nblk + blk, s_bits.to(tl.uint8),
-                         mask=(blk < nblk) & ((blk * 0 + t) < T))
+                    t_ = t
+                if ROW_SR:
+                    w = words[pp]
+                    u0, u1, u2, u3 = _sr_u8(w, 0), _sr_u8(w, 1), _sr_u8(w, 2), _sr_u8(w, 3)
+                    n0 = _nib_sr(e0, f2, u0)
+                    n1 = _nib_sr(o0, f2, u1)
+                    n2 = _nib_sr(e1, f2, u2)
+                    n3 = _nib_sr(o1, f2, u3)
+                elif ROW_CODES:
+                    n0 = _nib_rne(e0, f2)
+                    n1 = _nib_rne(o0, f2)
+                    n2 = _nib_rne(e1, f2)
+                    n3 = _nib_rne(o1, f2)
+                if ROW_DEC:
+                    if ROW_SR:
+                        w_lo = _bf16_word(_dec_nib_bits(n0, s2), _dec_nib_bits(n1, s2))
+                        w_hi = _bf16_word(_dec_nib_bits(n2, s2), _dec_nib_bits(n3, s2))
+                    else:
+                        w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
+                        w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
+                    p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]   # words
+                    tl.store(p, w_lo, mask=m)
+                    tl.store(p + 4, w_hi, mask=m)
+                if ROW_CODES:
+                    p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]  # bytes
+                    tl.store(p, (n0 | (n1 << 4)).to(tl.uint8), mask=m)
+                    tl.store(p + 4, (n2 | (n3 << 4)).to(tl.uint8), mask=m)
+                    tl.store(row_scale_ptr + t_ * nblk + blk, s_bits.to(tl.uint8),
+                             mask=(blk < nblk) & ((blk * 0 + t) < T))
 
     if COL_DEC or COL_CODES:
         enc, dec, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
@@ -337,11 +363,17 @@ def _quantize_two_ways_kernel(
             tl.store(ts_ptr + 1, dec_out)
         tpad = ntb * 16
         c0 = (blk * 16)[:, None] + 2 * q[None, :]          # channel of e0; o0 = +1, e1 = +8
-        _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc, dec, seed_col, cmask,
+        if COL_SR:
+            cw = _col_sr_words(seed_col, blk, q, tb, ntb, I64)
+            u_e0, u_o0 = _col_group_uniforms(cw, 0), _col_group_uniforms(cw, 1)
+            u_e1, u_o1 = _col_group_uniforms(cw, 2), _col_group_uniforms(cw, 3)
+        else:
+            u_e0, u_o0, u_e1, u_o1 = seed_col, seed_col, seed_col, seed_col   # unused
+        _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc, dec, u_e0, cmask,
                    col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
-        _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc, dec, seed_col, cmask,
+        _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc, dec, u_o0, cmask,
                    col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
-        _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc, dec, seed_col, cmask,
+        _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc, dec, u_e1, cmask,
                    col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
-        _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc, dec, seed_col, cmask,
+        _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc, dec, u_o1, cmask,
                    col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)

@@ -122,18 +122,37 @@ def _load_halves(ptr, rows, blks, mask2, stride, EVICT: tl.constexpr):
 
 
 @triton.jit
+def _sr_u8(word, S: tl.constexpr):
+    """The uniform of byte ``S`` of a Philox word, ``(byte + ½)/256`` (sr_stream.py), exact:
+    the FP32 ``1 + (byte + ½)/256`` is built from bits, then 1 is subtracted (Sterbenz)."""
+    b = ((word >> (8 * S)) & 0xFF).to(tl.int32)
+    return ((b << 15) | 0x3F804000).to(tl.float32, bitcast=True) - 1.0
+
+
+@triton.jit
+def _sr_row_split(rows):
+    """(g(r), p(r)) of sr_stream.py: the row quad a Philox call covers, and the row's word."""
+    return (rows >> 4) * 4 + ((rows & 7) >> 1), ((rows >> 3) & 1) * 2 + (rows & 1)
+
+
+@triton.jit
+def _pick_word(p, w0, w1, w2, w3):
+    """Word ``p`` (a runtime 0..3 per row, broadcast) of a Philox call's four."""
+    return tl.where(p == 0, w0, tl.where(p == 1, w1, tl.where(p == 2, w2, w3)))
+
+
+@triton.jit
 def _philox_halves(seed, rows, blks, NBLK, BM: tl.constexpr, NB: tl.constexpr):
-    """Uniforms for the two halves of each block (mapping in the module docstring)."""
-    g = tl.arange(0, 4)
-    ctr = ((rows.to(tl.int64) * NBLK)[:, None, None] + blks[None, :, None]) * 4 + g[None, None, :]
+    """Uniforms for the two halves of each block: the stream of sr_stream.py (one call per
+    (row quad, block, element quad); a row keeps its word, element ``2q + b`` of the low half
+    byte ``b``, of the high half byte ``2 + b``)."""
+    g, p = _sr_row_split(rows.to(tl.int64))
+    q = tl.arange(0, 4)
+    ctr = ((g * NBLK)[:, None, None] + blks[None, :, None]) * 4 + q[None, None, :]
     r0, r1, r2, r3 = tl.randint4x(seed, ctr)
-    u0 = tl.random.uint_to_uniform_float(r0)
-    u1 = tl.random.uint_to_uniform_float(r1)
-    u2 = tl.random.uint_to_uniform_float(r2)
-    u3 = tl.random.uint_to_uniform_float(r3)
-    # element 2g + b of the low half takes output b, of the high half output 2 + b
-    u_lo = tl.reshape(tl.join(u0, u1), (BM, NB, 8))
-    u_hi = tl.reshape(tl.join(u2, u3), (BM, NB, 8))
+    w = _pick_word(p[:, None, None], r0, r1, r2, r3)
+    u_lo = tl.reshape(tl.join(_sr_u8(w, 0), _sr_u8(w, 1)), (BM, NB, 8))
+    u_hi = tl.reshape(tl.join(_sr_u8(w, 2), _sr_u8(w, 3)), (BM, NB, 8))
     return u_lo, u_hi
 
 
@@ -448,20 +467,22 @@ def _philox10(c0, k0, k1):
 
 @triton.jit
 def _philox_eo(seed, rows, blks, NBLK, I64: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr):
-    """Uniforms of e0, o0, e1, o1: Philox outputs 0..3 of counter (row·NBLK + blk)·4 + q — the
-    stream of :func:`_philox_halves`. One Philox evaluation per (block, q) on [BM, NB] tensors,
-    joined along q: the counters then live in the blocks' own layout (a [BM, NB, 4]
-    arange-built counter gets a layout of its own and a shared-memory transpose). I64:
-    ``tl.randint4x`` on int64 counters; else :func:`_philox10` on uint32 ones (a counter below
-    2^31 is the same value either way: ``randint4x`` takes its high word as 0)."""
+    """Uniforms of e0, o0, e1, o1 (bytes 0..3 of the row's word of the call for (row quad,
+    block, q)) — the stream of :func:`_philox_halves` / sr_stream.py. One Philox evaluation per
+    (row, block, q) on [BM, NB] tensors, joined along q: the counters then live in the blocks'
+    own layout (a [BM, NB, 4] arange-built counter gets a layout of its own and a shared-memory
+    transpose). I64: ``tl.randint4x`` on int64 counters; else :func:`_philox10` on uint32 ones (a
+    counter below 2^31 is the same value either way: ``randint4x`` takes its high word as 0)."""
     if I64:
-        base = ((rows.to(tl.int64) * NBLK)[:, None] + blks[None, :]) * 4
+        g, p = _sr_row_split(rows.to(tl.int64))
+        base = ((g * NBLK)[:, None] + blks[None, :]) * 4
         a0, b0, c0, d0 = tl.randint4x(seed, base)
         a1, b1, c1, d1 = tl.randint4x(seed, base + 1)
         a2, b2, c2, d2 = tl.randint4x(seed, base + 2)
         a3, b3, c3, d3 = tl.randint4x(seed, base + 3)
     else:
-        base = (((rows * NBLK)[:, None] + blks[None, :]) * 4).to(tl.uint32)
+        g, p = _sr_row_split(rows)
+        base = (((g * NBLK)[:, None] + blks[None, :]) * 4).to(tl.uint32)
         s = tlc.to_tensor(seed).to(tl.uint64)       # tl.philox's key: the seed's two words
         k0 = (s & 0xFFFFFFFF).to(tl.uint32)
         k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
@@ -469,11 +490,10 @@ def _philox_eo(seed, rows, blks, NBLK, I64: tl.constexpr, BM: tl.constexpr, NB: 
         a1, b1, c1, d1 = _philox10(base + 1, k0, k1)
         a2, b2, c2, d2 = _philox10(base + 2, k0, k1)
         a3, b3, c3, d3 = _philox10(base + 3, k0, k1)
-    u0 = tl.random.uint_to_uniform_float(_join4(a0, a1, a2, a3, BM, NB))
-    u1 = tl.random.uint_to_uniform_float(_join4(b0, b1, b2, b3, BM, NB))
-    u2 = tl.random.uint_to_uniform_float(_join4(c0, c1, c2, c3, BM, NB))
-    u3 = tl.random.uint_to_uniform_float(_join4(d0, d1, d2, d3, BM, NB))
-    return u0, u1, u2, u3
+    p2 = p[:, None]
+    w = _join4(_pick_word(p2, a0, b0, c0, d0), _pick_word(p2, a1, b1, c1, d1),
+               _pick_word(p2, a2, b2, c2, d2), _pick_word(p2, a3, b3, c3, d3), BM, NB)
+    return _sr_u8(w, 0), _sr_u8(w, 1), _sr_u8(w, 2), _sr_u8(w, 3)
 
 
 @triton.jit
