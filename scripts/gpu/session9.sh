@@ -2,6 +2,9 @@
 # Session 9's device calls on one H200 (each fits the 600 s limit). Carry .whl.
 #   bash scripts/gpu/session9.sh diag    # quantize two-ways kernel table (events) + ncu of the
 #       two-ways / amax kernels and Q-Attn's backward kernels (speed of light, occupancy, stalls)
+#   bash scripts/gpu/session9.sh sr      # 8-bit SR stream + wgrad fusion: exactness (in-kernel
+#       Philox vs the PyTorch stream), the two-ways table again, the NVFP4 linear bench, and the
+#       4-block table for bf16 / nvfp4_linear / full stack with the kernel-family profile
 set -u
 source scripts/gpu/setup_env.sh
 run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
@@ -20,5 +23,12 @@ case "${1:-diag}" in
       grep -E "^  _|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Registers|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth" \
         "$OUT/ncu.txt" | head -220
     fi
+    ;;
+  sr)
+    TAILN=30 run check 120 python3 scripts/gpu/check_kernels_exact.py
+    TAILN=14 run two_ways 150 python3 scripts/gpu/diag_two_ways.py
+    TAILN=8 run linear 150 python3 scripts/bench_nvfp4_linear.py
+    TAILN=30 run blocks 300 python3 scripts/bench_blocks.py --arms bf16,nvfp4_linear,full_stack_bf16_grads \
+      --steps 6 --warmup 2 --profile --out "$OUT"
     ;;
 esac
