@@ -18,14 +18,17 @@ uniforms, so their check only covers the rest of the kernel); ``--sweep-all`` 24
 1. Correctness first: on a small tensor (n = 100_003, odd on purpose) the fused Triton kernel
    with explicit uniforms vs ``q_adamw_step_reference`` on the same GPU, 3 steps: counts of
    differing parameters / state bytes (expected: 0; the kernel uses IEEE div/sqrt and no FMA
-   contraction, so any mismatch is a bug to report, not noise).
+   contraction, so any mismatch is a bug to report, not noise). The same with ``model_out``
+   (the BF16 model-param write), whose BF16 values must be ``p.to(bfloat16)`` bit for bit.
 2. ~1.0e9 FP32 parameters as 3b-shaped matrices (3072×3072, 3072×8192, 8192×3072 repeated),
    random gradients; per optimizer: 3 warm-up steps, then ``--steps`` steps each timed with
    CUDA events; median ms/step; optimizer-state bytes per parameter.
 Rows: QAdamW (fused kernel), torch AdamW(fused=True), torchao AdamW4bit / AdamW8bit (skipped
 if torchao is missing). Before them, kernel-only rows (launch() over the same ~1e9 params, no
 optimizer bookkeeping): the first kernel (removed; 29.4 ms, BENCHMARKS.md) and the current
-kernel at 1, 2, 4 chunks per program (``--cpp``), so a table shows what each change bought
+kernel at 1, 2, 4 chunks per program (``--cpp``), and the kernel + megatron's separate
+main -> model BF16 copy against the kernel writing the BF16 model param itself (``model_out``),
+so a table shows what each change bought
 (fullstack_fp4/optim/q_adamw/PERF.md has the predictions). Prints a markdown table; writes JSON to $OUT/bench_q_adamw.json if $OUT.
 Bytes per parameter that must move (FP32 grad): QAdamW p 8 + g 4 + states ~2.4 = ~14.4 B;
 fused AdamW 28 B: the floor is ~0.5× of fused AdamW's time.
@@ -52,13 +55,16 @@ from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
 SHAPES = ((3072, 3072), (3072, 8192), (8192, 3072))
 
 
-def correctness(n=100_003, steps=3, phase=0, **launch_kw):
+def correctness(n=100_003, steps=3, phase=0, model_out=False, **launch_kw):
+    """Kernel vs reference, same uniforms; ``model_out``: the variant that also writes the BF16
+    model param (checked against ``p.to(bfloat16)``, torch's CUDA cast)."""
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     npad = padded_numel(n)
     p = torch.randn(n, device=dev, generator=gen)
     st = _init_state(n, dev, phase)
     p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
+    bf16 = torch.empty(n, dtype=torch.bfloat16, device=dev) if model_out else None
     out = {}
     for t in range(1, steps + 1):
         g = torch.randn(n, device=dev, generator=gen) * torch.exp(
@@ -67,7 +73,10 @@ def correctness(n=100_003, steps=3, phase=0, **launch_kw):
         q_adamw_step_reference(p, g, st, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.01, step=t, rand=u, phase=phase)
         launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=5,
-               **launch_kw, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
+               model_out=bf16, **launch_kw, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
+        if model_out:
+            out["model_out_mismatches"] = out.get("model_out_mismatches", 0) + int(
+                (bf16.view(torch.int16) != p2.to(torch.bfloat16).view(torch.int16)).sum())
     torch.cuda.synchronize()
     out["param_mismatches"] = int((p != p2).sum())
     out["param_max_abs_diff"] = float((p - p2).abs().max())
@@ -90,12 +99,14 @@ def make_params(total: float, grad_dtype):
     return params, n
 
 
-def time_kernel(fn, params, states, steps):
-    """Median ms of one pass of ``fn(p, g, st, step)`` over all params (the kernel alone)."""
+def time_kernel(fn, params, states, steps, outs=None):
+    """Median ms of one pass of ``fn(p, g, st, step)`` over all params (the kernel alone);
+    ``outs``: a BF16 model-param destination per param (``model_out``)."""
     def one(t):
-        for p, st in zip(params, states):
+        for i, (p, st) in enumerate(zip(params, states)):
             n = p.numel()
-            fn(p.data.view(-1), p.grad.view(-1), st, n, padded_numel(n), seed=t,
+            extra = {"model_out": outs[i]} if outs is not None else {}
+            fn(p.data.view(-1), p.grad.view(-1), st, n, padded_numel(n), seed=t, **extra,
                **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
     for t in range(1, 4):
         one(t)
@@ -129,8 +140,31 @@ def kernel_rows(args, gd, res):
                "eff_GBps_at_14.4B": gbs, "state_bytes_per_param": float("nan")}
         res["rows"].append(row)
         print(row)
+    model_write_rows(args, params, states, n, res)
     del params, states
     torch.cuda.empty_cache()
+
+
+def model_write_rows(args, params, states, n, res):
+    """The BF16 model-param write: the kernel with ``model_out`` against the kernel plus the
+    separate main -> model copy megatron's Float16 / distributed optimizer makes (read 4 B,
+    write 2 B per param, ``copy_`` per param as its bf16 path does; here right after each
+    param's step, megatron's after all of them: the same GPU work). PERF.md predicts the fused
+    write saves ~6 B/param at ~4 TB/s less ~1% of the kernel."""
+    outs = [torch.empty(p.numel(), dtype=torch.bfloat16, device="cuda") for p in params]
+
+    def then_copy(p, g, st, k, kpad, *, model_out, **kw):
+        launch(p, g, st, k, kpad, **kw)
+        model_out.copy_(p)
+
+    for name, fn in (("kernel cpp=1 + separate main->model copy (megatron's)", then_copy),
+                     ("kernel cpp=1 writing the BF16 model param (model_out)", launch)):
+        med, ts = time_kernel(fn, params, states, args.steps, outs=outs)
+        row = {"optimizer": name, "params": n, "ms_per_step": med, "all_ms": ts,
+               "state_bytes_per_param": float("nan")}
+        res["rows"].append(row)
+        print(row)
+    del outs
 
 
 # Each configuration compiles the ~3000-instruction kernel twice (explicit uniforms for the
@@ -242,10 +276,15 @@ def main():
     args = ap.parse_args()
     gd = torch.float32 if args.grad_dtype == "fp32" else torch.bfloat16
     res = {"device": torch.cuda.get_device_name(), "correctness": correctness(),
-           "correctness_phased": correctness(n=70_001, phase=448), "rows": []}
+           "correctness_phased": correctness(n=70_001, phase=448),
+           "correctness_model_out": correctness(model_out=True),
+           "correctness_model_out_phased": correctness(n=70_001, phase=448, model_out=True),
+           "rows": []}
     print("correctness (kernel vs reference, same uniforms):", res["correctness"])
     print("correctness, a distributed-optimizer piece (grid phase 448):",
           res["correctness_phased"])
+    print("correctness with the BF16 model-param write (model_out vs p.to(bfloat16)):",
+          res["correctness_model_out"], res["correctness_model_out_phased"])
     if args.sweep:
         sweep(args, gd, res)
         out = os.environ.get("OUT")

@@ -165,7 +165,7 @@ def run_scenarios():
 
     # --- NVFP4 linear: fused two-way operands (the launches the linear makes) + GEMM epilogue
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton
+    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton, scale_cast_triton
     rw, cw = tqd.RowWay, tqd.ColWay
     sr = "stochastic"
     ways = (  # (label, input dtype, channels, row way, column way, int64 offsets)
@@ -194,6 +194,10 @@ def run_scenarios():
     for out in dtypes:
         _scenario(f"gemm epilogue scale_cast_triton -> {out}")
         scale_cast_triton(torch.randn(64, 96), torch.tensor(0.5), torch.tensor(3.0), out)
+    for dst in (torch.float32, torch.bfloat16):   # the wgrad fused into main_grad
+        _scenario(f"gemm epilogue scale_accumulate_triton -> {dst} main_grad")
+        scale_accumulate_triton(torch.randn(64, 96), torch.tensor(0.5), torch.tensor(3.0),
+                                torch.zeros(64, 96, dtype=dst))
 
     # --- Q-Attn: prologue, forward, backward -----------------------------------------------
     from fullstack_fp4.attention.prologue import make_views, prepare_views
@@ -264,17 +268,32 @@ def run_scenarios():
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
     from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _init_state, _kernel_views
     from fullstack_fp4.optim.q_adamw.triton_step import launch
-    rows = (product(dict(n=(4096, 1000), gdt=(torch.float32, torch.bfloat16), rand=(False, True)))
-            if full else [dict(n=4096, gdt=torch.float32, rand=False),
-                          dict(n=1000, gdt=torch.bfloat16, rand=True)])
+    # model_out: the fused BF16 model-param write (megatron's Float16 / distributed optimizer)
+    rows = (product(dict(n=(4096, 1000), gdt=(torch.float32, torch.bfloat16), rand=(False, True),
+                         mo=(False, True)))
+            if full else [dict(n=4096, gdt=torch.float32, rand=False, mo=False),
+                          dict(n=1000, gdt=torch.bfloat16, rand=True, mo=False),
+                          dict(n=4096, gdt=torch.float32, rand=False, mo=True),
+                          dict(n=4096, gdt=torch.bfloat16, rand=False, mo=True)])
     for r in rows:
         n = r["n"]
         p = torch.randn(n)
         st = _kernel_views(_init_state(n, "cpu"))
         rand = torch.rand(padded_numel(n)) if r["rand"] else None
-        _scenario(f"q_adamw n={n} grad={r['gdt']} rand={r['rand']}")
+        mo = torch.empty(n, dtype=torch.bfloat16) if r["mo"] else None
+        _scenario(f"q_adamw n={n} grad={r['gdt']} rand={r['rand']} model_out={r['mo']}")
         launch(p, torch.randn(n, dtype=r["gdt"]), st, n, padded_numel(n), seed=11,
-               rand=rand, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+               rand=rand, model_out=mo, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+    # the model_out write with the integer RNE instead of the hardware cast (BF16_HW_CVT=False)
+    import fullstack_fp4.optim.q_adamw.triton_step as q_step
+    hw_cvt, q_step.BF16_HW_CVT = q_step.BF16_HW_CVT, False
+    try:
+        _scenario("q_adamw n=4096 model_out, integer BF16 RNE")
+        launch(torch.randn(4096), torch.randn(4096), _kernel_views(_init_state(4096, "cpu")), 4096,
+               4096, seed=11, model_out=torch.empty(4096, dtype=torch.bfloat16),
+               **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+    finally:
+        q_step.BF16_HW_CVT = hw_cvt
     # superseded kernel variants kept for scripts/bench_q_adamw.py (same launch signature)
     import fullstack_fp4.optim.q_adamw as qa
     for mod in sorted(m.name for m in pkgutil.iter_modules(qa.__path__)):

@@ -23,6 +23,10 @@ BF16 grads (`parallel.grad_reduce_in_fp32=false`, q_adamw only): the wrappers ha
 BF16 grad buffer's views instead of FP32 copies (bf16_grads.py). The other optimizers get
 megatron-core's default FP32 copies of the BF16 grads.
 
+BF16 model params (q_adamw, Float16 / distributed wrapper): QAdamW's fused step also writes each
+main param's BF16 model param, and the wrapper's main -> model copy skips the params it wrote
+(model_param_write.py).
+
 Checkpoints (`dist_checkpointing`): the inner state is packed (QAdamW's uint8/int codes) or
 split across two optimizers, which megatron's mapping of torch-AdamW states onto
 `ShardedTensor`s cannot express. Each converted wrapper therefore saves ONE `ShardedObject`
@@ -568,6 +572,11 @@ def convert_optimizer(optimizer, cfg, model_chunks) -> None:
         raise ValueError(f"unknown optimizer.name {name!r}")
     for w in _wrappers(optimizer):
         _convert_wrapper(w, cfg, model_chunks)
+    if name == "q_adamw":
+        # BF16 model params: QAdamW's step writes them, megatron's main -> model copy skips them
+        from fullstack_fp4.integration.model_param_write import write_model_params_in_step
+
+        write_model_params_in_step(optimizer)
     if name == "q_adamw" and not getattr(cfg.parallel, "grad_reduce_in_fp32", True):
         # BF16 grad buffer: QAdamW reads it in place instead of megatron's FP32 copies
         from fullstack_fp4.integration.bf16_grads import read_bf16_grads_in_place

@@ -37,6 +37,17 @@ exactly the whole tensor's state cut at those boundaries, and a run whose tensor
 over ranks (megatron-core's distributed optimizer, DP=2) computes bit for bit what the run
 with whole tensors computes (fullstack_fp4/integration/optimizers.py sets the placements).
 
+The model's BF16 copy (megatron's FP32 main params). A parameter may carry
+``p.fp4_model_param_out`` (``MODEL_OUT_ATTR``): a contiguous BF16 tensor of ``p.numel()``
+entries — the BF16 model parameter whose FP32 main copy ``p`` is, or for a distributed-optimizer
+shard the matching slice of it. The step of a quantized parameter then also writes
+``p_new.to(bfloat16)`` there (RNE, bit for bit; the kernel in the same pass, the reference with
+``copy_``) and records ``p.fp4_model_param_written = p._version`` (``MODEL_WRITTEN_ATTR``): the
+wrapper's main -> model copy can skip ``p`` while that stands (any later in-place write to ``p``,
+e.g. a checkpoint load's ``copy_``, bumps the version; fullstack_fp4/integration/
+model_param_write.py). FP32-moment parameters (``full_numel < min_numel``) do not write it:
+the wrapper's copy does, as before.
+
 State (per quantized parameter; integer dtypes so ``Optimizer.load_state_dict`` — which casts
 floating-point state to the parameter's dtype — leaves the bits alone):
 ``exp_avg_codes`` uint8, ``exp_avg_scales`` uint8 (E4M3 bits), ``exp_avg_chunk_scales`` int32
@@ -56,7 +67,8 @@ from .codecs import (BLOCK, CHUNK, TILE, MomentState, _sqrt_rn, decode_exp_avg,
                      padded_numel)
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
-           "optimizer_state_bytes", "decode_param_state", "encode_param_state"]
+           "optimizer_state_bytes", "decode_param_state", "encode_param_state", "MODEL_OUT_ATTR",
+           "MODEL_WRITTEN_ATTR", "model_out_of", "model_param_written"]
 
 PLACE_ATTR = "q_adamw_place"
 
@@ -125,12 +137,14 @@ def _hyper(lr, beta1, beta2, eps, wd, step, device):
 
 def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict, *, lr: float,
                            beta1: float, beta2: float, eps: float, weight_decay: float,
-                           step: int, rand: torch.Tensor, phase: int = 0) -> None:
+                           step: int, rand: torch.Tensor, phase: int = 0,
+                           model_out: Optional[torch.Tensor] = None) -> None:
     """One Q-AdamW step on flat FP32 ``p_flat`` in place, state dict ``st`` updated in place.
 
     Pure PyTorch, FP32, in exactly the kernel's order of operations. ``rand``: uniforms for the
     first moment's stochastic rounding, length ``padded_numel(n)``. ``phase``: the chunk-grid
-    phase the state was encoded with (codecs.num_chunks).
+    phase the state was encoded with (codecs.num_chunks). ``model_out``: a BF16 tensor of ``n``
+    entries that receives the new parameter rounded to nearest even (the kernel's model_out).
     """
     n = p_flat.numel()
     dev = p_flat.device
@@ -147,6 +161,8 @@ def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict,
     # a product, not s / sqrt(bc2): torch may turn a division by a scalar into one anyway
     upd = m / (s * h["inv_sqrt_bc2"] + h["eps"])
     p_flat.copy_(p - h["step_size"] * upd)
+    if model_out is not None:
+        model_out.view(-1).copy_(p_flat)        # FP32 -> BF16: round to nearest even
     _pack_state(st, encode_exp_avg(m, rand=rand, phase=phase),
                 encode_exp_avg_sq(v, phase=phase))
 
@@ -242,6 +258,30 @@ def grad_of(p: torch.Tensor) -> Optional[torch.Tensor]:
     return p.grad if g is None else g
 
 
+# The BF16 model parameter a main param's step also writes (module docstring), and the record
+# that it did: the main param's version counter at the write.
+MODEL_OUT_ATTR = "fp4_model_param_out"
+MODEL_WRITTEN_ATTR = "fp4_model_param_written"
+
+
+def model_out_of(p: torch.Tensor) -> Optional[torch.Tensor]:
+    """``p.fp4_model_param_out`` if set, checked: the kernel writes ``p.numel()`` BF16 entries
+    at its address, so anything else would write out of bounds or into the wrong entries."""
+    out = getattr(p, MODEL_OUT_ATTR, None)
+    if out is not None and (out.dtype != torch.bfloat16 or out.numel() != p.numel()
+                            or not out.is_contiguous() or out.device != p.device):
+        raise ValueError(f"{MODEL_OUT_ATTR} must be a contiguous BF16 tensor of {p.numel()} "
+                         f"entries on {p.device}, got {out.dtype} {tuple(out.shape)} on "
+                         f"{out.device} (contiguous={out.is_contiguous()})")
+    return out
+
+
+def model_param_written(p: torch.Tensor) -> bool:
+    """Whether the BF16 model parameter holds ``p`` rounded, written by p's last step and ``p``
+    not modified in place since (the version counter recorded then is still p's)."""
+    return getattr(p, MODEL_WRITTEN_ATTR, None) == p._version
+
+
 class QAdamW(torch.optim.Optimizer):
     """AdamW with NVFP4 moments (see the module docstring)."""
 
@@ -297,10 +337,12 @@ class QAdamW(torch.optim.Optimizer):
                     continue
                 seed = _seed(group["seed"], pl.key, t)
                 n = p.numel()
+                out = model_out_of(p)
                 if self._kernel_ok(p):
                     from .triton_step import launch
                     launch(p.view(-1), grad.reshape(-1).contiguous(), _kernel_views(st), n,
                            padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
+                           model_out=None if out is None else out.view(-1),
                            **_hyper(lr, b1, b2, eps, wd, t, p.device))
                 else:
                     # the whole tensor's uniform stream, sliced at this piece
@@ -311,9 +353,16 @@ class QAdamW(torch.optim.Optimizer):
                     flat = p.data.view(-1) if direct else p.data.reshape(-1).float()
                     q_adamw_step_reference(flat, grad, st, lr=lr, beta1=b1, beta2=b2,
                                            eps=eps, weight_decay=wd, step=t, rand=rand,
-                                           phase=cph)
+                                           phase=cph,
+                                           # .data: like the kernel and megatron's copy, no
+                                           # version bump of the model param
+                                           model_out=None if out is None else out.data)
                     if not direct:
                         p.data.copy_(flat.view_as(p))
+                if out is not None:
+                    # both paths write p through .data / a pointer, which leaves p's version
+                    # counter alone: any later in-place write to p invalidates this record
+                    setattr(p, MODEL_WRITTEN_ATTR, p._version)
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -62,6 +62,37 @@ def _st16(ptr, rows, lim, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12,
 
 
 @triton.jit
+def _bf16_bits(x, HW: tl.constexpr):
+    """BF16 bits (int16) of FP32 ``x`` rounded to nearest even, as torch's ``x.to(bfloat16)``.
+
+    HW (compiled): Triton's cast, ``cvt.rn.bf16x2.f32`` — the instruction torch's CUDA cast
+    uses, one F2FP per two entries. Not HW (the interpreter, whose FP32→BF16 cast does not round
+    to even; triton_gemm_epilogue.py): ``(bits + 0x7FFF + lsb) >> 16`` on the FP32 bits, exact
+    RNE for every finite value (ties to the even BF16, a carry into the exponent included,
+    overflow to ±Inf as the cast does), a NaN stays a NaN (0x7FC0; the bits alone would carry a
+    NaN into ±Inf or −0). Only a NaN's payload may differ from a cast's (torch's CPU cast gives
+    0xFFFF or 0x7FC0 by code path, the hardware 0x7FFF), never a value. The integer form costs
+    ~6 instructions per entry in this instruction-bound kernel (PERF.md), the cast ~0.5."""
+    if HW:
+        return x.to(tl.bfloat16).to(tl.int16, bitcast=True)
+    else:
+        b = x.to(tl.int32, bitcast=True)
+        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        return tl.where(x != x, 0x7FC0, r).to(tl.int16)
+
+
+@triton.jit
+def _st16_bf16(ptr, rows, lim, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14,
+               x15, HW: tl.constexpr):
+    """``_st16`` of the rows rounded to BF16 (``ptr``: the BF16 destination viewed as int16)."""
+    _st16(ptr, rows, lim, _bf16_bits(x0, HW), _bf16_bits(x1, HW), _bf16_bits(x2, HW),
+          _bf16_bits(x3, HW), _bf16_bits(x4, HW), _bf16_bits(x5, HW), _bf16_bits(x6, HW),
+          _bf16_bits(x7, HW), _bf16_bits(x8, HW), _bf16_bits(x9, HW), _bf16_bits(x10, HW),
+          _bf16_bits(x11, HW), _bf16_bits(x12, HW), _bf16_bits(x13, HW), _bf16_bits(x14, HW),
+          _bf16_bits(x15, HW))
+
+
+@triton.jit
 def _bf(a, b):
     return a + b, a - b
 

@@ -10,6 +10,8 @@ and the row's 8 code bytes as two int32 words. See PERF.md for the instruction b
 
 Bytes moved per parameter (FP32 grad): p 4+4, g 4, m 0.566+0.566, v 0.629+0.629 → ~14.4 B,
 against 28 B for FP32-state fused AdamW (p 8, g 4, m 8, v 8): the bytes allow ~0.5×.
+With ``model_out`` (HAS_MODEL_OUT) the kernel also writes the BF16 model parameter, +2 B, in
+place of megatron's separate main -> model copy pass (read 4 B + write 2 B per parameter).
 
 It computes exactly what ``optimizer.q_adamw_step_reference`` computes, operation for operation
 in FP32 (IEEE ``div_rn``/``sqrt_rn``, launched with ``enable_fp_fusion=False`` so no FMA
@@ -35,13 +37,15 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
 from .codecs import BLOCK, CHUNK, TILE
 # The per-row register arithmetic (one thread = one 16-block) lives in triton_rows.py.
 from .triton_rows import (REL_FLOOR_C, _adam, _decode_rows, _dither, _encode_m, _encode_v,
-                          _hsum16, _irht16, _ld16, _rht16, _st16, _store_rows, _u16, _u8, _vhat)
+                          _hsum16, _irht16, _ld16, _rht16, _st16, _st16_bf16, _store_rows, _u16,
+                          _u8, _vhat)
 
 CPP = 1          # chunks per program (one warp = 32 blocks; 2·CPP warps per program)
 FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the select chain
@@ -50,6 +54,11 @@ FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the 
 # benchmarks/results/2026-12-01/run17_kernels/q_adamw.txt); presumably more resident warps hide
 # more of the state loads' latency (not profiled). 0: Triton's choice.
 MAXNREG = 128
+# The BF16 model-param write (launch's model_out) rounds with the hardware cast when compiled
+# (cvt.rn: RNE, torch's CUDA cast; +19 SASS per 16 entries against +104 for the integer RNE the
+# interpreter needs, PERF.md); False: the integer RNE on the GPU too (same values, NaN payload
+# 0x7FC0). The interpreter always runs the integer form (its cast does not round to even).
+BF16_HW_CVT = True
 # triton.jit picks interpreter or compiler at import; the register cap is a compiler option only
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
@@ -60,9 +69,12 @@ def q_adamw_kernel(p_ptr, g_ptr,
                    mc_ptr, ms_ptr, mcs_ptr,
                    vc_ptr, vs_ptr, vcs_ptr, vmean_ptr,
                    u_ptr, n, npad, seed, ph_rows, row0,
-                   decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
+                   decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
                    HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr,
-                   U8: tl.constexpr, ROUNDS: tl.constexpr):
+                   U8: tl.constexpr, ROUNDS: tl.constexpr, HAS_MODEL_OUT: tl.constexpr,
+                   BF16_HW: tl.constexpr):
+    # mo_ptr (last, so the default variant's other arguments keep their places): the BF16
+    # model parameter (as int16), written only with HAS_MODEL_OUT.
     R: tl.constexpr = CPP_C * 64          # rows (16-blocks) per program
     pid = tl.program_id(0).to(tl.int64)
     # Rows on the chunk grid; the tensor starts ph_rows (= phase / 16, even) rows into it, so
@@ -126,6 +138,9 @@ def q_adamw_kernel(p_ptr, g_ptr,
     p15, m15, v15, s15 = _adam(p15, g15, m15, _vhat(r15, mean, fl), 15 < rem, decay, beta1,
                                omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
     _st16(p_ptr, rows, n, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15)
+    if HAS_MODEL_OUT:   # the model's BF16 copy, so the wrapper's main -> model copy pass is skipped
+        _st16_bf16(mo_ptr, rows, n, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13,
+                   p14, p15, BF16_HW)
 
     # encode m: RHT16, 4/6, SR
     if HAS_U:
@@ -188,7 +203,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
 
 def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2,
            eps, step_size, rand=None, cpp=None, phase=0, row0=0, fast_dec=None, maxnreg=None,
-           u8=False, rounds=10):
+           u8=False, rounds=10, model_out=None):
     """Run the fused step in place on the flat FP32 ``p_flat`` and the state tensors ``st``.
 
     ``st``: dict of the optimizer's state tensors (codes uint8, scales uint8 = E4M3 bits, chunk
@@ -202,6 +217,13 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     bound 2^-8 instead of 2^-16 of an E2M1 step), and Philox rounds (10 = Triton's default;
     7 passes BigCrush per Salmon et al. 2011) — speed options for the sweep, not defaults.
     ``scripts/bench_q_adamw.py --sweep`` times the combinations.
+
+    ``model_out``: a contiguous BF16 tensor of ``n`` entries (the model parameter, or the
+    slice of it that ``p_flat`` is the main shard of), or None. Given, the kernel also stores
+    ``p_new.to(bfloat16)`` there (RNE, bit for bit: triton_rows._bf16_bits, ``BF16_HW_CVT``) —
+    the megatron
+    wrapper's main -> model param copy, fused (the HAS_MODEL_OUT variant; without it the
+    kernel compiles exactly as before).
     """
     if phase % TILE or not 0 <= phase < CHUNK:
         raise ValueError(f"kernel chunk phase {phase} must be a multiple of {TILE} in [0, {CHUNK})")
@@ -211,13 +233,26 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     extra = {"maxnreg": maxnreg} if maxnreg and not _INTERPRET else {}
     nprog = -(-(phase + npad) // (CHUNK * cpp))
     u = rand if rand is not None else p_flat
+    mo = _model_out_bits(model_out, n) if model_out is not None else p_flat
     q_adamw_kernel[(nprog,)](
         p_flat, g_flat,
         st["exp_avg_codes"], st["exp_avg_scales"], st["exp_avg_chunk_scales"],
         st["exp_avg_sq_codes"], st["exp_avg_sq_scales"], st["exp_avg_sq_chunk_scales"],
         st["exp_avg_sq_means"],
         u, n, npad, seed, phase // BLOCK, row0,
-        decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
+        decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo,
         HAS_U=rand is not None, CPP_C=cpp, FAST_DEC=bool(fast_dec), U8=bool(u8), ROUNDS=rounds,
+        HAS_MODEL_OUT=model_out is not None, BF16_HW=BF16_HW_CVT and not _INTERPRET,
         num_warps=2 * cpp,
         enable_fp_fusion=False, **extra)
+
+
+def _model_out_bits(model_out, n):
+    """The BF16 destination as int16 (the kernel writes the rounded bits), checked: the kernel
+    writes ``n`` entries at the pointer, so a wrong size or a strided view would corrupt memory."""
+    if model_out.dtype != torch.bfloat16 or model_out.numel() != n \
+            or not model_out.is_contiguous():
+        raise ValueError(f"model_out must be a contiguous BF16 tensor of {n} entries, got "
+                         f"{model_out.dtype} {tuple(model_out.shape)} "
+                         f"(contiguous={model_out.is_contiguous()})")
+    return model_out.view(torch.int16)

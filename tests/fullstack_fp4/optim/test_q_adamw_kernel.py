@@ -47,6 +47,89 @@ def test_kernel_matches_reference_bit_for_bit(n, phase, fast_dec):
     assert torch.isfinite(p2).all()
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="needs the Triton interpreter or a GPU")
+@pytest.mark.parametrize("n,phase", [(1500, 0), (2048 + 33, 960)])
+def test_kernel_model_out_is_the_bf16_cast_of_p(n, phase):
+    """``model_out``: the kernel also writes p_new.to(bfloat16) bit for bit, into exactly the n
+    entries of the destination (phase 960: a distributed-optimizer piece whose first program
+    starts 60 rows before it — nothing may be written there), and changes nothing else: p and
+    the states are the reference's, which writes the same BF16 values (``copy_``)."""
+    dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" \
+        else "cpu"
+    from fullstack_fp4.optim.q_adamw.triton_step import launch
+    gen = torch.Generator().manual_seed(n + 1)
+    npad = padded_numel(n)
+    p = torch.randn(n, generator=gen).to(dev)
+    st = _init_state(n, dev, phase)
+    p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
+    # the destination is a slice of a larger BF16 buffer (the model param / param buffer)
+    guard = torch.full((n + 2000,), -7.0, dtype=torch.bfloat16, device=dev)
+    out_ref = torch.zeros(n, dtype=torch.bfloat16, device=dev)
+    for t in range(1, 4):
+        g = (torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))).to(dev)
+        u = torch.rand(npad, generator=gen).to(dev)
+        q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+                               weight_decay=0.01, step=t, rand=u, phase=phase, model_out=out_ref)
+        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
+               model_out=guard[1000:1000 + n],
+               **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
+        assert torch.equal(p, p2), t
+        for k in st:
+            assert torch.equal(st[k], st2[k]), (t, k)
+        want = p2.to(torch.bfloat16).view(torch.int16)
+        assert torch.equal(guard[1000:1000 + n].view(torch.int16), want), t
+        assert torch.equal(out_ref.view(torch.int16), want), t
+        assert (guard[:1000] == -7.0).all() and (guard[1000 + n:] == -7.0).all(), t
+
+
+def test_launch_refuses_a_model_out_that_does_not_fit():
+    from fullstack_fp4.optim.q_adamw.triton_step import launch
+    n = 64
+    st = _kernel_views(_init_state(n, "cpu"))
+    for bad in (torch.empty(n + 1, dtype=torch.bfloat16), torch.empty(n, dtype=torch.float16),
+                torch.empty(2 * n, dtype=torch.bfloat16)[::2]):
+        with pytest.raises(ValueError, match="model_out"):
+            launch(torch.zeros(n), torch.zeros(n), st, n, n, seed=1, model_out=bad,
+                   **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu"))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="checks the kernel's integer BF16 rounding in the interpreter")
+def test_bf16_bits_is_torchs_cast():
+    """_bf16_bits' integer RNE (what the interpreter runs, and the GPU with BF16_HW_CVT=False)
+    == torch's FP32 -> BF16 cast, bits included: every tie with an even and an odd BF16 below,
+    their FP32 neighbours, a tie that carries into the exponent, the largest finite values
+    (round to ±Inf or to ±BF16_MAX), subnormals, ±0 and ±Inf; NaNs stay NaN (0x7FC0; torch's
+    cast picks its own NaN payload) — including NaNs whose bits would carry into −0 or ±Inf."""
+    import triton.language as tl
+
+    @triton.jit
+    def k(x_ptr, o_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(o_ptr + i, ts._bf16_bits(tl.load(x_ptr + i), False))
+
+    gen = torch.Generator().manual_seed(9)
+    hi = torch.randint(0, 1 << 16, (4096,), generator=gen, dtype=torch.int64)
+    ties = (hi << 16) | 0x8000                               # exactly halfway, both parities
+    bits = torch.cat([ties, ties - 1, ties + 1, (hi << 16),
+                      torch.randint(-2 ** 31, 2 ** 31, (4096,), generator=gen),
+                      torch.tensor([0x3F7F8000, 0x3F80_8000, 0x7F7F8000, 0x7F7F7FFF, 0x7F7FFFFF,
+                                    0x00008000, 0x00018000, 0x00000001, 0x0000FFFF, 0,
+                                    0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
+                                    0xFFC00000, 0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF,
+                                    0x7F807FFF, 0x7F808000, 0xFF7FFFFF])])
+    bits = torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32)
+    N = 1 << (bits.numel() - 1).bit_length()
+    x = torch.cat([bits, torch.zeros(N - bits.numel(), dtype=torch.int32)]).view(torch.float32)
+    out = torch.empty(N, dtype=torch.int16)
+    k[(1,)](x, out, N=N)
+    want = x.to(torch.bfloat16).view(torch.int16)
+    nan = torch.isnan(x)
+    assert torch.equal(out[~nan], want[~nan])
+    assert (out[nan] == 0x7FC0).all() and nan.sum() >= 6
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="checks the kernel's rounding helpers in the interpreter")
 def test_rounding_helpers_match_nvfp4_and_torch():

@@ -181,3 +181,51 @@ def test_zero_state_without_temporaries_equals_encoded_zeros():
             assert a.keys() == b.keys()
             for k in a:
                 assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (n, phase, k)
+
+
+def test_model_param_out_gets_the_bf16_of_each_step():
+    """``p.fp4_model_param_out`` (a BF16 tensor of p's numel, here a slice of a larger buffer, as
+    a distributed-optimizer shard's destination is): after every step of a quantized param it
+    holds p.to(bfloat16) bit for bit and the step recorded the write; p itself steps exactly as
+    without a destination; an FP32-moment param (below min_numel) is not written; an in-place
+    write to p afterwards voids the record."""
+    from fullstack_fp4.optim.q_adamw.optimizer import MODEL_OUT_ATTR, model_param_written
+
+    gen = torch.Generator().manual_seed(4)
+    big0, small0 = torch.randn(64, 48, generator=gen), torch.randn(40, generator=gen)
+    runs = []
+    for with_out in (False, True):
+        big, small = torch.nn.Parameter(big0.clone()), torch.nn.Parameter(small0.clone())
+        buf = torch.zeros(64 * 48 + 100, dtype=torch.bfloat16)
+        small_out = torch.zeros(40, dtype=torch.bfloat16)
+        if with_out:
+            setattr(big, MODEL_OUT_ATTR, buf[50:50 + big.numel()])
+            setattr(small, MODEL_OUT_ATTR, small_out)
+        opt = QAdamW([big, small], lr=1e-2, min_numel=1024, seed=5)
+        for t in range(3):
+            big.grad = torch.randn(64, 48, generator=torch.Generator().manual_seed(t))
+            small.grad = torch.randn(40, generator=torch.Generator().manual_seed(t + 9))
+            opt.step()
+            if with_out:
+                assert torch.equal(buf[50:50 + big.numel()].view(torch.int16),
+                                   big.detach().reshape(-1).to(torch.bfloat16).view(torch.int16))
+                assert model_param_written(big) and not model_param_written(small)
+                assert (buf[:50] == 0).all() and (buf[50 + big.numel():] == 0).all()
+                assert (small_out == 0).all()
+        runs.append((big.detach().clone(), small.detach().clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    with torch.no_grad():
+        big.mul_(1.0)                                   # an in-place write, e.g. a load's copy_
+    assert not model_param_written(big)
+
+
+def test_model_param_out_that_does_not_fit_is_refused():
+    import pytest
+
+    from fullstack_fp4.optim.q_adamw.optimizer import MODEL_OUT_ATTR
+
+    p = torch.nn.Parameter(torch.zeros(32, 64))
+    p.grad = torch.ones(32, 64)
+    setattr(p, MODEL_OUT_ATTR, torch.zeros(32 * 64 - 1, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=MODEL_OUT_ATTR):
+        QAdamW([p], lr=1e-2, min_numel=1).step()
