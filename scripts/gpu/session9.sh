@@ -5,6 +5,11 @@
 #   bash scripts/gpu/session9.sh sr      # 8-bit SR stream + wgrad fusion: exactness (in-kernel
 #       Philox vs the PyTorch stream), the two-ways table again, the NVFP4 linear bench, and the
 #       4-block table for bf16 / nvfp4_linear / full stack with the kernel-family profile
+#   bash scripts/gpu/session9.sh final   # Q-AdamW with the fused BF16 model-param write (GPU
+#       bit-exactness of the hardware cast first), then the 4-block table + profile of the session's
+#       code (8-bit SR, wgrad fusion, model-param write, Q-Attn without layout copies)
+#   FULLSTACK_COMMIT=<sha> bash scripts/gpu/session9.sh ablation  # bf16 vs full stack losses
+#       at the session's numerics (8-bit SR, wgrad fused before the BF16 rounding); carry data/quickstart
 set -u
 source scripts/gpu/setup_env.sh
 run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
@@ -23,6 +28,19 @@ case "${1:-diag}" in
       grep -E "^  _|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Registers|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth" \
         "$OUT/ncu.txt" | head -220
     fi
+    ;;
+  final)
+    TAILN=16 run q_adamw 200 python3 scripts/bench_q_adamw.py --cpp 1 --steps 5
+    TAILN=40 run blocks 330 python3 scripts/bench_blocks.py \
+      --arms bf16,nvfp4_linear,q_attn,q_adamw_bf16_grads,full_stack_bf16_grads --steps 6 --warmup 2 \
+      --profile --out "$OUT"
+    ;;
+  ablation)
+    run ablation 330 python3 scripts/ablation.py --arms bf16,full_stack_bf16_grads --iters 300 \
+      --out /tmp/abl --time-budget 300 --ppl-tokens 65536 --cloze-items 200
+    cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
+    for d in /tmp/abl/*/; do a=$(basename "$d")
+      [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done
     ;;
   sr)
     TAILN=30 run check 120 python3 scripts/gpu/check_kernels_exact.py
