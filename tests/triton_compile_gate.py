@@ -253,6 +253,24 @@ def run_scenarios():
                                    ds_store=store)
         finally:
             os.environ.pop("FP4_QATTN_BWD", None)
+    # megatron's layout through the autograd function's host path: q, k as [s, b, h, d] views,
+    # v a view into the fused QKV buffer, dO [s, b, h, d]; O, dQ, dK, dV stored [s, b, h, d]
+    # (strides are runtime ints: the same compiles as above unless a stride specialises)
+    from fullstack_fp4.attention.layout import dim_order
+    for d, causal in ((64, True), (128, False)):
+        s_, b_, hk_, g_ = 100, 2, 2, 2
+        buf = torch.randn(s_, b_, hk_, (g_ + 2) * d, dtype=torch.bfloat16)
+        q = buf[..., :g_ * d].reshape(s_, b_, hk_ * g_, d).permute(1, 2, 0, 3)
+        k, v = (buf[..., i * d:(i + 1) * d].permute(1, 2, 0, 3) for i in (g_, g_ + 1))
+        _scenario(f"attention megatron [s, b, h, d] layout d={d} causal={causal} G={g_}")
+        fwd_views, saved = prepare_views(q, k, qk_fp4=True, ds_fp4=True, smooth=True,
+                                         backend="triton")
+        o, lse = attention_forward(fwd_views, v, causal=causal, scale=d ** -0.5,
+                                   out_order=dim_order(q))
+        do = torch.randn(s_, b_, hk_ * g_, d, dtype=torch.bfloat16).permute(1, 2, 0, 3)
+        attention_backward(do, o, lse, v, saved.unpack("triton"), causal=causal, scale=d ** -0.5,
+                           out_dtypes=(torch.bfloat16,) * 3,
+                           out_orders=tuple(dim_order(x) for x in (q, k, v)))
 
     # --- Newton-Schulz fused NVFP4 operand --------------------------------------------------
     from fullstack_fp4.optim.triton_ns import quantize_decode

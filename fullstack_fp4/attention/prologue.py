@@ -25,6 +25,8 @@ the reference path) into the same ``QAttnViews`` a BF16-saving forward would hav
 
 Two backends produce bit-identical views: ``"reference"`` (``quant.py``, loops, CPU) and
 ``"triton"`` (``triton_prologue.py``: an amax kernel and one kernel for both directions).
+The Triton prologue reads Q and K through their strides (megatron's ``[s, b, h, d]`` views
+without a copy, ``layout.py``); the views it writes are contiguous ``[B, H, S, D]``.
 """
 
 from __future__ import annotations
@@ -150,6 +152,11 @@ def prepare_views(q: torch.Tensor, k: torch.Tensor, *, qk_fp4: bool, ds_fp4: boo
                   smooth: bool, backend: str = "reference", bf16_sq: bool = False):
     """``(forward views, SavedViews)``: the forward's operands (``q_hd``, ``k_hd`` and their
     decode scales; ``q_sq``/``k_sq`` None unless ``bf16_sq``) and what is saved for the backward."""
+    if backend == "triton" and not (qk_fp4 and ds_fp4):
+        # a BF16-path view is the input itself, and the kernels read the views as contiguous
+        # [B, H, S, D]: strided inputs (megatron's [s, b, h, d]) are copied on these
+        # experiment paths only — the NVFP4 views are written contiguous by the prologue
+        q, k = q.contiguous(), k.contiguous()
     b, h, _, _ = q.shape
     hk = k.shape[1]
     dev = q.device

@@ -43,6 +43,18 @@ other tiles run an unmasked loop. A ragged *query* tail needs none: its rows loa
 lse2 = D = 0, so their P is 1, their dP and dS are exactly 0 and they add exactly 0 to dV, dK
 and to no tile amax — the same numbers the masked code gives.
 
+Layouts (``layout.py``): the views, LSE and delta are internal and contiguous; V and O are read,
+and dQ, dK, dV written, through their own (batch, head, seq) strides — under megatron all of
+them are ``[s, b, h, d]`` storage, read and written in place. dO is read in place by
+``_delta_kernel`` (which reads every element of it anyway), and that pass writes the BF16 dO the
+two main kernels read in the contiguous layout (skipped when dO already is a contiguous BF16
+tensor). Why not read dO through its strides in ``_dkdv_kernel`` too: its loop loads Q, dO and
+Q's seq view per query block, and with contiguous operands the three share one offset tensor
+with a compile-time row stride; a runtime dO stride adds its own row offsets to a loop that
+already spills (sm_90, triton 3.6, D = 128 default config: 300 B of spill stores against 224
+before this change, 164 with the contiguous dO: PERF.md "Layouts"). The pass costs one extra
+write of dO, in a launch that was there; the separate ``.contiguous()`` copy kernel is gone.
+
 Epilogue: ``dQ, dK ← τ·(…)`` and the cast to the output dtype happen in the kernels (the host
 did them in separate FP32 passes); with K-smoothing dK stays FP32 for the seq-mean projection.
 Stochastic rounding draws ``tl.rand`` (Philox) per element, keyed by (seed, b·h, query, key);
@@ -56,6 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .layout import CONTIGUOUS, bhs_strides, empty_in_order, kernel_operand
 from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, block_scales, qdq_apply
 from .triton_ds_store import _dq_ds_kernel, ds_scratch, store_ds_tile, use_ds_store
 
@@ -173,6 +186,7 @@ def _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh, lo,
 def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                  decqh_ptr, deckh_ptr, decqs_ptr, dk_ptr, dv_ptr, dsc_ptr, dss_ptr, dsd_ptr,
                  Sq, Sk, H, GROUPS, NKT, TPH, scale, scale2, seed, seed_dq,
+                 v_sb, v_sh, v_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss,
                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
                  DS_FP4: tl.constexpr, STOCH: tl.constexpr, DK_BF16: tl.constexpr,
                  DV_BF16: tl.constexpr, STORE_DS: tl.constexpr, INTERP: tl.constexpr):
@@ -184,9 +198,10 @@ def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
     offs_n = start_n + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     n_ok = offs_n < Sk
-    kv_offs = bkv * Sk * D + offs_n[:, None] * D + offs_d[None, :]
-    k = tl.load(kh_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
-    v = tl.load(v_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+    k = tl.load(kh_ptr + bkv * Sk * D + offs_n[:, None] * D + offs_d[None, :],
+                mask=n_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + b * v_sb + hk * v_sh + offs_n[:, None] * v_ss + offs_d[None, :],
+                mask=n_ok[:, None], other=0.0)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     dec_k = tl.load(deckh_ptr + bkv)
@@ -213,19 +228,21 @@ def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                             dss_ptr, dsd_ptr, NKT, TPH, seed_dq,
                             D, BM, BN, False, CAUSAL, DS_FP4, STOCH, STORE_DS, INTERP)
     dk = dk * scale
+    dk_offs = b * dk_sb + hk * dk_sh + offs_n[:, None] * dk_ss + offs_d[None, :]
     if DK_BF16:
-        tl.store(dk_ptr + kv_offs, to_bf16(dk, INTERP), mask=n_ok[:, None])
+        tl.store(dk_ptr + dk_offs, to_bf16(dk, INTERP), mask=n_ok[:, None])
     else:
-        tl.store(dk_ptr + kv_offs, dk, mask=n_ok[:, None])
+        tl.store(dk_ptr + dk_offs, dk, mask=n_ok[:, None])
+    dv_offs = b * dv_sb + hk * dv_sh + offs_n[:, None] * dv_ss + offs_d[None, :]
     if DV_BF16:
-        tl.store(dv_ptr + kv_offs, to_bf16(dv, INTERP), mask=n_ok[:, None])
+        tl.store(dv_ptr + dv_offs, to_bf16(dv, INTERP), mask=n_ok[:, None])
     else:
-        tl.store(dv_ptr + kv_offs, dv, mask=n_ok[:, None])
+        tl.store(dv_ptr + dv_offs, dv, mask=n_ok[:, None])
 
 
 @triton.jit
-def _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, lo, hi, offs_m, Sq, Sk,
-             qk_mul, dec_ks, seed,
+def _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_head, v_ss, bh, bkv, lo, hi, offs_m, Sq,
+             Sk, qk_mul, dec_ks, seed,
              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr,
              CAUSAL: tl.constexpr, DS_FP4: tl.constexpr, STOCH: tl.constexpr,
              INTERP: tl.constexpr):
@@ -235,7 +252,8 @@ def _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, lo, hi, offs
         n_ok = offs_n < Sk
         kv_offs = bkv * Sk * D + offs_n[:, None] * D + offs_d[None, :]
         k = tl.load(kh_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+        v = tl.load(v_head + offs_n[:, None] * v_ss + offs_d[None, :], mask=n_ok[:, None],
+                    other=0.0)
         qk = dot_bf16(q, tl.trans(k), INTERP) * qk_mul                       # [BM, BN]
         p = tl.math.exp2(qk - lse[:, None])
         if MASK:
@@ -257,6 +275,7 @@ def _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, lo, hi, offs
 def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                decqh_ptr, deckh_ptr, decks_ptr, dq_ptr,
                Sq, Sk, H, GROUPS, scale, scale2, seed,
+               v_sb, v_sh, v_ss, dq_sb, dq_sh, dq_ss,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
                DS_FP4: tl.constexpr, STOCH: tl.constexpr, DQ_BF16: tl.constexpr,
                INTERP: tl.constexpr):
@@ -267,7 +286,8 @@ def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    bkv = b * (H // GROUPS) + h // GROUPS
+    hk = h // GROUPS
+    bkv = b * (H // GROUPS) + hk
     offs_m = start_m + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     m_ok = offs_m < Sq
@@ -286,26 +306,37 @@ def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
     else:
         nlo = (Sk // BN) * BN
         nhi = Sk
-    dq = _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, 0, nlo, offs_m, Sq, Sk,
-                  qk_mul, dec_ks, seed, D, BM, BN, False, CAUSAL, DS_FP4, STOCH, INTERP)
-    dq = _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_ptr, bh, bkv, nlo, nhi, offs_m, Sq, Sk,
-                  qk_mul, dec_ks, seed, D, BM, BN, True, CAUSAL, DS_FP4, STOCH, INTERP)
+    v_head = v_ptr + b * v_sb + hk * v_sh          # V row 0 of kv head hk (caller's strides)
+    dq = _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_head, v_ss, bh, bkv, 0, nlo, offs_m,
+                  Sq, Sk, qk_mul, dec_ks, seed, D, BM, BN, False, CAUSAL, DS_FP4, STOCH, INTERP)
+    dq = _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_head, v_ss, bh, bkv, nlo, nhi, offs_m,
+                  Sq, Sk, qk_mul, dec_ks, seed, D, BM, BN, True, CAUSAL, DS_FP4, STOCH, INTERP)
     dq = dq * scale
+    dq_offs = b * dq_sb + h * dq_sh + offs_m[:, None] * dq_ss + offs_d[None, :]
     if DQ_BF16:
-        tl.store(dq_ptr + q_offs, to_bf16(dq, INTERP), mask=m_ok[:, None])
+        tl.store(dq_ptr + dq_offs, to_bf16(dq, INTERP), mask=m_ok[:, None])
     else:
-        tl.store(dq_ptr + q_offs, dq, mask=m_ok[:, None])
+        tl.store(dq_ptr + dq_offs, dq, mask=m_ok[:, None])
 
 
 @triton.jit
-def _delta_kernel(do_ptr, o_ptr, lse_ptr, delta_ptr, lse2_ptr, S, D: tl.constexpr,
-                  BLOCK: tl.constexpr):
+def _delta_kernel(do_ptr, o_ptr, lse_ptr, delta_ptr, lse2_ptr, dob_ptr, S, H,
+                  do_sb, do_sh, do_ss, o_sb, o_sh, o_ss, D: tl.constexpr, BLOCK: tl.constexpr,
+                  WRITE_DO: tl.constexpr, INTERP: tl.constexpr):
     bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
     rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < S
-    offs = bh * S * D + rows[:, None] * D + tl.arange(0, D)[None, :]
-    do = tl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
-    o = tl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    cols = tl.arange(0, D)[None, :]
+    do = tl.load(do_ptr + b * do_sb + h * do_sh + rows[:, None] * do_ss + cols, mask=ok[:, None],
+                 other=0.0).to(tl.float32)
+    if WRITE_DO:
+        # the main kernels' dO operand: BF16 (RNE, as Tensor.to) in the contiguous layout
+        tl.store(dob_ptr + bh * S * D + rows[:, None] * D + cols, to_bf16(do, INTERP),
+                 mask=ok[:, None])
+    o = tl.load(o_ptr + b * o_sb + h * o_sh + rows[:, None] * o_ss + cols, mask=ok[:, None],
+                other=0.0).to(tl.float32)
     tl.store(delta_ptr + bh * S + rows, tl.sum(do * o, 1), mask=ok)
     lse = tl.load(lse_ptr + bh * S + rows, mask=ok, other=0.0)
     tl.store(lse2_ptr + bh * S + rows, lse * 1.4426950408889634, mask=ok)
@@ -349,34 +380,56 @@ def ds_dq_config(d: int):
     return bwd_config(d)[1]
 
 
+def _dq_register_cap(d: int, warps: int, stochastic: bool) -> dict:
+    """Launch option for the recompute dq kernel: at D <= 64 on 4 warps, at most 168 registers,
+    which keeps 3 programs per SM (3 × 128 threads × 168 ≤ 64 K registers; 65 KB of shared
+    memory each). Reading V through runtime strides (``layout.py``) took the kernel from
+    153–165 to 168–176 registers (2 programs per SM) on triton 3.6; capped, ptxas fits it in
+    142–162 without spills (compile gate, PERF.md "Layouts"). Register allocation only: the
+    numbers do not change. Not for stochastic dS (211–255 registers before the change: capped
+    it spills) nor for 8 warps / D = 128 (one program per SM, held by shared memory)."""
+    return {"maxnreg": 168} if d <= 64 and warps == 4 and not stochastic else {}
+
+
 def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_fp4: bool = True,
                        ds_stochastic: bool = False, seed: int = 0, out_dtypes=None,
-                       ds_store=None):
+                       ds_store=None, out_orders=None):
     """``(dQ, dK, dV)``. ``lse`` is the forward's natural-log LSE [B, H, Sq]; ``ds_fp4`` says
     whether the ds path is NVFP4 (else dS and the seq views are plain BF16). ``out_dtypes``:
     the dtypes of (dQ, dK, dV), default FP32; BF16 outputs are rounded in the kernels (RNE, as
     ``Tensor.to``), other dtypes are cast from FP32 on the host. ``ds_store``: dQ from the dS
     tiles the dkdv kernel stores (``triton_ds_store.py``) instead of recomputing them; None =
-    ``FP4_QATTN_DS_STORE`` (default off), within ``FP4_QATTN_DS_STORE_MAX_BYTES``."""
+    ``FP4_QATTN_DS_STORE`` (default off), within ``FP4_QATTN_DS_STORE_MAX_BYTES``.
+
+    Layouts (``layout.py``): ``do``, ``o`` and ``v`` are read through their (batch, head, seq)
+    strides; dQ, dK, dV are stored dense in ``out_orders`` (three ``layout.dim_order`` tuples,
+    default contiguous): megatron's ``[s, b, h, d]`` order hands them to the QKV split's
+    backward without a copy."""
     qh, kh = views.q_hd, views.k_hd
     b, h, sq, d = qh.shape
     hk, sk = kh.shape[1], kh.shape[2]
     groups = h // hk
     dev = qh.device
     dq_t, dk_t, dv_t = out_dtypes or (torch.float32,) * 3
+    order_q, order_k, order_v = out_orders or (CONTIGUOUS,) * 3
+    o, do = kernel_operand(o), kernel_operand(do)
     delta = torch.empty(b, h, sq, dtype=torch.float32, device=dev)
     lse2 = torch.empty_like(delta)
-    _delta_kernel[(b * h, triton.cdiv(sq, BLOCK))](do.contiguous(), o.contiguous(),
-                                                   lse.contiguous(), delta, lse2, sq, D=d,
-                                                   BLOCK=BLOCK)
-    v = v.to(torch.bfloat16).contiguous()
-    do = do.to(torch.bfloat16).contiguous()
+    # D = rowsum(dO ⊙ O) from dO in its own dtype (an FP32 dO is not rounded for D); the pass
+    # also writes the main kernels' BF16 contiguous dO unless dO already is one (module docstring)
+    do_ready = do.dtype == torch.bfloat16 and do.is_contiguous()
+    do_bf = do if do_ready else torch.empty(b, h, sq, d, dtype=torch.bfloat16, device=dev)
+    _delta_kernel[(b * h, triton.cdiv(sq, BLOCK))](
+        do, o, lse.contiguous(), delta, lse2, do_bf, sq, h, *bhs_strides(do), *bhs_strides(o),
+        D=d, BLOCK=BLOCK, WRITE_DO=not do_ready, INTERP=INTERPRET)
+    do = do_bf
+    v = kernel_operand(v.to(torch.bfloat16))     # BF16 MMA operand (a no-op for BF16 V)
     smoothed = views.smoothed
     bf = torch.bfloat16
-    dq = torch.empty(qh.shape, dtype=bf if dq_t == bf else torch.float32, device=dev)
-    dk = torch.empty(kh.shape, dtype=bf if (dk_t == bf and not smoothed) else torch.float32,
-                     device=dev)
-    dv = torch.empty(kh.shape, dtype=bf if dv_t == bf else torch.float32, device=dev)
+    dq = empty_in_order(qh.shape, order_q, bf if dq_t == bf else torch.float32, dev)
+    dk = empty_in_order(kh.shape, order_k, bf if (dk_t == bf and not smoothed) else torch.float32,
+                        dev)
+    dv = empty_in_order(kh.shape, order_v, bf if dv_t == bf else torch.float32, dev)
     scale2 = scale * LOG2E
     (w_kv, st_kv, rn), (w_q, st_q, rm) = bwd_config(d)
     common = dict(D=d, BM=BLOCK, CAUSAL=causal, DS_FP4=ds_fp4, STOCH=ds_stochastic,
@@ -390,21 +443,23 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
     _dkdv_kernel[(triton.cdiv(sk, BLOCK * rn), b * hk)](
         qh, kh, views.q_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_q_sq,
         dk, dv, dsc, dss, dsd, sq, sk, h, groups, nkt, tph, scale, scale2, seed, seed + 1,
-        BN=BLOCK * rn, DK_BF16=dk.dtype == bf, DV_BF16=dv.dtype == bf, STORE_DS=store, **common,
+        *bhs_strides(v), *bhs_strides(dk), *bhs_strides(dv), BN=BLOCK * rn,
+        DK_BF16=dk.dtype == bf, DV_BF16=dv.dtype == bf, STORE_DS=store, **common,
         num_warps=w_kv, num_stages=st_kv)
     if store:
         (w_s, st_s, rs) = ds_dq_config(d)
         _dq_ds_kernel[(triton.cdiv(sq, BLOCK * rs), b * h)](
             dsc, dss, dsd, views.k_sq, views.dec_k_sq, dq, sq, sk, h, groups, nqt, nkt, tph,
-            scale, D=d, BM=BLOCK * rs, CAUSAL=causal, DQ_BF16=dq.dtype == bf, INTERP=INTERPRET,
-            num_warps=w_s, num_stages=st_s)
+            scale, *bhs_strides(dq), D=d, BM=BLOCK * rs, CAUSAL=causal, DQ_BF16=dq.dtype == bf,
+            INTERP=INTERPRET, num_warps=w_s, num_stages=st_s)
         del dsc, dss, dsd
     else:
         common["BM"] = BLOCK * rm
         _dq_kernel[(triton.cdiv(sq, BLOCK * rm), b * h)](
             qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd,
-            views.dec_k_sq, dq, sq, sk, h, groups, scale, scale2, seed + 1, BN=BLOCK,
-            DQ_BF16=dq.dtype == bf, **common, num_warps=w_q, num_stages=st_q)
+            views.dec_k_sq, dq, sq, sk, h, groups, scale, scale2, seed + 1, *bhs_strides(v),
+            *bhs_strides(dq), BN=BLOCK, DQ_BF16=dq.dtype == bf, **common, num_warps=w_q,
+            num_stages=st_q, **_dq_register_cap(d, w_q, ds_stochastic))
     if smoothed:
         dk -= dk.mean(dim=2, keepdim=True)   # K-smoothing: project out the seq-mean (prologue.py)
     return dq.to(dq_t), dk.to(dk_t), dv.to(dv_t)

@@ -38,7 +38,8 @@ read). Bytes: ``n_tiles · 2308`` (2048 codes + 256 scales + 4 dec), independent
 then loops over the stored tiles of its rows: load codes + scales, decode to the exact BF16
 values (``e2m1 · e4m3`` is exact in BF16), one BF16 GEMM with the seq-quantized K view, scaled
 by ``dec_tile · dec_k`` per row — the product ``_ds_product`` forms after its quantization, in
-the same key order. No S, P, dP, exp2 or quantization in the dq loop.
+the same key order. No S, P, dP, exp2 or quantization in the dq loop. dQ is stored through
+its (batch, head, seq) strides, like the recompute kernel's (``layout.py``).
 
 Numbers: the stored codes are those ``_dq_kernel`` would compute from the dkdv kernel's S and
 dP (same tile amax, same ``block_scales``/E2M1 rounding; stochastic rounding draws
@@ -214,7 +215,7 @@ def _dq_ds_loop(dq, codes_ptr, scales_ptr, dec_ptr, ks_ptr, bh, bkv, lo, hi, tm_
 
 @triton.jit
 def _dq_ds_kernel(codes_ptr, scales_ptr, dec_ptr, ks_ptr, decks_ptr, dq_ptr,
-                  Sq, Sk, H, GROUPS, NQT, NKT, TPH, scale,
+                  Sq, Sk, H, GROUPS, NQT, NKT, TPH, scale, dq_sb, dq_sh, dq_ss,
                   D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr,
                   DQ_BF16: tl.constexpr, INTERP: tl.constexpr):
     pid = tl.program_id(0)
@@ -247,11 +248,12 @@ def _dq_ds_kernel(codes_ptr, scales_ptr, dec_ptr, ks_ptr, decks_ptr, dq_ptr,
                      r_row, NQT, NKT, TPH, Sk, dec_ks, D, BM, True, CAUSAL, INTERP)
     dq = dq * scale
     m_ok = offs_m < Sq
-    q_offs = bh * Sq * D + offs_m[:, None] * D + tl.arange(0, D)[None, :]
+    # dQ in the caller's layout (triton_bwd.attention_backward's out_orders, layout.py)
+    dq_offs = b * dq_sb + h * dq_sh + offs_m[:, None] * dq_ss + tl.arange(0, D)[None, :]
     if DQ_BF16:
-        tl.store(dq_ptr + q_offs, to_bf16(dq, INTERP), mask=m_ok[:, None])
+        tl.store(dq_ptr + dq_offs, to_bf16(dq, INTERP), mask=m_ok[:, None])
     else:
-        tl.store(dq_ptr + q_offs, dq, mask=m_ok[:, None])
+        tl.store(dq_ptr + dq_offs, dq, mask=m_ok[:, None])
 
 
 # ----------------------------------------------------------------------------- host side

@@ -8,6 +8,10 @@ Online softmax in FP32 with exp2; ``P`` is rounded to BF16 for ``O += P V`` (BF1
 accumulation). Causal programs split the key loop: blocks left of the diagonal need no mask,
 the diagonal block(s) do; the sequence tail is masked everywhere (any length).
 
+Layouts (``layout.py``): ``q_hd``, ``k_hd`` are the prologue's contiguous views; ``V`` is read
+and ``O`` written through their (batch, head, seq) strides, so megatron's ``[s, b, h, d]`` V
+needs no copy and O is stored in the caller's order (its ``[s, b, h·d]`` is a view).
+
 Outputs: ``O`` BF16, and the natural-log LSE ``(max + log2(sum)) · ln 2`` (``max + log2(sum)``
 is the base-2 LSE of the scaled logits; the backward converts back with one FP32 multiply).
 Causal programs run the longest query blocks first (program 0 takes the last block).
@@ -19,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .layout import CONTIGUOUS, bhs_strides, empty_in_order, kernel_operand
 from .triton_nvfp4 import dot_bf16, to_bf16
 
 LOG2E = 1.4426950408889634
@@ -26,9 +31,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start_n_lo, start_n_hi, offs_m, Sk, qk_mul,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-               INTERP: tl.constexpr):
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, v_ss, start_n_lo, start_n_hi, offs_m, Sk,
+               qk_mul, D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+               CAUSAL: tl.constexpr, INTERP: tl.constexpr):
     offs_d = tl.arange(0, D)
     for start_n in range(start_n_lo, start_n_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -44,7 +49,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start_n_lo, start_n_hi, offs_m,
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * v_ss + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + dot_bf16(to_bf16(p, INTERP), v, INTERP)
         m_i = m_new
     return acc, l_i, m_i
@@ -52,6 +57,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start_n_lo, start_n_hi, offs_m,
 
 @triton.jit
 def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, GROUPS, scale2,
+                v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, INTERP: tl.constexpr):
     bh = tl.program_id(1)
@@ -63,14 +69,15 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, 
         start_m = tl.program_id(0) * BLOCK_M
     b = bh // H
     h = bh % H
-    bkv = b * (H // GROUPS) + h // GROUPS
+    hk = h // GROUPS
+    bkv = b * (H // GROUPS) + hk
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + bh * Sq * D + offs_m[:, None] * D + offs_d[None, :],
                 mask=offs_m[:, None] < Sq, other=0.0)
     qk_mul = tl.load(dq_ptr + bh) * tl.load(dk_ptr + bkv) * scale2
-    k_base = k_ptr + bkv * Sk * D
-    v_base = v_ptr + bkv * Sk * D
+    k_base = k_ptr + bkv * Sk * D                  # the prologue's view: contiguous
+    v_base = v_ptr + b * v_sb + hk * v_sh          # V: the caller's strides (layout.py)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -80,14 +87,14 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, 
     else:
         lo = (Sk // BLOCK_N) * BLOCK_N
         hi = Sk
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, 0, lo, offs_m, Sk, qk_mul,
-                               D, BLOCK_N, False, CAUSAL, INTERP)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, Sk, qk_mul,
-                               D, BLOCK_N, True, CAUSAL, INTERP)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, v_ss, 0, lo, offs_m, Sk,
+                               qk_mul, D, BLOCK_N, False, CAUSAL, INTERP)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, v_ss, lo, hi, offs_m, Sk,
+                               qk_mul, D, BLOCK_N, True, CAUSAL, INTERP)
     o = acc / l_i[:, None]
     row_mask = offs_m < Sq
-    tl.store(o_ptr + bh * Sq * D + offs_m[:, None] * D + offs_d[None, :], to_bf16(o, INTERP),
-             mask=row_mask[:, None])
+    tl.store(o_ptr + b * o_sb + h * o_sh + offs_m[:, None] * o_ss + offs_d[None, :],
+             to_bf16(o, INTERP), mask=row_mask[:, None])
     # natural-log LSE (lse2 · ln 2, the FP32 product the host used to do in a separate pass)
     tl.store(lse_ptr + bh * Sq + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453,
              mask=row_mask)
@@ -128,19 +135,26 @@ def _config(d: int, is_interp: bool):
     return 64, 64, 4, 3
 
 
-def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float):
-    """``(O bf16 [B,H,Sq,D], lse natural [B,H,Sq] fp32)``."""
+def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float,
+                      out_order=CONTIGUOUS):
+    """``(O bf16 [B,H,Sq,D], lse natural [B,H,Sq] fp32)``.
+
+    ``v`` may have any (batch, head, seq) strides (read in place when BF16 with a unit head_dim
+    stride); ``O`` is stored dense in ``out_order`` (``layout.dim_order`` of the caller's Q:
+    ``(2, 0, 1, 3)`` is megatron's ``[s, b, h, d]``, so its ``[s, b, h·d]`` is a view)."""
     q, k = views.q_hd, views.k_hd
     b, h, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
     if d not in (16, 32, 64, 128):
         raise ValueError(f"Triton Q-Attn supports head_dim 16/32/64/128, got {d}")
-    v = v.to(torch.bfloat16).contiguous()   # BF16 PV operand (as the backward); an FP32 v fails to compile
-    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    # BF16 PV operand (as the backward); an FP32 v fails to compile
+    v = kernel_operand(v.to(torch.bfloat16))
+    o = empty_in_order(q.shape, out_order, torch.bfloat16, q.device)
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     bm, bn, warps, stages = _config(d, False)
     grid = (triton.cdiv(sq, bm), b * h)
     _fwd_kernel[grid](q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse,
-                      sq, sk, h, h // hk, scale * LOG2E, D=d, BLOCK_M=bm, BLOCK_N=bn,
-                      CAUSAL=causal, INTERP=INTERPRET, num_warps=warps, num_stages=stages)
+                      sq, sk, h, h // hk, scale * LOG2E, *bhs_strides(v), *bhs_strides(o),
+                      D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, INTERP=INTERPRET,
+                      num_warps=warps, num_stages=stages)
     return o, lse

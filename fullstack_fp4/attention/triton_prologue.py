@@ -1,5 +1,8 @@
 """Triton prologue: the NVFP4 views of a ``[B, H, S, D]`` tensor (Q, or K − mean) in two passes.
 
+The input is read through its (batch, head, seq) strides (megatron's ``[s, b, h, d]`` views
+without a copy, ``layout.py``); everything written (views, codes, scales) is contiguous.
+
 1. ``_amax_kernel`` — one program per (b·h, 128 rows): ``max |x − mean|`` over its rows as FP32
    bits, one ``atomic_max`` into ``amax[b·h]`` (for non-negative floats the int32 bit order is
    the float order; a max is exact and order-free, so this is the torch ``abs().amax()``'s value
@@ -24,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .layout import bhs_strides, kernel_operand
 from .packed import PackedView, empty_packed, padded_seq
 from .triton_nvfp4 import block_scales, e4m3_bits, head_scales, qdq_codes
 
@@ -55,23 +59,26 @@ def prologue_config(d: int):
 
 
 @triton.jit
-def _load_rows(x_ptr, mean_ptr, bh, rows, S, D: tl.constexpr, SMOOTH: tl.constexpr):
-    """``[len(rows), D]`` FP32 rows of head ``bh`` (``x − mean`` if SMOOTH); rows >= S are 0."""
+def _load_rows(x_ptr, mean_ptr, bh, rows, S, H, sxb, sxh, sxs, D: tl.constexpr,
+               SMOOTH: tl.constexpr):
+    """``[len(rows), D]`` FP32 rows of head ``bh`` (``x − mean`` if SMOOTH); rows >= S are 0.
+    ``x`` is read through its (batch, head, seq) strides (``layout.py``: Q and K come as
+    megatron's ``[s, b, h, d]`` views); the mean is internal, ``[B·H, D]`` contiguous."""
     cols = tl.arange(0, D)
     ok = rows[:, None] < S
-    x = tl.load(x_ptr + bh * S * D + rows[:, None] * D + cols[None, :], mask=ok,
-                other=0.0).to(tl.float32)
+    x_head = x_ptr + (bh // H) * sxb + (bh % H) * sxh
+    x = tl.load(x_head + rows[:, None] * sxs + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     if SMOOTH:
         x = tl.where(ok, x - tl.load(mean_ptr + bh * D + cols)[None, :], 0.0)
     return x
 
 
 @triton.jit
-def _amax_kernel(x_ptr, mean_ptr, amax_ptr, S, D: tl.constexpr, BLOCK: tl.constexpr,
-                 SMOOTH: tl.constexpr):
+def _amax_kernel(x_ptr, mean_ptr, amax_ptr, S, H, sxb, sxh, sxs, D: tl.constexpr,
+                 BLOCK: tl.constexpr, SMOOTH: tl.constexpr):
     bh = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    x = _load_rows(x_ptr, mean_ptr, bh, rows, S, D, SMOOTH)
+    x = _load_rows(x_ptr, mean_ptr, bh, rows, S, H, sxb, sxh, sxs, D, SMOOTH)
     bits = tl.abs(x).to(tl.int32, bitcast=True)
     tl.atomic_max(amax_ptr + bh, tl.max(tl.max(bits, 1), 0))
 
@@ -85,7 +92,7 @@ def _pack_pairs(c):
 
 @triton.jit
 def _prologue_kernel(x_ptr, mean_ptr, amax_ptr, dec_ptr, hd_ptr, sq_ptr,
-                     hdc_ptr, hds_ptr, sqc_ptr, sqs_ptr, S, SP,
+                     hdc_ptr, hds_ptr, sqc_ptr, sqs_ptr, S, SP, H, sxb, sxh, sxs,
                      D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr,
                      HD_BF16: tl.constexpr, SQ_BF16: tl.constexpr,
                      PACK_HD: tl.constexpr, PACK_SQ: tl.constexpr):
@@ -93,13 +100,13 @@ def _prologue_kernel(x_ptr, mean_ptr, amax_ptr, dec_ptr, hd_ptr, sq_ptr,
     sb = tl.program_id(1)
     rows = sb * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
-    x = _load_rows(x_ptr, mean_ptr, bh, rows, S, D, SMOOTH)
+    x = _load_rows(x_ptr, mean_ptr, bh, rows, S, H, sxb, sxh, sxs, D, SMOOTH)
     enc6, dec = head_scales(tl.load(amax_ptr + bh).to(tl.float32, bitcast=True))
     if sb == 0:
         tl.store(dec_ptr + bh, dec)
     ax = tl.abs(x)
     ok = rows[:, None] < S
-    offs = bh * S * D + rows[:, None] * D + cols[None, :]
+    offs = bh * S * D + rows[:, None] * D + cols[None, :]      # the BF16 views: contiguous
     if HD_BF16 or PACK_HD:
         # along head_dim: [BLOCK, D/16, 16]; scales once per block, then broadcast
         s, f = block_scales(tl.max(tl.reshape(ax, [BLOCK, D // 16, 16]), axis=2), enc6, dec)
@@ -135,18 +142,22 @@ def quantize_views(x: torch.Tensor, mean=None, *, hd_bf16: bool = False, sq_bf16
                    pack_hd: bool = False, pack_sq: bool = False) -> dict:
     """The NVFP4 views of ``x [B, H, S, D]`` (of ``x − mean`` with ``mean [B, H, 1, D]`` FP32).
 
+    ``x`` may have any (batch, head, seq) strides — megatron's ``[s, b, h, d]`` views are read
+    in place (``layout.py``); the views written are contiguous ``[B, H, S, D]``.
     Returns ``{"dec": fp32 [B, H], "hd", "sq": BF16 values or None, "hd_packed", "sq_packed":
     PackedView or None}`` as requested. Two launches (amax, then the views), no host sync.
     """
-    x = x.contiguous()
+    x = kernel_operand(x)
+    strides = bhs_strides(x)
     b, h, s, d = x.shape
     dev = x.device
     smooth = mean is not None
     mean_t = mean.reshape(b, h, d).to(torch.float32).contiguous() if smooth else x
     amax = torch.zeros(b * h, dtype=torch.int32, device=dev)     # FP32 bits, max-reduced
     warps = 8 if d >= 128 else 4
-    _amax_kernel[(b * h, triton.cdiv(s, AMAX_ROWS))](x, mean_t, amax, s, D=d, BLOCK=AMAX_ROWS,
-                                                      SMOOTH=smooth, num_warps=warps)
+    _amax_kernel[(b * h, triton.cdiv(s, AMAX_ROWS))](x, mean_t, amax, s, h, *strides, D=d,
+                                                      BLOCK=AMAX_ROWS, SMOOTH=smooth,
+                                                      num_warps=warps)
     dec = torch.empty(b, h, dtype=torch.float32, device=dev)
     hd = torch.empty(x.shape, dtype=torch.bfloat16, device=dev) if hd_bf16 else None
     sq = torch.empty(x.shape, dtype=torch.bfloat16, device=dev) if sq_bf16 else None
@@ -158,7 +169,7 @@ def quantize_views(x: torch.Tensor, mean=None, *, hd_bf16: bool = False, sq_bf16
         x, mean_t, amax, dec, hd if hd_bf16 else dummy, sq if sq_bf16 else dummy,
         hdp.codes if pack_hd else dummy, hdp.scales if pack_hd else dummy,
         sqp.codes if pack_sq else dummy, sqp.scales if pack_sq else dummy, s, padded_seq(s),
-        D=d, BLOCK=rows, SMOOTH=smooth, HD_BF16=hd_bf16, SQ_BF16=sq_bf16,
+        h, *strides, D=d, BLOCK=rows, SMOOTH=smooth, HD_BF16=hd_bf16, SQ_BF16=sq_bf16,
         PACK_HD=pack_hd, PACK_SQ=pack_sq, num_warps=pwarps)
     return {"dec": dec, "hd": hd, "sq": sq, "hd_packed": hdp, "sq_packed": sqp}
 

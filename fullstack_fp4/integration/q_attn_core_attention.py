@@ -8,6 +8,16 @@ attn_mask_type=None, attention_bias=None, packed_seq_params=None)`` with q ``[sq
 d]``, k/v ``[sk, b, groups, d]`` (RoPE already applied by the attention layer, so the
 quantized views are of the rotated Q, K) and expects ``[sq, b, heads · d]``.
 
+Layout, no copies: megatron's q, k, v are ``[s, b, h, d]`` views of the QKV projection output
+(or RoPE's output). They are permuted — not copied — to Q-Attn's logical ``[b, h, s, d]``; the
+Triton kernels read them through their strides, store O as ``[s, b, h, d]`` so that the
+``[s, b, h·d]`` returned here is a view of it (the output projection saves that view: one copy
+of O in memory, shared with Q-Attn's saved O), read dO in place, and store dQ, dK, dV as
+``[s, b, h, d]`` tensors, which the QKV split's backward concatenates directly. The one copy
+left: a V that is a view into the fused QKV buffer is compacted before it is saved for the
+backward, so the buffer (Q and K in BF16) is not kept alive (``fullstack_fp4/attention/
+layout.py``, ``function._kernel_v``; ``FP4_QATTN_SAVE_V_VIEW=1`` keeps the view instead).
+
 Tensor parallelism: heads are split over the TP ranks; this module sees its partition's
 ``num_attention_heads / tp`` query heads and ``num_query_groups / tp`` KV heads. Q-Attn's
 tensor scales are per (batch, head) (``fullstack_fp4/attention/quant.py``), so the numerics do
@@ -40,6 +50,10 @@ def _tp_size(pg_collection) -> int:
 
 class QAttnCoreAttention(MegatronModule):
     """Core attention with NVFP4 ``QKᵀ`` and ``dS`` GEMMs (see module docstring)."""
+
+    # q_attention's backend: None dispatches by device (Triton kernels on CUDA, the reference on
+    # CPU); tests set "triton" to run the kernels under TRITON_INTERPRET on CPU
+    backend = None
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type,
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None,
@@ -84,8 +98,9 @@ class QAttnCoreAttention(MegatronModule):
         sq, b, h, d = query.shape
         if h != self.heads_per_partition:
             raise ValueError(f"expected {self.heads_per_partition} heads per partition, got {h}")
-        # [s, b, n, d] -> [b, n, s, d]
+        # [s, b, n, d] -> [b, n, s, d]: views; the kernels take the strides (module docstring)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         o = q_attention(q, k, v, causal=mask_type == AttnMaskType.causal,
-                        softmax_scale=self.softmax_scale)
+                        softmax_scale=self.softmax_scale, backend=self.backend)
+        # O is stored [s, b, h, d] (O's order follows q's): this reshape is a view
         return o.permute(2, 0, 1, 3).reshape(sq, b, h * d)
