@@ -32,7 +32,7 @@ case "${1:-diag}" in
   final)
     TAILN=16 run q_adamw 200 python3 scripts/bench_q_adamw.py --cpp 1 --steps 5
     TAILN=40 run blocks 330 python3 scripts/bench_blocks.py \
-      --arms bf16,nvfp4_linear,q_attn,q_adamw_bf16_grads,full_stack_bf16_grads --steps 6 --warmup 2 \
+      --arms bf16,nvfp4_linear,q_adamw_bf16_grads,full_stack_bf16_grads --steps 6 --warmup 2 \
       --profile --out "$OUT"
     ;;
   ablation)
