@@ -63,12 +63,20 @@ def _bf16_rne_bits(v):
 
 
 @triton.jit
-def _scale_cast_kernel(acc_ptr, ts_a_ptr, ts_b_ptr, out_ptr, n, OUT: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _scaled_acc_block(acc_ptr, ts_a_ptr, ts_b_ptr, n, BLOCK: tl.constexpr):
+    """This program's ``BLOCK`` accumulator entries times ``alpha = ts_a · ts_b`` (both FP32
+    RNE products): ``(offsets, mask, acc · alpha)``, the common start of both epilogues."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     alpha = tl.load(ts_a_ptr) * tl.load(ts_b_ptr)
     v = tl.load(acc_ptr + offs, mask=m, other=0.0, eviction_policy="evict_first") * alpha
+    return offs, m, v
+
+
+@triton.jit
+def _scale_cast_kernel(acc_ptr, ts_a_ptr, ts_b_ptr, out_ptr, n, OUT: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    offs, m, v = _scaled_acc_block(acc_ptr, ts_a_ptr, ts_b_ptr, n, BLOCK)
     if OUT == 1:
         tl.store(out_ptr + offs, _bf16_rne_bits(v), mask=m)
     elif OUT == 2:
@@ -100,10 +108,7 @@ def scale_cast_triton(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
 @triton.jit
 def _scale_accumulate_kernel(acc_ptr, ts_a_ptr, ts_b_ptr, dst_ptr, n, DST: tl.constexpr,
                              BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    alpha = tl.load(ts_a_ptr) * tl.load(ts_b_ptr)
-    v = tl.load(acc_ptr + offs, mask=m, other=0.0, eviction_policy="evict_first") * alpha
+    offs, m, v = _scaled_acc_block(acc_ptr, ts_a_ptr, ts_b_ptr, n, BLOCK)
     if DST == 1:
         # BF16 bits widened exactly: the high half of the FP32 pattern (the shift drops the
         # sign extension of the int16 -> int32 conversion)

@@ -9,8 +9,6 @@
 #     splits them: ablation.py stops at its time budget, and /tmp/abl does not outlive the machine)
 set -u
 source scripts/gpu/setup_env.sh
-run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
-        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -40; }
 run check 120 python3 scripts/gpu/check_kernels_exact.py
 case "${1:-linear}" in
   linear)   # the first run compiles the linear's kernels (minutes on a cold cache): give it room
@@ -22,6 +20,5 @@ case "${1:-linear}" in
   ablation)
     run ablation 450 python3 scripts/ablation.py --arms "${ARMS:-bf16,nvfp4_linear,lora_svd,full_stack}" --iters 300 \
       --out /tmp/abl --time-budget 380 --ppl-tokens 65536 --cloze-items 200
-    cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
-    for d in /tmp/abl/*/; do a=$(basename "$d"); [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done ;;
+    keep_ablation /tmp/abl ;;
 esac

@@ -7,14 +7,10 @@
 #       nvfp4_linear, lora_svd (dense route): every gap against one BF16 baseline of the same call
 set -u
 source scripts/gpu/setup_env.sh
-run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
-        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -${TAILN:-40}; }
 ablation() {  # ablation <arms> <time budget s>
   run ablation $(( $2 + 60 )) python3 scripts/ablation.py --arms "$1" --iters 300 --out /tmp/abl \
     --time-budget "$2" --ppl-tokens 65536 --cloze-items 200
-  cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
-  for d in /tmp/abl/*/; do a=$(basename "$d")
-    [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done
+  keep_ablation /tmp/abl
 }
 case "${1:-memory}" in
   memory)

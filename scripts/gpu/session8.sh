@@ -10,8 +10,6 @@
 #   bash scripts/gpu/session8.sh decode   # flat NVFP4 decode sweep, then the 4-block table with it
 set -u
 source scripts/gpu/setup_env.sh
-run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
-        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -${TAILN:-40}; }
 case "${1:-attn}" in
   attn)
     TAILN=60 run q_attn 300 python3 scripts/bench_q_attn.py --sweep
@@ -34,9 +32,7 @@ case "${1:-attn}" in
   ablation)  # bf16, q_attn, full stack at the current kernels (seed 1234, as run26); carry data/quickstart
     run ablation 420 python3 scripts/ablation.py --arms bf16,q_attn,full_stack_bf16_grads --iters 300 \
       --out /tmp/abl --time-budget 360 --ppl-tokens 65536 --cloze-items 200
-    cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
-    for d in /tmp/abl/*/; do a=$(basename "$d")
-      [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done
+    keep_ablation /tmp/abl
     ;;
   decode)  # the flat decode kernel: exactness + GB/s sweep; then the 4-block table with the
            # fastest (blocks/program, warps) exported, so the step figure uses it

@@ -8,12 +8,11 @@
 #   bash scripts/gpu/session9.sh final   # Q-AdamW with the fused BF16 model-param write (GPU
 #       bit-exactness of the hardware cast first), then the 4-block table + profile of the session's
 #       code (8-bit SR, wgrad fusion, model-param write, Q-Attn without layout copies)
-#   FULLSTACK_COMMIT=<sha> bash scripts/gpu/session9.sh ablation  # bf16 vs full stack losses
-#       at the session's numerics (8-bit SR, wgrad fused before the BF16 rounding); carry data/quickstart
+#   bash scripts/gpu/session9.sh ablation [--set train.seed=4321]  # bf16 vs full stack losses
+#       at the session's numerics (8-bit SR, wgrad fused before the BF16 rounding); carry
+#       data/quickstart; extra arguments go to scripts/ablation.py
 set -u
 source scripts/gpu/setup_env.sh
-run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
-        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -${TAILN:-40}; }
 case "${1:-diag}" in
   diag)
     TAILN=16 run two_ways 180 python3 scripts/gpu/diag_two_ways.py
@@ -37,10 +36,8 @@ case "${1:-diag}" in
     ;;
   ablation)
     run ablation 330 python3 scripts/ablation.py --arms bf16,full_stack_bf16_grads --iters 300 \
-      --out /tmp/abl --time-budget 300 --ppl-tokens 65536 --cloze-items 200
-    cp /tmp/abl/ablation.md /tmp/abl/ablation.json /tmp/abl/*.png "$OUT"/ 2>/dev/null
-    for d in /tmp/abl/*/; do a=$(basename "$d")
-      [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done
+      --out /tmp/abl --time-budget 300 --ppl-tokens 65536 --cloze-items 200 "${@:2}"
+    keep_ablation /tmp/abl
     ;;
   sr)
     TAILN=30 run check 120 python3 scripts/gpu/check_kernels_exact.py

@@ -4,3 +4,13 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
+
+# run NAME LIMIT CMD...: one step of a device call — CMD under `timeout LIMIT`, its output (less
+# warnings) kept as $OUT/NAME.txt and its last ${TAILN:-40} lines shown.
+run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
+        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -${TAILN:-40}; }
+
+# keep_ablation DIR: scripts/ablation.py's table, JSON, plot and each arm's metrics.jsonl into $OUT.
+keep_ablation() { cp "$1"/ablation.md "$1"/ablation.json "$1"/*.png "$OUT"/ 2>/dev/null
+  for d in "$1"/*/; do a=$(basename "$d")
+    [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done; return 0; }
