@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fullstack_fp4.nvfp4.triton_launch import launch
+
 from .layout import CONTIGUOUS, bhs_strides, empty_in_order, kernel_operand
 from .triton_nvfp4 import dot_bf16, to_bf16
 
@@ -153,8 +155,9 @@ def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float,
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     bm, bn, warps, stages = _config(d, False)
     grid = (triton.cdiv(sq, bm), b * h)
-    _fwd_kernel[grid](q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse,
-                      sq, sk, h, h // hk, scale * LOG2E, *bhs_strides(v), *bhs_strides(o),
-                      D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, INTERP=INTERPRET,
-                      num_warps=warps, num_stages=stages)
+    launch(_fwd_kernel, grid,
+           q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse,
+           sq, sk, h, h // hk, scale * LOG2E, *bhs_strides(v), *bhs_strides(o),
+           D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, INTERP=INTERPRET,
+           num_warps=warps, num_stages=stages)
     return o, lse

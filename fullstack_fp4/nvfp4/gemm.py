@@ -55,19 +55,32 @@ __all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul"
            "scale_accumulate"]
 
 
+def _triton(name: str):
+    """A function of this package's Triton modules, or None without Triton; looked up once (the
+    GEMM path runs it several times a linear, on the host's critical path)."""
+    if name not in _TRITON_FNS:
+        try:
+            from . import triton_dequantize, triton_gemm_epilogue  # noqa: PLC0415
+            _TRITON_FNS.update(decode_bf16_triton=triton_dequantize.decode_bf16_triton,
+                               scale_cast_triton=triton_gemm_epilogue.scale_cast_triton,
+                               scale_accumulate_triton=triton_gemm_epilogue.scale_accumulate_triton)
+        except ImportError:
+            _TRITON_FNS.update(decode_bf16_triton=None, scale_cast_triton=None,
+                               scale_accumulate_triton=None)
+    return _TRITON_FNS[name]
+
+
+_TRITON_FNS: dict = {}
+
+
 def decode_to_bf16(t: NVFP4Tensor) -> torch.Tensor:
     """``e2m1(code) · fp32(block_scale)`` as BF16 (exact, see module docstring), ``[M, K]``.
 
     CUDA: one Triton pass (reads 0.5625 B/element, writes 2), bit-identical to the PyTorch
     decode below (which is ~6 elementwise passes with FP32 temporaries)."""
     k = t.shape[-1]
-    if t.data.is_cuda:
-        try:
-            from .triton_dequantize import decode_bf16_triton  # noqa: PLC0415
-        except ImportError:
-            decode_bf16_triton = None
-        if decode_bf16_triton is not None:
-            return decode_bf16_triton(t)
+    if t.data.is_cuda and _triton("decode_bf16_triton") is not None:
+        return _triton("decode_bf16_triton")(t)
     vals = e2m1_decode(t.codes()).reshape(-1, k // 16, 16)
     scale = t.block_scale.reshape(-1, k // 16, 1).to(torch.float32)
     return (vals * scale).reshape(-1, k).to(torch.bfloat16)
@@ -76,13 +89,9 @@ def decode_to_bf16(t: NVFP4Tensor) -> torch.Tensor:
 def _scale_cast(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:
     """``(acc · (ts_a · ts_b)).to(out_dtype)`` (step 3): one Triton pass on CUDA, else torch."""
-    if acc.is_cuda and out_dtype in (torch.float32, torch.bfloat16, torch.float16):
-        try:
-            from .triton_gemm_epilogue import scale_cast_triton  # noqa: PLC0415
-        except ImportError:
-            scale_cast_triton = None
-        if scale_cast_triton is not None:
-            return scale_cast_triton(acc, ts_a, ts_b, out_dtype)
+    if (acc.is_cuda and out_dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and _triton("scale_cast_triton") is not None):
+        return _triton("scale_cast_triton")(acc, ts_a, ts_b, out_dtype)
     alpha = ts_a.to(torch.float32) * ts_b.to(torch.float32)
     return (acc * alpha).to(out_dtype)
 
@@ -95,13 +104,9 @@ def scale_accumulate(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
     shape. One Triton pass on CUDA for an FP32 / BF16 ``dst`` (bit-identical), else torch."""
     if acc.shape != dst.shape:
         raise ValueError(f"accumulator {tuple(acc.shape)} and destination {tuple(dst.shape)} differ")
-    if acc.is_cuda and dst.dtype in (torch.float32, torch.bfloat16) and dst.is_contiguous():
-        try:
-            from .triton_gemm_epilogue import scale_accumulate_triton  # noqa: PLC0415
-        except ImportError:
-            scale_accumulate_triton = None
-        if scale_accumulate_triton is not None:
-            return scale_accumulate_triton(acc.contiguous(), ts_a, ts_b, dst)
+    if (acc.is_cuda and dst.dtype in (torch.float32, torch.bfloat16) and dst.is_contiguous()
+            and _triton("scale_accumulate_triton") is not None):
+        return _triton("scale_accumulate_triton")(acc.contiguous(), ts_a, ts_b, dst)
     alpha = ts_a.to(torch.float32) * ts_b.to(torch.float32)
     dst.copy_((dst.float() + acc * alpha).to(dst.dtype))
     return None

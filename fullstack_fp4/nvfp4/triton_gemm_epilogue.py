@@ -47,6 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_launch import launch
+
 __all__ = ["scale_cast_triton", "scale_accumulate_triton"]
 
 _OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -99,7 +101,7 @@ def scale_cast_triton(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
         return out
     block = _block()
     a, b = _scale_operand(ts_a), _scale_operand(ts_b)
-    _scale_cast_kernel[(triton.cdiv(n, block),)](
+    launch(_scale_cast_kernel, (triton.cdiv(n, block),),
         acc, a, b, out.view(torch.int16) if out_dtype == torch.bfloat16 else out, n,
         OUT=_OUT[out_dtype], BLOCK=block, num_warps=4, enable_fp_fusion=False)
     return out
@@ -137,7 +139,7 @@ def scale_accumulate_triton(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.T
     if n == 0:
         return
     block = _block()
-    _scale_accumulate_kernel[(triton.cdiv(n, block),)](
+    launch(_scale_accumulate_kernel, (triton.cdiv(n, block),),
         acc, _scale_operand(ts_a), _scale_operand(ts_b),
         dst.view(torch.int16) if dst.dtype == torch.bfloat16 else dst, n,
         DST=_DST[dst.dtype], BLOCK=block, num_warps=4, enable_fp_fusion=False)
@@ -150,5 +152,9 @@ def _block() -> int:
 
 
 def _scale_operand(ts: torch.Tensor) -> torch.Tensor:
-    """A tensor scale as the 1-element FP32 tensor the kernels read on the device."""
+    """A tensor scale as the 1-element FP32 tensor the kernels read on the device (an FP32 one,
+    0-dim or not, is passed as it is: the kernel reads its one element through the pointer, and
+    three view ops a call are host time on the linear's critical path)."""
+    if ts.dtype == torch.float32 and ts.numel() == 1:
+        return ts
     return ts.detach().to(torch.float32).reshape(1)

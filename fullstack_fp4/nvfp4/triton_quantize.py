@@ -112,6 +112,7 @@ import torch
 import triton
 
 from .triton_quantize_jit import FP32_MAX
+from .triton_launch import launch
 from .triton_quantize_kernels import (_amax_kernel, _quantize_kernel, _philox_uniforms_kernel,
                                       _elementwise_probe_kernel)
 from .triton_quantize_flat import _amax_flat_kernel, _quantize_flat_kernel
@@ -265,7 +266,7 @@ def _launch_amax(x2, signs, amax_bits, rows: int, nblk: int, rht: bool, smask: i
     i64 = _needs_i64(rows, nblk, bm, nb, (x2.stride(0),))
     grid, grid2d = _grid(rows, nblk, bm, nb, legacy)
     tail_rows = AMAX_L2_TAIL_BYTES // max(nblk * 16 * x2.element_size(), 1)
-    _amax_kernel[grid](
+    launch(_amax_kernel, grid,
         xk, signs, amax_bits, rows, nblk, stride_xk, rows - tail_rows, RHT=rht, BM=bm, NB=nb, XW=xw, I64=i64,
         SIGN_MASK=smask, GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
 
@@ -309,9 +310,8 @@ def _launch_amax_flat(x2, amax_bits):
     xw = x2.view(torch.int32).reshape(-1)
     nw = xw.numel()
     block, warps = _flat_amax_config(nw)
-    _amax_flat_kernel[(_cdiv(nw, block),)](xw, amax_bits, nw, BLOCK=block,
-                                           I64=(_cdiv(nw, block) + 1) * block > _I32_LIMIT,
-                                           num_warps=warps)
+    launch(_amax_flat_kernel, (_cdiv(nw, block),), xw, amax_bits, nw, BLOCK=block,
+           I64=(_cdiv(nw, block) + 1) * block > _I32_LIMIT, num_warps=warps)
 
 
 def _host_amax_bits(global_amax) -> int:
@@ -435,7 +435,7 @@ def quantize_triton(
     given = global_amax is not None
     if not given:
         _launch_amax(x2, signs, amax_bits, rows, nblk, rht, smask, legacy)
-    _quantize_kernel[grid](
+    launch(_quantize_kernel, grid,
         xk if not legacy else x2, rand2, signs, amax_bits, obs,
         data if legacy else data.view(torch.int32), scale, dec, seed_v, imm,
         rows, nblk, stride_xk, stride_r,
@@ -492,7 +492,7 @@ def _quantize_flat(x2, x, data, scale, dec, global_amax, config, check_finite) -
     if not given:
         _launch_amax_flat(x2, amax_bits)
     nprog = _cdiv(nblk_all, nbp)
-    _quantize_flat_kernel[(nprog,)](
+    launch(_quantize_flat_kernel, (nprog,),
         x2.view(torch.int32), amax_bits, obs, data.view(torch.int32), scale, dec, imm, nblk_all,
         TRACK_AMAX=given, REVERSE=not given, AMAX_IMM=given and g is None, NBP=nbp,
         I64=(nprog + 1) * nbp * 8 > _I32_LIMIT, num_warps=warps, enable_fp_fusion=False)

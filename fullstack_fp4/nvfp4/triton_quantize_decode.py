@@ -66,6 +66,7 @@ import torch
 import triton
 
 from .hadamard import DEFAULT_SIGNS
+from .triton_launch import launch
 from .tensor import NVFP4Tensor
 from .triton_quantize_jit import FP32_MAX
 from .triton_quantize_decode_kernels import _amax_two_ways_kernel, _quantize_two_ways_kernel
@@ -185,9 +186,9 @@ def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
     nb, nw = _config(c // 16)
     grid = (triton.cdiv(t, 16) * triton.cdiv(c // 16, nb),)
     xp, stride, xw = _x_args(m)
-    _amax_two_ways_kernel[grid](xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs), ROW=row,
-                                COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb,
-                                num_warps=nw, enable_fp_fusion=False)
+    launch(_amax_two_ways_kernel, grid, xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs),
+           ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb, num_warps=nw,
+           enable_fp_fusion=False)
     return obs
 
 
@@ -275,7 +276,7 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
     grid = (triton.cdiv(t, 16) * triton.cdiv(nblk, nb),)
     xp, stride, xw = _x_args(m)
     words = (lambda b: b.view(torch.int32) if b is not dummy else b)   # BF16 / code words
-    _quantize_two_ways_kernel[grid](
+    launch(_quantize_two_ways_kernel, grid,
         xp, g_row, g_col, obs, ts, words(row_dec), row_data, row_scale, words(col_dec),
         words(col_data), col_scale, int(seed_row or 0), int(seed_col or 0), t, c, stride,
         SIGNS=_signs_mask(rht_signs),

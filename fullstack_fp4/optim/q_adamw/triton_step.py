@@ -41,6 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fullstack_fp4.nvfp4.triton_launch import launch as launch_kernel
+
 from .codecs import BLOCK, CHUNK, TILE
 # The per-row register arithmetic (one thread = one 16-block) lives in triton_rows.py.
 from .triton_rows import (REL_FLOOR_C, _adam, _decode_rows, _dither, _encode_m, _encode_v,
@@ -234,7 +236,7 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     nprog = -(-(phase + npad) // (CHUNK * cpp))
     u = rand if rand is not None else p_flat
     mo = _model_out_bits(model_out, n) if model_out is not None else p_flat
-    q_adamw_kernel[(nprog,)](
+    launch_kernel(q_adamw_kernel, (nprog,),
         p_flat, g_flat,
         st["exp_avg_codes"], st["exp_avg_scales"], st["exp_avg_chunk_scales"],
         st["exp_avg_sq_codes"], st["exp_avg_sq_scales"], st["exp_avg_sq_chunk_scales"],

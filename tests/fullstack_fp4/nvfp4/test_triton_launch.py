@@ -1,0 +1,176 @@
+"""The lean launcher (fullstack_fp4/nvfp4/triton_launch.py) on the CPU.
+
+The launch through a compiled kernel needs a GPU; ``scripts/gpu/check_kernels_exact.py`` checks
+there that it launches the very kernel ``JITFunction.run`` picks, bit for bit. Here: the
+argument binding against ``inspect``'s, the cache key against what Triton specialises on
+(written out by hand from Triton's rules), the glue with a stand-in compiled kernel, and the
+plain path under the interpreter.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from fullstack_fp4.nvfp4 import triton_launch as tl_launch
+from fullstack_fp4.nvfp4.triton_quantize_decode_kernels import (_amax_two_ways_kernel,
+                                                                 _quantize_two_ways_kernel)
+
+
+def _inspect_bind(fn, args, kwargs):
+    params = inspect.signature(fn.fn).parameters
+    own = {k: v for k, v in kwargs.items() if k in params}
+    bound = inspect.signature(fn.fn).bind(*args, **own)
+    bound.apply_defaults()
+    return list(bound.arguments.values()), {k: v for k, v in kwargs.items() if k not in params}
+
+
+@pytest.mark.parametrize("n_positional", [0, 3, 5, 11])
+def test_bind_matches_inspect(n_positional):
+    names = list(inspect.signature(_amax_two_ways_kernel.fn).parameters)
+    values = [object() for _ in names]           # identity: the order must be exact
+    args = tuple(values[:n_positional])
+    kwargs = dict(zip(names[n_positional:], values[n_positional:]))
+    kwargs.update(num_warps=4, enable_fp_fusion=False)
+    got = tl_launch.bind_arguments(_amax_two_ways_kernel, args, kwargs)
+    want = _inspect_bind(_amax_two_ways_kernel, args, kwargs)
+    assert [id(v) for v in got[0]] == [id(v) for v in want[0]] == [id(v) for v in values]
+    assert got[1] == want[1] == {"num_warps": 4, "enable_fp_fusion": False}
+
+
+def test_bind_errors():
+    with pytest.raises(TypeError, match="missing argument 'NB'"):
+        tl_launch.bind_arguments(_amax_two_ways_kernel, (1, 2, 3, 4, 5),
+                                 dict(SIGNS=0, ROW=True, COL=True, XW=True, I64=False))
+    with pytest.raises(TypeError, match="given twice"):
+        tl_launch.bind_arguments(_amax_two_ways_kernel, (1, 2), dict(obs_ptr=2))
+
+
+def test_constexpr_parameters_hand_listed():
+    sig = tl_launch._signature(_amax_two_ways_kernel)
+    got = [n for n, c in zip(sig.names, sig.constexpr) if c]
+    assert got == ["SIGNS", "ROW", "COL", "XW", "I64", "NB"]
+    sig = tl_launch._signature(_quantize_two_ways_kernel)
+    assert sig.names[15:17] == ["stride_t", "SIGNS"] and len(sig.names) == 27
+    assert not any(sig.constexpr[:16]) and all(sig.constexpr[16:])
+
+
+def _key(values, options=None, device=0):
+    return tl_launch.specialization_key(_amax_two_ways_kernel, values, options or {}, device)
+
+
+def _values(x, t=64, c=32, stride=32, nb=4):
+    return [x, torch.zeros(2, dtype=torch.int32), t, c, stride, 0, True, True, True, False, nb]
+
+
+def test_key_equal_when_triton_would_reuse_the_kernel():
+    # other data, other values with the same specialisation (not 1, same divisibility, i32)
+    a = torch.zeros(256, dtype=torch.bfloat16)
+    b = torch.ones(512, dtype=torch.bfloat16)
+    assert a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    assert _key(_values(a, t=64, c=32)) == _key(_values(b, t=4096, c=3072))
+    assert _key(_values(a, t=17)) == _key(_values(b, t=33))
+
+
+@pytest.mark.parametrize("change", [
+    dict(x=torch.zeros(256, dtype=torch.float32)),            # dtype
+    dict(x=torch.zeros(256, dtype=torch.bfloat16)[1:]),       # 16-byte alignment
+    dict(t=1),                                                 # == 1
+    dict(t=63),                                                # divisibility by 16
+    dict(stride=2 ** 31),                                      # 64-bit int
+    dict(nb=8),                                                # a constexpr's value
+])
+def test_key_differs_where_triton_specialises(change):
+    base = dict(x=torch.zeros(256, dtype=torch.bfloat16), t=64, c=32, stride=32, nb=4)
+    assert _key(_values(**base)) != _key(_values(**{**base, **change}))
+
+
+def test_key_differs_by_options_device_and_arg_kind():
+    v = _values(torch.zeros(256, dtype=torch.bfloat16))
+    assert _key(v, {"num_warps": 4}) != _key(v, {"num_warps": 8})
+    assert _key(v, device=0) != _key(v, device=1)
+    assert tl_launch._arg_key(True) != tl_launch._arg_key(1)
+    assert tl_launch._arg_key(2 ** 63) != tl_launch._arg_key(2 ** 62)
+    with pytest.raises(tl_launch._Unkeyed):
+        tl_launch._arg_key((1, 2))
+
+
+class _FakeCompiled:
+    """Stands in for a CompiledKernel: records what its C launcher would get."""
+    function, packed_metadata = "fn-handle", "meta"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *a):
+        self.calls.append(a)
+
+
+class _FakeJit:
+    """Stands in for a JITFunction: counts the plain launches, returns one compiled kernel."""
+
+    def __init__(self, fn):
+        self.fn, self.constexprs, self.__name__ = fn, [2], fn.__name__
+        self.compiled, self.plain = _FakeCompiled(), []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.plain.append((grid, args, kwargs))
+            return self.compiled
+        return run
+
+
+def _kernel(x_ptr, n, BLOCK, flag=7):
+    pass
+
+
+def test_launch_glue_with_a_stand_in_kernel(monkeypatch):
+    monkeypatch.setattr(tl_launch, "lean_enabled", lambda: True)
+    monkeypatch.setattr(tl_launch, "_hooks_idle", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
+    fake = _FakeJit(_kernel)
+    x = torch.zeros(8)
+    tl_launch.launch(fake, (3,), x, 5, BLOCK=64, num_warps=4)        # first: the plain way
+    assert len(fake.plain) == 1 and fake.compiled.calls == []
+    y = torch.zeros(16)
+    tl_launch.launch(fake, (9, 2), y, n=6, BLOCK=64, num_warps=4)    # then straight through
+    assert len(fake.plain) == 1
+    assert fake.compiled.calls == [(9, 2, 1, 1234, "fn-handle", "meta", None, None, None,
+                                    y, 6, 64, 7)]
+    tl_launch.launch(fake, (9,), y, 6, BLOCK=128, num_warps=4)       # new constexpr: plain
+    assert len(fake.plain) == 2
+    tl_launch.launch(fake, (9,), y, 6, BLOCK=64, num_warps=8)        # new option: plain
+    assert len(fake.plain) == 3
+    tl_launch.launch(fake, (9,), y, 6, BLOCK=64, num_warps=4, flag=(1,))   # unkeyed: plain
+    assert len(fake.plain) == 4 and len(fake.compiled.calls) == 1
+    assert tl_launch.compiled_for(fake, y, 6, BLOCK=64, num_warps=4) is fake.compiled
+    assert tl_launch.compiled_for(fake, y, 6, BLOCK=32, num_warps=4) is None
+
+
+def test_interpreter_launches_the_plain_way(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not tl_launch.lean_enabled()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("FULLSTACK_FP4_LEAN_LAUNCH", "0")
+    assert not tl_launch.lean_enabled()
+    monkeypatch.delenv("FULLSTACK_FP4_LEAN_LAUNCH")
+    assert tl_launch.lean_enabled()
+
+
+def test_verify_mode_catches_a_kernel_triton_would_not_pick(monkeypatch):
+    monkeypatch.setattr(tl_launch, "_hooks_idle", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0, raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("FULLSTACK_FP4_LEAN_LAUNCH", "verify")
+    fake = _FakeJit(_kernel)
+    picks = []
+    fake.run = lambda *a, grid, warmup, **kw: picks.append(warmup) or fake.compiled
+    x = torch.zeros(8)
+    tl_launch.launch(fake, (1,), x, 5, BLOCK=64)
+    tl_launch.launch(fake, (1,), x, 6, BLOCK=64)
+    assert picks == [True] and len(fake.compiled.calls) == 1
+    fake.run = lambda *a, grid, warmup, **kw: _FakeCompiled()     # triton would pick another
+    with pytest.raises(RuntimeError, match="not the one"):
+        tl_launch.launch(fake, (1,), x, 7, BLOCK=64)
