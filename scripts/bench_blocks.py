@@ -21,6 +21,11 @@ and a plain step (``begin_step`` returns at once). The usual columns then come f
 steps only; extra columns give the telemetry step's time and its amortised overhead
 ``(t_telemetry − t_plain) / (N · t_plain)`` (target ≤ 2 % at the default N = 100).
 
+``--set KEY=VALUE`` (repeatable) overrides the config of every arm alike, e.g.
+``--set train.manual_gc=true``: the arm then runs its steps under the trainer's collector
+policy (megatron/training/gc_policy.py) and reports what one full collection costs
+(``gc_collect_ms``, paid every ``train.manual_gc_interval`` steps in a run).
+
 ``--profile``: after the timed steps, one more forward+backward and one optimizer step run under
 ``torch.profiler`` (CUDA activity only). Printed per arm: the wall time, the sum of kernel
 times (the device busy time: one GPU, one compute stream), their difference (the time the GPU
@@ -130,15 +135,33 @@ def profile_phase(fn) -> dict:
 
 
 def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_interval: int = 0,
-            profile: bool = False) -> dict:
+            profile: bool = False, extra: list[str] = ()) -> dict:
+    from megatron.training.gc_policy import GarbageCollection
     from megatron.training.trainer import Trainer
 
     if quant_interval:
         overrides = overrides + [f"logging.quant_stats_interval={quant_interval}"]
-    cfg = load_config(None, COMMON + overrides)
+    cfg = load_config(None, COMMON + overrides + list(extra))
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     tr = Trainer(cfg, verbose=False)
+    collector = GarbageCollection.from_config(cfg.train)   # as Trainer.train runs the steps
+    collector.start()
+    try:
+        out = _measure(name, overrides, tr, cfg, steps, warmup, quant_interval, profile)
+        if collector.manual:    # the pause a collection costs where the policy places it
+            t0 = time.perf_counter()
+            gc.collect()
+            out["gc_collect_ms"] = 1e3 * (time.perf_counter() - t0)
+    finally:
+        collector.stop()
+    del tr
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def _measure(name, overrides, tr, cfg, steps, warmup, quant_interval, profile) -> dict:
     tokens = cfg.train.global_batch_size * cfg.model.seq_length
     fb, opt, opt_peak, tel = [], [], 0, []
 
@@ -194,9 +217,6 @@ def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_inte
         out.update(quant_stats_interval=quant_interval, telemetry_step_ms=1e3 * t_tel,
                    telemetry_overhead_pct=100 * (t_tel - step_s) / (quant_interval * step_s),
                    telemetry_names=len(tr.telemetry.last) if hasattr(tr.telemetry, "last") else 0)
-    del tr
-    gc.collect()
-    torch.cuda.empty_cache()
     return out
 
 
@@ -273,6 +293,8 @@ def main() -> int:
                         "(alternating telemetry / plain steps; see the docstring). 0: off")
     p.add_argument("--profile", action="store_true",
                    help="profile one more step per arm: GPU busy vs idle, kernel time by family")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every arm (repeatable), e.g. train.manual_gc=true")
     args = p.parse_args()
     if args.quant_stats_interval < 0 or (args.quant_stats_interval and args.steps < 2):
         print("error: --quant-stats-interval must be >= 0 and needs --steps >= 2", file=sys.stderr)
@@ -290,7 +312,7 @@ def main() -> int:
     for a in arms:
         try:
             rows.append(run_arm(a, ARMS[a], args.steps, args.warmup, args.quant_stats_interval,
-                                args.profile))
+                                args.profile, args.set))
         except UserError as e:  # e.g. a recipe not implemented in this release
             rows.append({"arm": a, "error": str(e)[:120]})
         except torch.OutOfMemoryError as e:

@@ -184,7 +184,7 @@ def _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh, lo,
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "seed_dq"])   # a fresh seed each call: no recompiles
 def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                  decqh_ptr, deckh_ptr, decqs_ptr, dk_ptr, dv_ptr, dsc_ptr, dss_ptr, dsd_ptr,
                  Sq, Sk, H, GROUPS, NKT, TPH, scale, scale2, seed, seed_dq,
@@ -273,7 +273,7 @@ def _dq_loop(dq, q, do, lse, delta, kh_ptr, ks_ptr, v_head, v_ss, bh, bkv, lo, h
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _dq_kernel(qh_ptr, kh_ptr, ks_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
                decqh_ptr, deckh_ptr, decks_ptr, dq_ptr,
                Sq, Sk, H, GROUPS, scale, scale2, seed,

@@ -212,7 +212,7 @@ def _quantize_kernel(x_ptr, rand_ptr, signs_ptr, amax_ptr, obs_ptr,
         tl.store(scale_ptr + soff, s_bits.to(tl.uint8), mask=mask2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _philox_uniforms_kernel(u_ptr, seed, M, NBLK, BM: tl.constexpr, NB: tl.constexpr):
     rows, blks, mask2 = _tile_coords(tl.program_id(0), M, NBLK, BM, NB)
     u_lo, u_hi = _philox_halves(seed, rows, blks, NBLK, BM, NB)

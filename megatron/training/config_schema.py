@@ -52,6 +52,8 @@ class TrainConfig:
     skip_nonfinite: bool = True  # skip the update when the loss or grad norm is NaN/Inf
     max_consecutive_skips: int = 5  # then save and stop (0: never stop)
     loss_spike_factor: Optional[float] = None  # skip when loss > factor x mean of recent good losses
+    manual_gc: bool = False  # Python's cyclic garbage collector off during training and run at set points instead (Megatron-LM's --manual-gc): no collector pause lands inside a step; megatron/training/gc_policy.py
+    manual_gc_interval: int = 0  # with manual_gc: also collect every N steps (0: only around validation and checkpoints)
 
 
 @dataclass

@@ -66,6 +66,7 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
         _positive("train.exit_interval", t.exit_interval)
     _choice("train.precision", t.precision, ("bf16", "fp32"))
     _positive("train.max_consecutive_skips", t.max_consecutive_skips, allow_zero=True)
+    _positive("train.manual_gc_interval", t.manual_gc_interval, allow_zero=True)
     if t.loss_spike_factor is not None:
         if t.loss_spike_factor <= 1:
             raise ConfigError(f"train.loss_spike_factor must be > 1 (or null); got {t.loss_spike_factor}")

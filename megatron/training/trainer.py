@@ -30,6 +30,7 @@ from megatron.training import checkpointing, recipes
 from megatron.training.batches import MockTokens, micro_batches
 from megatron.training.config import dump_yaml
 from megatron.training.errors import DataError
+from megatron.training.gc_policy import GarbageCollection
 from megatron.training.guards import StepGuard, guarded_optimizer_step
 from megatron.training.initialize import initialize
 from megatron.training.metrics import MetricsLogger, format_train_line
@@ -311,6 +312,14 @@ class Trainer:
         return bool(flag.item())
 
     def train(self) -> dict:
+        collector = GarbageCollection.from_config(self.cfg.train)
+        collector.start()
+        try:
+            return self._train(collector)
+        finally:
+            collector.stop()
+
+    def _train(self, collector: GarbageCollection) -> dict:
         cfg, t = self.cfg, self.cfg.train
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
@@ -329,6 +338,7 @@ class Trainer:
             step_s = time.perf_counter() - start
             self.iteration += 1
             self.consumed_samples += t.global_batch_size
+            collector.after_step(self.iteration)
             recipes.after_optimizer_step([self.model], self.optimizer, cfg, self.iteration)
             if self.last_skip and self.rank == 0:  # the batch is consumed all the same
                 print(f"[guard] iteration {self.iteration}: update skipped ({self.last_skip})", flush=True)
@@ -347,6 +357,7 @@ class Trainer:
                 self.save()
                 raise self.guard.error(self.iteration)
             if self.iteration % t.eval_interval == 0 or self.iteration == t.iters:
+                collector.checkpoint()
                 last_val = self.evaluate()
                 if last_val is not None:
                     self.metrics.log({"iter": self.iteration, "val_loss": last_val},
@@ -355,6 +366,7 @@ class Trainer:
             exit_now = t.exit_interval is not None and self.iteration >= t.exit_interval
             periodic = cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0
             if periodic or ((stop or exit_now) and cfg.checkpoint.save_on_exit):
+                collector.checkpoint()
                 self.save()
             if stop or exit_now:
                 if self.rank == 0:

@@ -4,6 +4,10 @@
 #       lean launches exact and verified against JITFunction.run's pick, host time per call
 #       (lean off / on), then the 4-block table of bf16 / nvfp4_linear / full stack (lean on)
 #       and the full stack again with the lean launcher off (same machine, A/B)
+#   bash scripts/gpu/session10.sh gc      # is the full stack's host idle Python's garbage
+#       collector? The 4-block table (bf16, nvfp4_linear, full stack; one process, lean launcher
+#       on) with automatic GC, then with --set train.manual_gc=true, then the full stack alone in
+#       a fresh process; then the NVFP4 linear bench (issue 3's <= 1.3x)
 set -u
 source scripts/gpu/setup_env.sh
 case "${1:-lean}" in
@@ -14,5 +18,13 @@ case "${1:-lean}" in
       --steps 6 --warmup 2 --profile --out "$OUT"
     FULLSTACK_FP4_LEAN_LAUNCH=0 TAILN=14 run blocks_lean_off 120 python3 scripts/bench_blocks.py \
       --arms full_stack_bf16_grads --steps 6 --warmup 2 --profile --out "$OUT/lean_off"
+    ;;
+  gc)
+    B="python3 scripts/bench_blocks.py --arms bf16,nvfp4_linear,full_stack_bf16_grads --steps 6 --warmup 2 --profile"
+    TAILN=12 run blocks_auto_gc 240 $B --out "$OUT/auto_gc"
+    TAILN=12 run blocks_manual_gc 120 $B --set train.manual_gc=true --out "$OUT/manual_gc"
+    TAILN=6 run full_stack_alone 90 python3 scripts/bench_blocks.py --arms full_stack_bf16_grads \
+      --steps 6 --warmup 2 --profile --out "$OUT/full_stack_alone"
+    TAILN=12 run linear 200 python3 scripts/bench_nvfp4_linear.py
     ;;
 esac

@@ -66,7 +66,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])   # a fresh seed each step: no recompiles
 def q_adamw_kernel(p_ptr, g_ptr,
                    mc_ptr, ms_ptr, mcs_ptr,
                    vc_ptr, vs_ptr, vcs_ptr, vmean_ptr,

@@ -174,3 +174,37 @@ def test_verify_mode_catches_a_kernel_triton_would_not_pick(monkeypatch):
     fake.run = lambda *a, grid, warmup, **kw: _FakeCompiled()     # triton would pick another
     with pytest.raises(RuntimeError, match="not the one"):
         tl_launch.launch(fake, (1,), x, 7, BLOCK=64)
+
+
+_KERNEL_MODULES = ["fullstack_fp4.nvfp4.triton_quantize_kernels",
+                   "fullstack_fp4.nvfp4.triton_quantize_decode_kernels",
+                   "fullstack_fp4.nvfp4.triton_quantize_flat", "fullstack_fp4.nvfp4.triton_dequantize",
+                   "fullstack_fp4.nvfp4.triton_gemm_epilogue", "fullstack_fp4.optim.q_adamw.triton_step",
+                   "fullstack_fp4.optim.triton_ns", "fullstack_fp4.attention.triton_fwd",
+                   "fullstack_fp4.attention.triton_bwd", "fullstack_fp4.attention.triton_ds_store",
+                   "fullstack_fp4.attention.triton_prologue", "fullstack_fp4.attention.triton_unpack"]
+
+
+def test_seed_arguments_are_not_specialised():
+    """A kernel argument that takes a fresh random seed every call must be ``do_not_specialize``:
+    otherwise the first seed divisible by 16 (1 call in 16) or equal to 1 compiles another
+    variant of the kernel in the middle of training (seconds; minutes for Q-Attn's backward).
+    The oracle is the parameter names: every ``seed*`` parameter of every ``*_kernel``."""
+    import importlib
+
+    checked = 0
+    for mod_name in _KERNEL_MODULES:
+        mod = importlib.import_module(mod_name)
+        for name, fn in vars(mod).items():
+            if not name.endswith("_kernel") or not hasattr(fn, "fn"):
+                continue
+            if getattr(fn.fn, "__module__", None) != mod_name:
+                continue
+            seeds = [p for p in inspect.signature(fn.fn).parameters if p.startswith("seed")]
+            dns = getattr(fn, "do_not_specialize", None)
+            if dns is None:                              # the interpreter's wrapper
+                dns = fn.kwargs.get("do_not_specialize", [])
+            for p in seeds:
+                assert p in dns, f"{mod_name}.{name}: seed argument {p!r} is specialised"
+                checked += 1
+    assert checked >= 7      # two-ways ×2, quantize, philox, Q-Attn dK/dV ×2 + dQ, Q-AdamW
