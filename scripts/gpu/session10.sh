@@ -8,6 +8,9 @@
 #       collector? The 4-block table (bf16, nvfp4_linear, full stack; one process, lean launcher
 #       on) with automatic GC, then with --set train.manual_gc=true, then the full stack alone in
 #       a fresh process; then the NVFP4 linear bench (issue 3's <= 1.3x)
+#   bash scripts/gpu/session10.sh host    # where the host time of a step goes (bf16, full stack;
+#       cProfile, syncs separated) and lean launcher off/on alternated in one process; then the
+#       lean-launch check and host table again (seeds no longer specialised)
 set -u
 source scripts/gpu/setup_env.sh
 case "${1:-lean}" in
@@ -26,5 +29,9 @@ case "${1:-lean}" in
     TAILN=6 run full_stack_alone 90 python3 scripts/bench_blocks.py --arms full_stack_bf16_grads \
       --steps 6 --warmup 2 --profile --out "$OUT/full_stack_alone"
     TAILN=12 run linear 200 python3 scripts/bench_nvfp4_linear.py
+    ;;
+  host)
+    TAILN=200 run step_host 330 python3 scripts/gpu/profile_step_host.py --rounds 3
+    TAILN=16 run lean 200 python3 scripts/gpu/check_lean_launch.py
     ;;
 esac
