@@ -145,10 +145,12 @@ def scale_accumulate_triton(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.T
         DST=_DST[dst.dtype], BLOCK=block, num_warps=4, enable_fp_fusion=False)
 
 
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")   # read once, as Triton does
+
+
 def _block() -> int:
     """Elements per program: small under the interpreter (tests), 4096 on the GPU."""
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    return 1024 if interp else 4096
+    return 1024 if _INTERPRET else 4096
 
 
 def _scale_operand(ts: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,8 @@ never ``None``) the C launcher then calls with no hook in them. Run24's host pro
 How: :func:`launch` keys its own cache on everything Triton specialises on — each tensor's
 dtype and 16-byte alignment; each int's ``== 1``, divisibility by 16 and width (32 / 64 bit,
 unsigned above 2⁶³); each float, bool and ``None`` by type; constexpr arguments by value; the
-launch options (``num_warps`` …) by value; the current device. That key can only be *finer*
-than Triton's (it never ignores what Triton looks at; it may tell apart what Triton does not,
+launch options (``num_warps`` …) by value; the current device; the call's shape (which
+arguments came by position, which by keyword). That key can only be *finer* than Triton's (it never ignores what Triton looks at; it may tell apart what Triton does not,
 which only costs one more lookup through ``JITFunction.run``). The first call of a key goes
 through ``fn[grid](...)``, which compiles or finds the kernel and launches it, and returns the
 compiled kernel; later calls of that key hand the arguments straight to its C launcher, exactly
@@ -22,7 +22,8 @@ as ``JITFunction.run`` does at its end (same argument order, constexprs included
 It steps aside — plain ``fn[grid](...)`` — under ``TRITON_INTERPRET=1`` (the CPU tests: the
 interpreter has no compiled kernel), when a launch hook is registered (a profiler such as
 proton wants every launch's metadata), and with ``FULLSTACK_FP4_LEAN_LAUNCH=0`` (A/B timing,
-debugging). ``FULLSTACK_FP4_LEAN_LAUNCH=verify`` checks every lean launch against the kernel
+debugging; read once at import, :func:`set_mode` switches at run time).
+``FULLSTACK_FP4_LEAN_LAUNCH=verify`` checks every lean launch against the kernel
 ``JITFunction.run`` would pick; the GPU check (``scripts/gpu/check_lean_launch.py``) runs the
 recipes so and compares their outputs with the plain launches' bit for bit.
 """
@@ -31,28 +32,41 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from typing import Any, Dict, Tuple
 
 import torch
 
-__all__ = ["launch", "lean_enabled", "bind_arguments", "specialization_key", "compiled_for",
-           "VERIFIED"]
+__all__ = ["launch", "lean_enabled", "set_mode", "bind_arguments", "specialization_key",
+           "compiled_for", "VERIFIED"]
 
 _I32_MIN, _I32_MAX, _U64_MIN = -(2 ** 31), 2 ** 31 - 1, 2 ** 63
+_MODES = ("0", "1", "verify")
+
+# Read once, as Triton reads TRITON_INTERPRET once: an environment lookup costs ~1 µs, and the
+# NVFP4 linear launches 11 kernels a forward+backward.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_MODE = os.environ.get("FULLSTACK_FP4_LEAN_LAUNCH", "1")
+if _MODE not in _MODES:
+    warnings.warn(f"FULLSTACK_FP4_LEAN_LAUNCH={_MODE!r} is not one of {_MODES}: using '1'")
+    _MODE = "1"
+
+
+def set_mode(mode: str) -> str:
+    """``"1"`` lean launches (the default), ``"0"`` every launch through ``JITFunction.run``,
+    ``"verify"`` lean launches each checked against the kernel ``JITFunction.run`` would pick
+    (raises if they differ; the GPU check runs the recipes so). The environment variable
+    ``FULLSTACK_FP4_LEAN_LAUNCH`` sets it at import. Returns the previous mode."""
+    global _MODE
+    if mode not in _MODES:
+        raise ValueError(f"lean launch mode must be one of {_MODES}, got {mode!r}")
+    previous, _MODE = _MODE, mode
+    return previous
 
 
 def lean_enabled() -> bool:
-    """Whether :func:`launch` may bypass ``JITFunction.run`` (read per call: tests flip it)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return False
-    return os.environ.get("FULLSTACK_FP4_LEAN_LAUNCH", "1") != "0"
-
-
-def _verifying() -> bool:
-    """``FULLSTACK_FP4_LEAN_LAUNCH=verify``: every lean launch also asks ``JITFunction.run``
-    (``warmup=True``: find, do not launch) which kernel it would launch, and raises if that is
-    not the one the lean path launches. The GPU check runs the recipes so."""
-    return os.environ.get("FULLSTACK_FP4_LEAN_LAUNCH", "1") == "verify"
+    """Whether :func:`launch` may bypass ``JITFunction.run``."""
+    return not _INTERPRET and _MODE != "0"
 
 
 #: Lean launches checked against ``JITFunction.run`` in verify mode (read by the GPU check).
@@ -60,9 +74,11 @@ VERIFIED = {"launches": 0}
 
 
 class _Signature:
-    """What is fixed per ``@triton.jit`` function: parameter names, defaults, constexpr flags."""
+    """What is fixed per ``@triton.jit`` function: parameter names, defaults, constexpr flags,
+    and per call shape (number of positional arguments, keyword names) where each parameter's
+    value comes from (a *plan*, built once: binding is then one list comprehension)."""
 
-    __slots__ = ("names", "index", "defaults", "constexpr")
+    __slots__ = ("names", "index", "defaults", "constexpr", "plans")
 
     def __init__(self, fn):
         params = inspect.signature(fn.fn).parameters
@@ -73,6 +89,35 @@ class _Signature:
         if indices is None:
             indices = [i for i, p in enumerate(params.values()) if _is_constexpr(p.annotation)]
         self.constexpr = [i in set(indices) for i in range(len(self.names))]
+        self.plans = {}
+
+    def plan(self, fn, nargs: int, kwnames: tuple):
+        """``(sources, option names)``: ``sources[i]`` is ``(0, j)`` for ``args[j]``, ``(1,
+        name)`` for ``kwargs[name]``, ``(2, default)``; raises ``TypeError`` as a call would."""
+        key = (nargs, kwnames)
+        plan = self.plans.get(key)
+        if plan is not None:
+            return plan
+        n = len(self.names)
+        if nargs > n:
+            raise TypeError(f"{_name(fn)}: {nargs} positional arguments for {n} parameters")
+        sources = [(0, i) for i in range(nargs)] + [None] * (n - nargs)
+        options = []
+        for name in kwnames:
+            i = self.index.get(name)
+            if i is None:
+                options.append(name)
+            elif i < nargs:
+                raise TypeError(f"{_name(fn)}: argument {name!r} given twice")
+            else:
+                sources[i] = (1, name)
+        for i in range(nargs, n):
+            if sources[i] is None:
+                if self.defaults[i] is inspect.Parameter.empty:
+                    raise TypeError(f"{_name(fn)}: missing argument {self.names[i]!r}")
+                sources[i] = (2, self.defaults[i])
+        plan = self.plans[key] = (sources, tuple(options))
+        return plan
 
 
 def _is_constexpr(annotation) -> bool:
@@ -96,58 +141,52 @@ def _name(fn) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
 
 
+def _bind(fn, args: tuple, kwargs: dict):
+    """``(values, options dict, plan key)`` of one call (see :func:`bind_arguments`)."""
+    sig = _signature(fn)
+    kwnames = tuple(kwargs)
+    sources, option_names = sig.plan(fn, len(args), kwnames)
+    values = [args[x] if s == 0 else kwargs[x] if s == 1 else x for s, x in sources]
+    return values, option_names, (len(args), kwnames)
+
+
 def bind_arguments(fn, args: tuple, kwargs: dict) -> Tuple[list, dict]:
     """``(values of every kernel parameter in order, launch options)``: ``inspect``'s
     ``bind`` + ``apply_defaults`` for a ``@triton.jit`` function, with the keywords that are
     not parameters (``num_warps``, ``num_stages``, ``enable_fp_fusion`` …) as the options."""
-    sig = _signature(fn)
-    n = len(sig.names)
-    if len(args) > n:
-        raise TypeError(f"{_name(fn)}: {len(args)} positional arguments for {n} parameters")
-    values = list(args) + [inspect.Parameter.empty] * (n - len(args))
-    options = {}
-    for key, value in kwargs.items():
-        i = sig.index.get(key)
-        if i is None:
-            options[key] = value
-        elif i < len(args):
-            raise TypeError(f"{_name(fn)}: argument {key!r} given twice")
-        else:
-            values[i] = value
-    for i in range(len(args), n):
-        if values[i] is inspect.Parameter.empty:
-            values[i] = sig.defaults[i]
-            if values[i] is inspect.Parameter.empty:
-                raise TypeError(f"{_name(fn)}: missing argument {sig.names[i]!r}")
-    return values, options
+    values, option_names, _ = _bind(fn, args, kwargs)
+    return values, {k: kwargs[k] for k in option_names}
 
 
 def _arg_key(v):
     """What Triton specialises a non-constexpr argument on (see the module docstring)."""
-    if isinstance(v, torch.Tensor):
-        return v.dtype, v.data_ptr() % 16 == 0
-    if isinstance(v, bool):          # before int: bool is an int
+    t = type(v)
+    if t is torch.Tensor or t is torch.nn.Parameter or isinstance(v, torch.Tensor):
+        return v.dtype, not (v.data_ptr() & 15)
+    if t is bool:                    # before int: bool is an int
         return bool
-    if isinstance(v, int):
-        return v == 1, v % 16 == 0, _I32_MIN <= v <= _I32_MAX, v >= _U64_MIN
-    if isinstance(v, float):
+    if t is int:
+        return v == 1, not (v & 15), _I32_MIN <= v <= _I32_MAX, v >= _U64_MIN
+    if t is float:
         return float
     if v is None:
         return None
-    raise _Unkeyed(type(v).__name__)
+    raise _Unkeyed(t.__name__)
 
 
 class _Unkeyed(Exception):
     """An argument type this key does not model (numpy scalars, tuples …): launch the plain way."""
 
 
+def _key(fn, values: list, options: tuple, plan_key: tuple, device: int) -> tuple:
+    flags = _signature(fn).constexpr
+    return (fn, device, plan_key, options,
+            tuple([v if c else _arg_key(v) for c, v in zip(flags, values)]))
+
+
 def specialization_key(fn, values: list, options: dict, device: int) -> tuple:
     """The cache key of one launch (module docstring): finer than or equal to Triton's."""
-    sig = _signature(fn)
-    parts = [fn, device, tuple(sorted(options.items()))]
-    for is_constexpr, v in zip(sig.constexpr, values):
-        parts.append(("c", v) if is_constexpr else _arg_key(v))
-    return tuple(parts)
+    return _key(fn, values, tuple(sorted(options.items())), (), device)
 
 
 _COMPILED: Dict[tuple, Any] = {}
@@ -173,13 +212,13 @@ def _hooks_idle() -> bool:
 def launch(fn, grid: tuple, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)``, with the per-call work of ``JITFunction.run`` done once
     per specialisation (module docstring). ``grid``: a tuple of 1 to 3 ints."""
-    if not lean_enabled() or not _hooks_idle():
+    if _INTERPRET or _MODE == "0" or not _hooks_idle():
         fn[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
-    values, options = bind_arguments(fn, args, kwargs)
+    values, option_names, plan_key = _bind(fn, args, kwargs)
     try:
-        key = specialization_key(fn, values, options, device)
+        key = _key(fn, values, tuple([kwargs[k] for k in option_names]), plan_key, device)
     except _Unkeyed:
         fn[grid](*args, **kwargs)
         return
@@ -190,7 +229,7 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
             kernel = kernel.result()
         _COMPILED[key] = kernel
         return
-    if _verifying():
+    if _MODE == "verify":
         triton_pick = fn.run(*args, grid=grid, warmup=True, **kwargs)
         if triton_pick is not kernel:
             raise RuntimeError(f"lean launch of {_name(fn)}: cached kernel is not the one "
@@ -206,9 +245,10 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
 def compiled_for(fn, *args, **kwargs):
     """The compiled kernel :func:`launch` holds for these arguments (``None`` before their
     first launch): the GPU check compares it with what ``JITFunction.run`` picks."""
-    values, options = bind_arguments(fn, args, kwargs)
+    values, option_names, plan_key = _bind(fn, args, kwargs)
     try:
-        key = specialization_key(fn, values, options, torch.cuda.current_device())
+        key = _key(fn, values, tuple([kwargs[k] for k in option_names]), plan_key,
+                   torch.cuda.current_device())
     except _Unkeyed:
         return None
     return _COMPILED.get(key)

@@ -111,8 +111,11 @@ class TwoWays:
     col_scale: Optional[torch.Tensor] = None
 
 
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")   # read once, as Triton does
+
+
 def _interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRET
 
 
 def _config(nblk: int):

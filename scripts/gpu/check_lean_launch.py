@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import cProfile
-import os
 import pstats
 import sys
 import time
@@ -104,9 +103,9 @@ def same(a, b) -> bool:
 def check(cases) -> int:
     bad = 0
     for name, run in cases.items():
-        os.environ["FULLSTACK_FP4_LEAN_LAUNCH"] = "0"
+        triton_launch.set_mode("0")
         plain = run()
-        os.environ["FULLSTACK_FP4_LEAN_LAUNCH"] = "verify"
+        triton_launch.set_mode("verify")
         before = triton_launch.VERIFIED["launches"]
         try:
             run()                   # first launches of new specialisations go the plain way
@@ -120,7 +119,7 @@ def check(cases) -> int:
         print(f"{'ok      ' if ok and verified else 'MISMATCH'} {name}: outputs "
               f"{'equal' if ok else 'DIFFER'}, {verified} lean launches verified")
         bad += not (ok and verified)
-    os.environ["FULLSTACK_FP4_LEAN_LAUNCH"] = "1"
+    triton_launch.set_mode("1")
     return bad
 
 
@@ -169,9 +168,9 @@ def host_table():
     print("\n| host us per call (GPU not waited on) | lean off | lean on | peer | peer us |")
     print("| --- | ---: | ---: | --- | ---: |")
     for name, fn, peer, peer_name in rows:
-        os.environ["FULLSTACK_FP4_LEAN_LAUNCH"] = "0"
+        triton_launch.set_mode("0")
         off = host_us(fn)
-        os.environ["FULLSTACK_FP4_LEAN_LAUNCH"] = "1"
+        triton_launch.set_mode("1")
         on = host_us(fn)
         print(f"| {name} | {off:.0f} | {on:.0f} | {peer_name} | {host_us(peer):.0f} |")
     prof = cProfile.Profile()

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import torch  # noqa: E402
 
 from bench_blocks import ARMS, COMMON  # noqa: E402
+from fullstack_fp4.nvfp4 import triton_launch  # noqa: E402
 from megatron.training.config import load_config  # noqa: E402
 
 # host calls that block until the GPU has caught up (their time is waiting, not host work)
@@ -74,13 +75,13 @@ def run(arm: str, rounds: int) -> None:
     times = {"0": [], "1": []}
     for _ in range(rounds):
         for mode in ("0", "1"):
-            os.environ["FULLSTACK_FP4_LEAN_LAUNCH"] = mode
+            triton_launch.set_mode(mode)
             _step_ms(fwd_bwd, opt_step)            # one step to settle, then two measured
             times[mode] += [_step_ms(fwd_bwd, opt_step) for _ in range(2)]
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     print(f"step ms, lean launcher off / on (alternated, {2 * rounds} steps each): "
           f"{med(times['0']):.1f} / {med(times['1']):.1f}")
-    os.environ["FULLSTACK_FP4_LEAN_LAUNCH"] = "1"
+    triton_launch.set_mode("1")
     for name, fn in (("forward+backward", fwd_bwd), ("optimizer step", opt_step)):
         torch.cuda.synchronize()
         prof = cProfile.Profile()

@@ -11,6 +11,8 @@
 #   bash scripts/gpu/session10.sh host    # where the host time of a step goes (bf16, full stack;
 #       cProfile, syncs separated) and lean launcher off/on alternated in one process; then the
 #       lean-launch check and host table again (seeds no longer specialised)
+#   bash scripts/gpu/session10.sh final   # the same two, shorter, after the launcher's key was
+#       made cheaper (binding plans per call shape, environment read once)
 set -u
 source scripts/gpu/setup_env.sh
 case "${1:-lean}" in
@@ -33,5 +35,10 @@ case "${1:-lean}" in
   host)
     TAILN=200 run step_host 330 python3 scripts/gpu/profile_step_host.py --rounds 3
     TAILN=16 run lean 200 python3 scripts/gpu/check_lean_launch.py
+    ;;
+  final)
+    TAILN=12 run lean 150 python3 scripts/gpu/check_lean_launch.py
+    TAILN=80 run step_host 160 python3 scripts/gpu/profile_step_host.py \
+      --arms full_stack_bf16_grads,bf16 --rounds 3
     ;;
 esac

@@ -124,20 +124,30 @@ def _kernel(x_ptr, n, BLOCK, flag=7):
     pass
 
 
-def test_launch_glue_with_a_stand_in_kernel(monkeypatch):
-    monkeypatch.setattr(tl_launch, "lean_enabled", lambda: True)
+def _lean_on_cpu(monkeypatch, mode="1"):
+    """The lean path with a stand-in kernel: no interpreter, no hooks, device 0."""
+    monkeypatch.setattr(tl_launch, "_INTERPRET", False)
+    monkeypatch.setattr(tl_launch, "_MODE", mode)
     monkeypatch.setattr(tl_launch, "_hooks_idle", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
+
+
+def test_launch_glue_with_a_stand_in_kernel(monkeypatch):
+    _lean_on_cpu(monkeypatch)
     fake = _FakeJit(_kernel)
     x = torch.zeros(8)
     tl_launch.launch(fake, (3,), x, 5, BLOCK=64, num_warps=4)        # first: the plain way
     assert len(fake.plain) == 1 and fake.compiled.calls == []
     y = torch.zeros(16)
-    tl_launch.launch(fake, (9, 2), y, n=6, BLOCK=64, num_warps=4)    # then straight through
+    tl_launch.launch(fake, (9, 2), y, 6, BLOCK=64, num_warps=4)      # then straight through
     assert len(fake.plain) == 1
     assert fake.compiled.calls == [(9, 2, 1, 1234, "fn-handle", "meta", None, None, None,
                                     y, 6, 64, 7)]
+    tl_launch.launch(fake, (9,), y, n=6, BLOCK=64, num_warps=4)      # other call shape: plain
+    tl_launch.launch(fake, (9,), y, n=7, BLOCK=64, num_warps=4)      # once, then lean
+    assert len(fake.plain) == 2 and fake.compiled.calls[-1][-4:] == (y, 7, 64, 7)
+    del fake.plain[-1], fake.compiled.calls[-1]
     tl_launch.launch(fake, (9,), y, 6, BLOCK=128, num_warps=4)       # new constexpr: plain
     assert len(fake.plain) == 2
     tl_launch.launch(fake, (9,), y, 6, BLOCK=64, num_warps=8)        # new option: plain
@@ -148,22 +158,25 @@ def test_launch_glue_with_a_stand_in_kernel(monkeypatch):
     assert tl_launch.compiled_for(fake, y, 6, BLOCK=32, num_warps=4) is None
 
 
-def test_interpreter_launches_the_plain_way(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_modes(monkeypatch):
+    monkeypatch.setattr(tl_launch, "_MODE", "1")
+    monkeypatch.setattr(tl_launch, "_INTERPRET", True)
     assert not tl_launch.lean_enabled()
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setenv("FULLSTACK_FP4_LEAN_LAUNCH", "0")
-    assert not tl_launch.lean_enabled()
-    monkeypatch.delenv("FULLSTACK_FP4_LEAN_LAUNCH")
+    monkeypatch.setattr(tl_launch, "_INTERPRET", False)
     assert tl_launch.lean_enabled()
+    assert tl_launch.set_mode("0") == "1" and not tl_launch.lean_enabled()
+    assert tl_launch.set_mode("verify") == "0" and tl_launch.lean_enabled()
+    with pytest.raises(ValueError, match="mode"):
+        tl_launch.set_mode("fast")
+    fake = _FakeJit(_kernel)
+    monkeypatch.setattr(tl_launch, "_INTERPRET", True)     # the interpreter: always plain
+    tl_launch.launch(fake, (1,), torch.zeros(8), 5, BLOCK=64)
+    tl_launch.launch(fake, (1,), torch.zeros(8), 5, BLOCK=64)
+    assert len(fake.plain) == 2 and fake.compiled.calls == []
 
 
 def test_verify_mode_catches_a_kernel_triton_would_not_pick(monkeypatch):
-    monkeypatch.setattr(tl_launch, "_hooks_idle", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0, raising=False)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setenv("FULLSTACK_FP4_LEAN_LAUNCH", "verify")
+    _lean_on_cpu(monkeypatch, mode="verify")
     fake = _FakeJit(_kernel)
     picks = []
     fake.run = lambda *a, grid, warmup, **kw: picks.append(warmup) or fake.compiled
