@@ -37,8 +37,8 @@ case "${1:-lean}" in
     TAILN=16 run lean 200 python3 scripts/gpu/check_lean_launch.py
     ;;
   final)
-    TAILN=12 run lean 150 python3 scripts/gpu/check_lean_launch.py
-    TAILN=80 run step_host 160 python3 scripts/gpu/profile_step_host.py \
-      --arms full_stack_bf16_grads,bf16 --rounds 3
+    TAILN=12 run lean 120 python3 scripts/gpu/check_lean_launch.py
+    TAILN=80 run step_host 110 python3 scripts/gpu/profile_step_host.py \
+      --arms full_stack_bf16_grads,bf16 --rounds 2
     ;;
 esac
