@@ -13,8 +13,9 @@ How: :func:`launch` keys its own cache on everything Triton specialises on — e
 dtype and 16-byte alignment; each int's ``== 1``, divisibility by 16 and width (32 / 64 bit,
 unsigned above 2⁶³); each float, bool and ``None`` by type; constexpr arguments by value; the
 launch options (``num_warps`` …) by value; the current device; the call's shape (which
-arguments came by position, which by keyword). That key can only be *finer* than Triton's (it never ignores what Triton looks at; it may tell apart what Triton does not,
-which only costs one more lookup through ``JITFunction.run``). The first call of a key goes
+arguments came by position, which by keyword). That key can only be *finer* than Triton's: it
+never ignores what Triton looks at, and where it tells apart what Triton does not, that costs
+one more lookup through ``JITFunction.run``. The first call of a key goes
 through ``fn[grid](...)``, which compiles or finds the kernel and launches it, and returns the
 compiled kernel; later calls of that key hand the arguments straight to its C launcher, exactly
 as ``JITFunction.run`` does at its end (same argument order, constexprs included, same stream).
