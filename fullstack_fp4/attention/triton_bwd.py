@@ -68,7 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import launch
+from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
 
 from .layout import CONTIGUOUS, bhs_strides, empty_in_order, kernel_operand
 from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, block_scales, qdq_apply
@@ -421,7 +421,7 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
     # also writes the main kernels' BF16 contiguous dO unless dO already is one (module docstring)
     do_ready = do.dtype == torch.bfloat16 and do.is_contiguous()
     do_bf = do if do_ready else torch.empty(b, h, sq, d, dtype=torch.bfloat16, device=dev)
-    launch(_delta_kernel, (b * h, triton.cdiv(sq, BLOCK)),
+    launch(_delta_kernel, (b * h, cdiv(sq, BLOCK)),
         do, o, lse.contiguous(), delta, lse2, do_bf, sq, h, *bhs_strides(do), *bhs_strides(o),
         D=d, BLOCK=BLOCK, WRITE_DO=not do_ready, INTERP=INTERPRET)
     do = do_bf
@@ -442,7 +442,7 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
     else:
         dsc = dss = dsd = dv    # unused (STORE_DS=False)
         nqt = nkt = tph = 0
-    launch(_dkdv_kernel, (triton.cdiv(sk, BLOCK * rn), b * hk),
+    launch(_dkdv_kernel, (cdiv(sk, BLOCK * rn), b * hk),
         qh, kh, views.q_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_q_sq,
         dk, dv, dsc, dss, dsd, sq, sk, h, groups, nkt, tph, scale, scale2, seed, seed + 1,
         *bhs_strides(v), *bhs_strides(dk), *bhs_strides(dv), BN=BLOCK * rn,
@@ -450,14 +450,14 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
         num_warps=w_kv, num_stages=st_kv)
     if store:
         (w_s, st_s, rs) = ds_dq_config(d)
-        launch(_dq_ds_kernel, (triton.cdiv(sq, BLOCK * rs), b * h),
+        launch(_dq_ds_kernel, (cdiv(sq, BLOCK * rs), b * h),
             dsc, dss, dsd, views.k_sq, views.dec_k_sq, dq, sq, sk, h, groups, nqt, nkt, tph,
             scale, *bhs_strides(dq), D=d, BM=BLOCK * rs, CAUSAL=causal, DQ_BF16=dq.dtype == bf,
             INTERP=INTERPRET, num_warps=w_s, num_stages=st_s)
         del dsc, dss, dsd
     else:
         common["BM"] = BLOCK * rm
-        launch(_dq_kernel, (triton.cdiv(sq, BLOCK * rm), b * h),
+        launch(_dq_kernel, (cdiv(sq, BLOCK * rm), b * h),
             qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd,
             views.dec_k_sq, dq, sq, sk, h, groups, scale, scale2, seed + 1, *bhs_strides(v),
             *bhs_strides(dq), BN=BLOCK, DQ_BF16=dq.dtype == bf, **common, num_warps=w_q,

@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from fullstack_fp4.nvfp4.triton_dequantize import _e4m3_value
+from fullstack_fp4.nvfp4.triton_launch import cdiv
 
 from .triton_nvfp4 import FP32_MAX, dot_bf16, e2m1_stochastic, encode_scales, to_bf16
 
@@ -259,7 +260,7 @@ def _dq_ds_kernel(codes_ptr, scales_ptr, dec_ptr, ks_ptr, decks_ptr, dq_ptr,
 # ----------------------------------------------------------------------------- host side
 def ds_store_tiles(b: int, h: int, sq: int, sk: int, causal: bool) -> tuple:
     """``(NQT, NKT, tiles per head, n_tiles)`` of the scratch (module docstring)."""
-    nqt, nkt = triton.cdiv(sq, TILE), triton.cdiv(sk, TILE)
+    nqt, nkt = cdiv(sq, TILE), cdiv(sk, TILE)
     tph = nqt * (nqt + 1) // 2 if causal else nqt * nkt
     return nqt, nkt, tph, b * h * tph
 

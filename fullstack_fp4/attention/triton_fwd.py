@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import launch
+from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
 
 from .layout import CONTIGUOUS, bhs_strides, empty_in_order, kernel_operand
 from .triton_nvfp4 import dot_bf16, to_bf16
@@ -154,7 +154,7 @@ def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float,
     o = empty_in_order(q.shape, out_order, torch.bfloat16, q.device)
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     bm, bn, warps, stages = _config(d, False)
-    grid = (triton.cdiv(sq, bm), b * h)
+    grid = (cdiv(sq, bm), b * h)
     launch(_fwd_kernel, grid,
            q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse,
            sq, sk, h, h // hk, scale * LOG2E, *bhs_strides(v), *bhs_strides(o),

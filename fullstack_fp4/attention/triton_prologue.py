@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import launch
+from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
 
 from .layout import bhs_strides, kernel_operand
 from .packed import PackedView, empty_packed, padded_seq
@@ -157,7 +157,7 @@ def quantize_views(x: torch.Tensor, mean=None, *, hd_bf16: bool = False, sq_bf16
     mean_t = mean.reshape(b, h, d).to(torch.float32).contiguous() if smooth else x
     amax = torch.zeros(b * h, dtype=torch.int32, device=dev)     # FP32 bits, max-reduced
     warps = 8 if d >= 128 else 4
-    launch(_amax_kernel, (b * h, triton.cdiv(s, AMAX_ROWS)), x, mean_t, amax, s, h, *strides,
+    launch(_amax_kernel, (b * h, cdiv(s, AMAX_ROWS)), x, mean_t, amax, s, h, *strides,
            D=d, BLOCK=AMAX_ROWS, SMOOTH=smooth, num_warps=warps)
     dec = torch.empty(b, h, dtype=torch.float32, device=dev)
     hd = torch.empty(x.shape, dtype=torch.bfloat16, device=dev) if hd_bf16 else None
@@ -166,7 +166,7 @@ def quantize_views(x: torch.Tensor, mean=None, *, hd_bf16: bool = False, sq_bf16
     sqp = empty_packed(b, h, s, d, "seq", dev) if pack_sq else None
     dummy = dec   # pointer for outputs a launch does not write (never dereferenced)
     rows, pwarps = prologue_config(d)
-    launch(_prologue_kernel, (b * h, triton.cdiv(s, rows)),
+    launch(_prologue_kernel, (b * h, cdiv(s, rows)),
         x, mean_t, amax, dec, hd if hd_bf16 else dummy, sq if sq_bf16 else dummy,
         hdp.codes if pack_hd else dummy, hdp.scales if pack_hd else dummy,
         sqp.codes if pack_sq else dummy, sqp.scales if pack_sq else dummy, s, padded_seq(s),

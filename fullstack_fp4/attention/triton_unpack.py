@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import launch
+from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
 from fullstack_fp4.nvfp4.triton_dequantize import _e2m1_value, _e4m3_value
 
 from .packed import PackedView, padded_seq
@@ -72,7 +72,7 @@ def unpack_views(hd: PackedView = None, sq: PackedView = None) -> tuple:
     out_hd = torch.empty(b, h, s, d, dtype=torch.bfloat16, device=dev) if hd is not None else None
     out_sq = torch.empty(b, h, s, d, dtype=torch.bfloat16, device=dev) if sq is not None else None
     dummy = ref.codes
-    launch(_unpack_kernel, (b * h, triton.cdiv(s, BLOCK_S)),
+    launch(_unpack_kernel, (b * h, cdiv(s, BLOCK_S)),
         hd.codes if hd is not None else dummy, hd.scales if hd is not None else dummy,
         sq.codes if sq is not None else dummy, sq.scales if sq is not None else dummy,
         out_hd if hd is not None else out_sq, out_sq if sq is not None else out_hd,

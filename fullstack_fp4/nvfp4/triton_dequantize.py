@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .tensor import NVFP4Tensor
-from .triton_launch import launch
+from .triton_launch import cdiv, launch
 
 __all__ = ["dequantize_triton", "decode_bf16_triton"]
 
@@ -128,7 +128,7 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
     nblk_all = rows * (k // 16)
     nbp, warps = _flat_config()
     out_k = out.view(torch.int16) if dtype == torch.bfloat16 else out
-    launch(_dequantize_flat_kernel, (triton.cdiv(nblk_all, nbp),),
+    launch(_dequantize_flat_kernel, (cdiv(nblk_all, nbp),),
         data, scale, dec, out_k, nblk_all, OUT_BF16=dtype == torch.bfloat16, NBP=nbp,
         APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, num_warps=warps,
         enable_fp_fusion=False)

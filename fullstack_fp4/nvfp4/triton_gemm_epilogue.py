@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_launch import launch
+from .triton_launch import cdiv, launch
 
 __all__ = ["scale_cast_triton", "scale_accumulate_triton"]
 
@@ -101,7 +101,7 @@ def scale_cast_triton(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
         return out
     block = _block()
     a, b = _scale_operand(ts_a), _scale_operand(ts_b)
-    launch(_scale_cast_kernel, (triton.cdiv(n, block),),
+    launch(_scale_cast_kernel, (cdiv(n, block),),
         acc, a, b, out.view(torch.int16) if out_dtype == torch.bfloat16 else out, n,
         OUT=_OUT[out_dtype], BLOCK=block, num_warps=4, enable_fp_fusion=False)
     return out
@@ -139,7 +139,7 @@ def scale_accumulate_triton(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.T
     if n == 0:
         return
     block = _block()
-    launch(_scale_accumulate_kernel, (triton.cdiv(n, block),),
+    launch(_scale_accumulate_kernel, (cdiv(n, block),),
         acc, _scale_operand(ts_a), _scale_operand(ts_b),
         dst.view(torch.int16) if dst.dtype == torch.bfloat16 else dst, n,
         DST=_DST[dst.dtype], BLOCK=block, num_warps=4, enable_fp_fusion=False)

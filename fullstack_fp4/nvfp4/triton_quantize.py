@@ -109,10 +109,9 @@ import struct
 from typing import Optional
 
 import torch
-import triton
 
 from .triton_quantize_jit import FP32_MAX
-from .triton_launch import launch
+from .triton_launch import cdiv, launch, next_pow2
 from .triton_quantize_kernels import (_amax_kernel, _quantize_kernel, _philox_uniforms_kernel,
                                       _elementwise_probe_kernel)
 from .triton_quantize_flat import _amax_flat_kernel, _quantize_flat_kernel
@@ -140,13 +139,7 @@ def _is_interpreter() -> bool:
     return _INTERPRET
 
 
-def _cdiv(a: int, b: int) -> int:
-    # triton.cdiv / next_power_of_2 are @jit functions: ~10 µs of Python per host call
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
+_cdiv, _pow2 = cdiv, next_pow2     # not triton.cdiv / next_power_of_2: see triton_launch.cdiv
 
 
 def _interpreter_config(rows: int, nblk: int):

@@ -63,10 +63,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from .hadamard import DEFAULT_SIGNS
-from .triton_launch import launch
+from .triton_launch import cdiv, next_pow2, launch
 from .tensor import NVFP4Tensor
 from .triton_quantize_jit import FP32_MAX
 from .triton_quantize_decode_kernels import _amax_two_ways_kernel, _quantize_two_ways_kernel
@@ -121,7 +120,7 @@ def _interpreter() -> bool:
 def _config(nblk: int):
     """(NB 16-channel blocks per program, num_warps): 16 tokens × 512 channels, 4 warps, i.e.
     each thread holds 4 channels × 16 tokens (64 FP32 values); fewer blocks for small C."""
-    nb = 32 if nblk >= 32 else triton.next_power_of_2(max(nblk, 1))
+    nb = 32 if nblk >= 32 else next_pow2(max(nblk, 1))
     if _interpreter():
         nb = min(nb, 4)          # the interpreter's cost grows with masked padding
     return nb, max(1, nb // 8)
@@ -187,7 +186,7 @@ def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
     if t == 0 or c == 0 or not (row or col):
         return obs
     nb, nw = _config(c // 16)
-    grid = (triton.cdiv(t, 16) * triton.cdiv(c // 16, nb),)
+    grid = (cdiv(t, 16) * cdiv(c // 16, nb),)
     xp, stride, xw = _x_args(m)
     launch(_amax_two_ways_kernel, grid, xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs),
            ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb, num_warps=nw,
@@ -276,7 +275,7 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
         return out
 
     nb, nw = _config(nblk)
-    grid = (triton.cdiv(t, 16) * triton.cdiv(nblk, nb),)
+    grid = (cdiv(t, 16) * cdiv(nblk, nb),)
     xp, stride, xw = _x_args(m)
     words = (lambda b: b.view(torch.int32) if b is not dummy else b)   # BF16 / code words
     launch(_quantize_two_ways_kernel, grid,

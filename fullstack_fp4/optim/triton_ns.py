@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import launch
+from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
 from fullstack_fp4.nvfp4.triton_quantize_jit import FP32_MAX, INV6, _e2m1_code, _e4m3_rne
 
 __all__ = ["quantize_decode", "decoded_matmul", "decoded_matmul_unscaled", "abs_max"]
@@ -102,7 +102,7 @@ def quantize_decode(x: torch.Tensor, out: torch.Tensor | None = None, BM: int = 
     if scale is None:
         scale = _ones(x.device)
     ts = torch.empty(1, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(R, BM), triton.cdiv(K // 16, NB))
+    grid = (cdiv(R, BM), cdiv(K // 16, NB))
     launch(_qdq_kernel, grid, x, out, amax.reshape(1), scale.reshape(1), ts, R, K // 16,
            x.stride(0), x.stride(1), out.stride(0), out.stride(1), BM=BM, NB=NB)
     return out, ts.reshape(())  # = tensor_scales(amax)[1], the reference's FP32 order

@@ -221,3 +221,14 @@ def test_seed_arguments_are_not_specialised():
                 assert p in dns, f"{mod_name}.{name}: seed argument {p!r} is specialised"
                 checked += 1
     assert checked >= 7      # two-ways ×2, quantize, philox, Q-Attn dK/dV ×2 + dQ, Q-AdamW
+
+
+def test_grid_arithmetic_matches_triton():
+    import triton
+
+    for a in range(0, 600, 7):
+        for b in (1, 3, 16, 64, 512):
+            assert tl_launch.cdiv(a, b) == triton.cdiv(a, b)
+    for n in range(1, 5000):
+        assert tl_launch.next_pow2(n) == triton.next_power_of_2(n)
+    assert tl_launch.next_pow2(0) == 1        # at least one block (Triton's gives 0)
