@@ -20,7 +20,6 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +28,7 @@ from fullstack_fp4.attention import q_attention
 from fullstack_fp4.linear import nvfp4_linear
 from fullstack_fp4.nvfp4 import triton_launch
 from fullstack_fp4.optim.q_adamw.optimizer import QAdamW
+from profile_linear_host import host_us   # this script's folder is on sys.path
 
 
 class _Buffer:
@@ -123,17 +123,6 @@ def check(cases) -> int:
     return bad
 
 
-def host_us(fn, n=100):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
 def host_table():
     t, c = 8192, 3072
     x = torch.randn(t, c, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -169,10 +158,10 @@ def host_table():
     print("| --- | ---: | ---: | --- | ---: |")
     for name, fn, peer, peer_name in rows:
         triton_launch.set_mode("0")
-        off = host_us(fn)
+        off = host_us(fn, 100)
         triton_launch.set_mode("1")
-        on = host_us(fn)
-        print(f"| {name} | {off:.0f} | {on:.0f} | {peer_name} | {host_us(peer):.0f} |")
+        on = host_us(fn, 100)
+        print(f"| {name} | {off:.0f} | {on:.0f} | {peer_name} | {host_us(peer, 100):.0f} |")
     prof = cProfile.Profile()
     go = lin(nvfp4_linear)
     prof.enable()
