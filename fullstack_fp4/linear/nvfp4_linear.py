@@ -97,7 +97,8 @@ from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, quantize
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16, decoded_matmul, nvfp4_matmul, nvfp4_matmul_nt
 
 __all__ = ["NVFP4LinearFunction", "nvfp4_linear", "nvfp4_linear_forward", "nvfp4_linear_backward",
-           "pack_saved", "unpack_saved", "quantize_wgrad_operand", "WgradAccumulator"]
+           "pack_saved", "unpack_saved", "quantize_wgrad_operand", "WgradAccumulator",
+           "BufferAccumulator"]
 
 AmaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
@@ -118,6 +119,23 @@ class WgradAccumulator(Protocol):
     def accumulated(self) -> Optional[torch.Tensor]:
         """Called after the add: what autograd gets as W's gradient."""
         ...
+
+
+class BufferAccumulator:
+    """A :class:`WgradAccumulator` over a tensor the caller owns: the wgrad is added into
+    ``buf`` and autograd gets ``None`` for W (a training loop that reads ``buf`` itself; inside
+    megatron-core the integration layer's ``MainGradAccumulator`` is the one to use)."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self, buf: torch.Tensor):
+        self.buf = buf
+
+    def buffer(self) -> torch.Tensor:
+        return self.buf
+
+    def accumulated(self) -> None:
+        return None
 
 
 def _check_finite(t: torch.Tensor) -> bool:

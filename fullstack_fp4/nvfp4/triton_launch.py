@@ -179,15 +179,20 @@ class _Unkeyed(Exception):
     """An argument type this key does not model (numpy scalars, tuples …): launch the plain way."""
 
 
-def _key(fn, values: list, options: tuple, plan_key: tuple, device: int) -> tuple:
+def _key_and_values(fn, args: tuple, kwargs: dict, device: int):
+    """``(cache key, parameter values in order)`` of one call; raises ``_Unkeyed``."""
+    values, option_names, plan_key = _bind(fn, args, kwargs)
     flags = _signature(fn).constexpr
-    return (fn, device, plan_key, options,
-            tuple([v if c else _arg_key(v) for c, v in zip(flags, values)]))
+    key = (fn, device, plan_key, tuple([kwargs[k] for k in option_names]),
+           tuple([v if c else _arg_key(v) for c, v in zip(flags, values)]))
+    return key, values
 
 
-def specialization_key(fn, values: list, options: dict, device: int) -> tuple:
-    """The cache key of one launch (module docstring): finer than or equal to Triton's."""
-    return _key(fn, values, tuple(sorted(options.items())), (), device)
+def specialization_key(fn, args: tuple, kwargs: dict, device: int) -> tuple:
+    """The cache key :func:`launch` uses for ``fn[grid](*args, **kwargs)`` on ``device``
+    (module docstring): finer than or equal to Triton's. Raises ``_Unkeyed`` for an argument
+    type it does not model."""
+    return _key_and_values(fn, args, kwargs, device)[0]
 
 
 _COMPILED: Dict[tuple, Any] = {}
@@ -225,13 +230,12 @@ def _hooks_idle() -> bool:
 def launch(fn, grid: tuple, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)``, with the per-call work of ``JITFunction.run`` done once
     per specialisation (module docstring). ``grid``: a tuple of 1 to 3 ints."""
-    if _INTERPRET or _MODE == "0" or not _hooks_idle():
+    if not lean_enabled() or not _hooks_idle():
         fn[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
-    values, option_names, plan_key = _bind(fn, args, kwargs)
     try:
-        key = _key(fn, values, tuple([kwargs[k] for k in option_names]), plan_key, device)
+        key, values = _key_and_values(fn, args, kwargs, device)
     except _Unkeyed:
         fn[grid](*args, **kwargs)
         return
@@ -258,10 +262,7 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
 def compiled_for(fn, *args, **kwargs):
     """The compiled kernel :func:`launch` holds for these arguments (``None`` before their
     first launch): the GPU check compares it with what ``JITFunction.run`` picks."""
-    values, option_names, plan_key = _bind(fn, args, kwargs)
     try:
-        key = _key(fn, values, tuple([kwargs[k] for k in option_names]), plan_key,
-                   torch.cuda.current_device())
+        return _COMPILED.get(specialization_key(fn, args, kwargs, torch.cuda.current_device()))
     except _Unkeyed:
         return None
-    return _COMPILED.get(key)

@@ -25,23 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from fullstack_fp4.attention import q_attention
-from fullstack_fp4.linear import nvfp4_linear
+from fullstack_fp4.linear import BufferAccumulator, nvfp4_linear
 from fullstack_fp4.nvfp4 import triton_launch
 from fullstack_fp4.optim.q_adamw.optimizer import QAdamW
 from profile_linear_host import host_us   # this script's folder is on sys.path
-
-
-class _Buffer:
-    """A WgradAccumulator over one FP32 buffer (what megatron's main_grad is)."""
-
-    def __init__(self, buf):
-        self.buf = buf
-
-    def buffer(self):
-        return self.buf
-
-    def accumulated(self):
-        return None
 
 
 def linear_case(t, cin, cout):
@@ -57,7 +44,7 @@ def linear_case(t, cin, cout):
         y = nvfp4_linear(xr, wr, generator=gen)
         y.backward(dy)
         y2 = nvfp4_linear(xr.detach().requires_grad_(), wr, generator=gen,
-                          wgrad_accumulator=_Buffer(main_grad))
+                          wgrad_accumulator=BufferAccumulator(main_grad))
         y2.backward(dy)
         return [y, xr.grad, wr.grad, main_grad]
     return run

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fullstack_fp4.linear import nvfp4_linear
+from fullstack_fp4.linear import BufferAccumulator, nvfp4_linear
 from fullstack_fp4.linear.lora_svd import (cholesky_qr, lora_svd_linear, lora_svd_split, merge,
                                            randomized_svd)
 
@@ -285,19 +285,6 @@ def test_saved_for_backward_codes_not_bf16_activations(route):
 
 
 # ------------------------------------------------- gradient-accumulation fusion (W_res wgrad)
-class _Buffer:
-    """A WgradAccumulator over a plain tensor; autograd gets None."""
-
-    def __init__(self, buf):
-        self.buf = buf
-
-    def buffer(self):
-        return self.buf
-
-    def accumulated(self):
-        return None
-
-
 @pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
 def test_dense_route_fuses_w_res_wgrad_into_the_buffer(exact, buf_dtype):
@@ -309,7 +296,7 @@ def test_dense_route_fuses_w_res_wgrad_into_the_buffer(exact, buf_dtype):
     dy = torch.randn(T, OUT, generator=_gen(18))
     dx_ref, g_ref, l1_ref = _grads_route(x, dy, w_res, l1, l2, exact, "dense", _gen(5))  # FP32 W_res
     b0 = torch.randn(OUT, IN, generator=_gen(19)).to(buf_dtype)
-    sink = _Buffer(b0.clone())
+    sink = BufferAccumulator(b0.clone())
     xx, ww, ll = (t.clone().requires_grad_(True) for t in (x, w_res, l1))
     lora_svd_linear(xx, ww, ll, l2, BETA, exact=exact, route="dense", generator=_gen(5),
                     wgrad_accumulator=sink).backward(dy)
@@ -323,4 +310,4 @@ def test_projected_route_refuses_a_wgrad_accumulator():
     x = torch.randn(T, IN, generator=_gen(20))
     with pytest.raises(ValueError, match="route='dense'"):
         lora_svd_linear(x, w_res, l1, l2, BETA, route="projected",
-                        wgrad_accumulator=_Buffer(torch.zeros(OUT, IN)))
+                        wgrad_accumulator=BufferAccumulator(torch.zeros(OUT, IN)))

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fullstack_fp4.linear import BufferAccumulator
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16, quantize_reference
 from fullstack_fp4.nvfp4.gemm import nvfp4_matmul, nvfp4_matmul_nt
 
@@ -156,22 +157,12 @@ def test_fused_backward_accumulates_the_wgrad_into_a_buffer(buf_dtype, monkeypat
     _eq(dx, rdx)
     assert torch.equal(buf.cpu(), want)
 
-    class Buffer:
-        def __init__(self, t):
-            self.t = t
-
-        def buffer(self):
-            return self.t
-
-        def accumulated(self):
-            return None
-
     monkeypatch.setattr(lin, "_use_fused", lambda t: True)
-    sink = Buffer(b0.clone().to(DEV))
+    sink = BufferAccumulator(b0.clone().to(DEV))
     xx, ww = x.to(DEV).requires_grad_(), w.to(DEV).requires_grad_()
     lin.nvfp4_linear(xx, ww, generator=torch.Generator().manual_seed(13),
                      wgrad_accumulator=sink).backward(dy.to(DEV))
-    assert ww.grad is None and torch.equal(sink.t.cpu(), want)
+    assert ww.grad is None and torch.equal(sink.buf.cpu(), want)
     _eq(xx.grad, rdx)
 
 

@@ -56,7 +56,9 @@ def test_constexpr_parameters_hand_listed():
 
 
 def _key(values, options=None, device=0):
-    return tl_launch.specialization_key(_amax_two_ways_kernel, values, options or {}, device)
+    """The key launch() uses for a call with these parameter values (by position)."""
+    return tl_launch.specialization_key(_amax_two_ways_kernel, tuple(values), options or {},
+                                        device)
 
 
 def _values(x, t=64, c=32, stride=32, nb=4):
