@@ -14,6 +14,13 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
   (checkpoint.load=auto): run the same command again; `--time-budget` sends the running arm
   SIGTERM when the budget is spent (it saves a checkpoint and exits) and starts no new arm;
 - an arm whose recipe is not implemented in this release is listed as skipped, with the reason;
+- `--jobs N` trains up to N arms at once on the same device: at this scale a step is host-bound,
+  so arms side by side keep most of their speed; their losses do not depend on it, their wall
+  times do (the table says how many ran at once);
+- a complete arm records that in OUT/<arm>/ablation_run.json, so its folder without
+  `checkpoints/` (metrics.jsonl, eval.json, ablation_run.json) still counts as complete: arms
+  trained on different machines or sessions are tabulated together by copying those folders
+  into one --out and running `--report-only`;
 - complete arms are evaluated by scripts/evaluate.py (held-out perplexity, cloze accuracy;
   one process for all of them; cached in OUT/<arm>/eval.json);
 - OUT/ablation.md and OUT/ablation.json get the table (final train loss = mean of the last
@@ -59,6 +66,9 @@ def parse_args(argv=None):
                    help="dir with train/valid_text_document, tokenizer.model, corpus/heldout/")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every arm")
     p.add_argument("--nproc", type=int, default=1, help="GPUs per arm (torchrun when > 1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="arms trained at the same time, sharing the device (small, host-bound models; "
+                        "numbers unchanged, wall times then include the sharing)")
     p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
     p.add_argument("--last-k", type=int, default=10, help="final train loss = mean of the last k logged losses")
     p.add_argument("--ppl-tokens", type=int, default=0, help="held-out tokens for perplexity (0: all)")
@@ -138,45 +148,108 @@ def save_state(args, arm, state) -> None:
     os.replace(p + ".tmp", p)
 
 
-def run_training(arm: str, args, deadline: float | None) -> str:
-    """Run (or resume) one arm; returns 'complete', 'interrupted' or 'failed: ...'."""
-    rd = os.path.join(args.out, arm)
-    os.makedirs(rd, exist_ok=True)
-    cmd = train_cmd(arm, args)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    state = load_state(args, arm)
-    t0 = time.time()
-    with open(os.path.join(rd, "train.log"), "a") as log:
-        log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
-        log.flush()
-        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        stopped = False
-        while True:
-            timeout = None if deadline is None else max(0.0, deadline - time.time())
-            try:
-                rc = p.wait(timeout=timeout)
-                break
-            except subprocess.TimeoutExpired:
-                print(f"[ablation] {arm}: time budget spent, SIGTERM (the run saves a checkpoint)", flush=True)
-                p.send_signal(signal.SIGTERM)
-                stopped, deadline = True, None
-                try:
-                    rc = p.wait(timeout=600)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    rc = p.wait()
-                break
-    wall = time.time() - t0
-    state["wall_s"] += wall
-    state["sessions"].append({"start": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
-                              "wall_s": wall, "rc": rc, "stopped_by_budget": stopped})
-    save_state(args, arm, state)
-    meta = checkpoint_state(os.path.join(rd, "checkpoints"))
-    if meta and meta["iteration"] >= args.iters:
-        return "complete"
-    if rc == 0 or stopped:
-        return "interrupted"
-    return f"failed: exit code {rc}, see {os.path.join(rd, 'train.log')}"
+class ArmRun:
+    """One arm's training subprocess: started at once, polled, stopped by SIGTERM on a budget.
+
+    Several can run side by side (``--jobs``): at the ablation's scale a step is host-bound
+    (Python and kernel launches), so arms sharing one GPU each keep most of their own speed.
+    Their numbers do not depend on it (same data, seed, kernels); their wall times do, so the
+    table says how many ran at once."""
+
+    def __init__(self, arm: str, args):
+        self.arm, self.args = arm, args
+        self.rd = os.path.join(args.out, arm)
+        os.makedirs(self.rd, exist_ok=True)
+        cmd = train_cmd(arm, args)
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
+                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.t0 = time.time()
+        self.log = open(os.path.join(self.rd, "train.log"), "a")
+        self.log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
+        self.log.flush()
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.stopped_at = None
+        self.rc = None
+        self.peers = 1       # the most arms training at once while this one ran (itself included)
+
+    def poll(self) -> bool:
+        """True once the subprocess has exited (a stopped one that ignores SIGTERM for 600 s is
+        killed)."""
+        if self.rc is None:
+            self.rc = self.proc.poll()
+            if self.rc is None and self.stopped_at is not None and time.time() - self.stopped_at > 600:
+                self.proc.kill()
+                self.rc = self.proc.wait()
+        return self.rc is not None
+
+    def stop(self) -> None:
+        if self.stopped_at is None and self.rc is None:
+            print(f"[ablation] {self.arm}: time budget spent, SIGTERM (the run saves a checkpoint)", flush=True)
+            self.proc.send_signal(signal.SIGTERM)
+            self.stopped_at = time.time()
+
+    def finish(self) -> str:
+        """Record the session; 'complete', 'interrupted' or 'failed: ...'."""
+        self.log.close()
+        wall = time.time() - self.t0
+        state = load_state(self.args, self.arm)
+        state["wall_s"] += wall
+        state["sessions"].append({"start": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.t0)),
+                                  "wall_s": wall, "rc": self.rc, "stopped_by_budget": self.stopped_at is not None,
+                                  "jobs": self.peers})
+        meta = checkpoint_state(os.path.join(self.rd, "checkpoints"))
+        done = bool(meta and meta["iteration"] >= self.args.iters)
+        if done:
+            # what the table needs once the checkpoint is gone (results copied elsewhere)
+            state["completed"] = {"iteration": meta["iteration"], "train_iters": self.args.iters}
+        save_state(self.args, self.arm, state)
+        if done:
+            return "complete"
+        if self.rc == 0 or self.stopped_at is not None:
+            return "interrupted"
+        return f"failed: exit code {self.rc}, see {os.path.join(self.rd, 'train.log')}"
+
+
+def run_arms(todo: list[str], args, deadline: float | None, status: dict) -> None:
+    """Train the arms in ``todo`` (in order), at most ``args.jobs`` at a time, until each is
+    complete, interrupted or failed, or the time budget is spent (running arms get SIGTERM
+    and save a checkpoint; arms not started yet are not run). Fills ``status``."""
+    pending, running = list(todo), []
+    while pending or running:
+        budget_spent = deadline is not None and time.time() >= deadline
+        while pending and len(running) < args.jobs and not budget_spent:
+            arm = pending.pop(0)
+            meta = checkpoint_state(os.path.join(args.out, arm, "checkpoints"))
+            what = f"resuming at step {meta['iteration']}" if meta else "starting"
+            print(f"[ablation] {arm}: {what} -> {args.iters} steps", flush=True)
+            running.append(ArmRun(arm, args))
+        for r in running:
+            r.peers = max(r.peers, len(running))
+        if budget_spent:
+            for r in running:
+                r.stop()
+            for arm in pending:
+                meta = checkpoint_state(os.path.join(args.out, arm, "checkpoints"))
+                status[arm] = "not run: time budget spent" + (f" (at step {meta['iteration']})" if meta else "")
+                print(f"[ablation] {arm}: {status[arm]}", flush=True)
+            pending = []
+        for r in [r for r in running if r.poll()]:
+            running.remove(r)
+            st = r.finish()
+            if st == "interrupted":
+                m = checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))
+                st = f"interrupted at step {m['iteration'] if m else 0}: run again to resume"
+            status[r.arm] = st
+            print(f"[ablation] {r.arm}: {st}", flush=True)
+        if running:
+            time.sleep(0.5)
+
+
+def kept_result(args, arm) -> bool:
+    """An arm completed at --iters whose checkpoint is not here (the results were copied on
+    without it: metrics.jsonl, eval.json, ablation_run.json): the table can still use it."""
+    done = load_state(args, arm).get("completed") or {}
+    return done.get("train_iters") == args.iters and done.get("iteration", 0) >= args.iters
 
 
 def evaluate_arms(arms: list[str], args) -> dict[str, dict]:
@@ -242,6 +315,8 @@ def summarize(arms: list[str], status: dict, evals: dict, args, cfg) -> list[dic
             "cloze_items": ev.get("cloze", {}).get("items"),
             "tokens": args.iters * tokens_per_step if status[arm] == "complete" else None,
             "wall_s": load_state(args, arm)["wall_s"] if os.path.isdir(rd) else None,
+            # the most arms that shared the device with this one in any of its sessions
+            "jobs": max((s.get("jobs", 1) for s in load_state(args, arm)["sessions"]), default=1),
             "curve": {"train": sorted(train.items()), "val": sorted(val.items())},
         })
     base = next((r for r in rows if r["arm"] == "bf16"), None)
@@ -276,6 +351,8 @@ def markdown(rows: list[dict], args, header: dict) -> str:
         gap = "0 (baseline)" if r["arm"] == "bf16" else (_f(r["val_gap_pct"], "+.2f") + "%"
                                                         if r["val_gap_pct"] is not None else "—")
         wall = "—" if r["wall_s"] is None else f"{r['wall_s'] / 60:.1f} min"
+        if r["wall_s"] is not None and r["jobs"] > 1:
+            wall += f" ({r['jobs']} arms at once)"
         lines.append(f"| {r['arm']} | {_f(r['final_train_loss'], '.4f')} | {_f(r['val_loss'], '.4f')} | {gap} | "
                      f"{_f(r['heldout_perplexity'], '.2f')} | {_f(r['cloze_greedy_accuracy'], '.3f')} | "
                      f"{_f(r['cloze_choice_accuracy'], '.3f')} | {r['tokens'] / 1e6:.1f}M | {wall} |")
@@ -321,6 +398,10 @@ def main(argv=None) -> int:
     if args.iters <= 0:
         print("error: --iters must be positive", file=sys.stderr)
         return 2
+    if args.jobs < 1 or (args.jobs > 1 and args.nproc > 1):
+        print("error: --jobs must be >= 1, and 1 when --nproc > 1 (torchrun arms each take their GPUs)",
+              file=sys.stderr)
+        return 2
     from megatron.training.config import load_config
     from megatron.training.errors import UserError
 
@@ -346,6 +427,7 @@ def main(argv=None) -> int:
         return 0
     os.makedirs(args.out, exist_ok=True)
     deadline = time.time() + args.time_budget if args.time_budget > 0 else None
+    todo = []
     for arm in arms:
         if arm in status:
             print(f"[ablation] {arm}: {status[arm]}", flush=True)
@@ -357,18 +439,18 @@ def main(argv=None) -> int:
         elif meta and meta["iteration"] >= args.iters:
             status[arm] = "complete"
             print(f"[ablation] {arm}: complete ({meta['path']}), skipping", flush=True)
+            continue
+        elif not meta and kept_result(args, arm):
+            status[arm] = "complete"
+            print(f"[ablation] {arm}: complete (results kept, no checkpoint), skipping", flush=True)
+            continue
         elif args.report_only:
             status[arm] = "not run (--report-only)" + (f": checkpoint at step {meta['iteration']}" if meta else "")
-        elif deadline is not None and time.time() >= deadline:
-            status[arm] = "not run: time budget spent" + (f" (at step {meta['iteration']})" if meta else "")
         else:
-            what = f"resuming at step {meta['iteration']}" if meta else "starting"
-            print(f"[ablation] {arm}: {what} -> {args.iters} steps", flush=True)
-            status[arm] = run_training(arm, args, deadline)
-            if status[arm] == "interrupted":
-                m = checkpoint_state(os.path.join(args.out, arm, "checkpoints"))
-                status[arm] = f"interrupted at step {m['iteration'] if m else 0}: run again to resume"
+            todo.append(arm)
+            continue
         print(f"[ablation] {arm}: {status[arm]}", flush=True)
+    run_arms(todo, args, deadline, status)
     done = [a for a in arms if status[a] == "complete"]
     evals = {} if args.no_eval or not done else evaluate_arms(done, args)
 

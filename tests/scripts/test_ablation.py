@@ -110,3 +110,41 @@ def test_ablation_dry_and_bad_arm(tmp_path):
     assert not os.listdir(tmp_path)
     p = ablation(["--dry", "--arms", "bf16,nope"])
     assert p.returncode == 2 and "unknown arm" in p.stderr
+
+
+def test_ablation_jobs_side_by_side_and_kept_results(tmp_path):
+    """--jobs 2 trains two arms at once with the numbers of a one-at-a-time run; a copy of the
+    arms' folders without checkpoints is still tabulated by --report-only."""
+    import shutil
+
+    data = make_toy_data(str(tmp_path / "data"))
+    common = ["--iters", "2", "--data", data, "--no-eval", "--last-k", "2", "--set", *TINY]
+    side = str(tmp_path / "side")
+    p = ablation(common + ["--out", side, "--arms", "bf16,q_adamw", "--jobs", "2"])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "bf16: complete" in p.stdout and "q_adamw: complete" in p.stdout
+    for arm in ("bf16", "q_adamw"):
+        st = json.load(open(os.path.join(side, arm, "ablation_run.json")))
+        assert st["sessions"][-1]["jobs"] == 2 and st["completed"] == {"iteration": 2, "train_iters": 2}
+    assert "(2 arms at once)" in open(os.path.join(side, "ablation.md")).read()
+
+    alone = str(tmp_path / "alone")
+    p = ablation(common + ["--out", alone, "--arms", "bf16"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert metrics(os.path.join(alone, "bf16")) == metrics(os.path.join(side, "bf16"))
+
+    kept = str(tmp_path / "kept")
+    for arm in ("bf16", "q_adamw"):
+        shutil.copytree(os.path.join(side, arm), os.path.join(kept, arm), ignore=shutil.ignore_patterns("checkpoints"))
+    p = ablation(common + ["--out", kept, "--arms", "bf16,q_adamw", "--report-only"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("complete (results kept, no checkpoint)") == 2
+    rows = {r["arm"]: r for r in json.load(open(os.path.join(side, "ablation.json")))["rows"]}
+    kept_rows = {r["arm"]: r for r in json.load(open(os.path.join(kept, "ablation.json")))["rows"]}
+    for arm in rows:
+        assert kept_rows[arm]["status"] == "complete"
+        for key in ("final_train_loss", "val_loss", "val_gap_pct", "tokens"):
+            assert kept_rows[arm][key] == rows[arm][key] and rows[arm][key] is not None
+
+    p = ablation(common + ["--out", kept, "--arms", "bf16", "--jobs", "2", "--nproc", "2"])
+    assert p.returncode == 2 and "--jobs" in p.stderr

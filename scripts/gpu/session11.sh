@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 11's device calls on one H200 (each fits the 600 s limit). Carry .whl and data/quickstart.
+#   bash scripts/gpu/session11.sh ablation   # every arm of issue 8's ablation at once
+#       (--jobs 9: the 27.8M-parameter model is host-bound, so the arms share the GPU), then
+#       the table; the arms' folders without checkpoints come back as abl_arms.tgz, so arms a
+#       later call trains can be tabulated with them (ablation.py --report-only)
+#   bash scripts/gpu/session11.sh blocks     # the efficiency table, every arm in ONE process
+#       (4 blocks of the 3b preset, seq 4096), then, when ARMS_LEFT names arms the first call
+#       did not finish, those arms trained next to the carried results (runs/abl_kept) and the
+#       whole table again
+set -u
+source scripts/gpu/setup_env.sh
+export OMP_NUM_THREADS=1
+ALL_ARMS=bf16,nvfp4_linear,lora_svd,q_adamw,root,q_root,q_attn,full_stack,full_stack_root
+ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200"
+keep_arms() {   # DIR: table, JSON, plot, and one archive of the arms' folders without checkpoints
+  cp "$1"/ablation.md "$1"/ablation.json "$1"/ablation.png "$OUT"/ 2>/dev/null
+  tar czf "$OUT/abl_arms.tgz" --exclude=checkpoints -C "$(dirname "$1")" "$(basename "$1")"; }
+case "${1:-ablation}" in
+  ablation)
+    TAILN=40 run ablation 520 $ABL --arms $ALL_ARMS --jobs 9 --out /tmp/abl --time-budget 420
+    keep_arms /tmp/abl
+    ;;
+  blocks)
+    TAILN=60 run blocks 330 python3 scripts/bench_blocks.py \
+      --arms bf16,nvfp4_linear,lora_svd,q_adamw,muon,q_muon,root,q_root,q_attn,full_stack,full_stack_root \
+      --steps 6 --warmup 2 --out "$OUT"
+    if [ -n "${ARMS_LEFT:-}" ]; then
+      mkdir -p /tmp/abl && cp -r runs/abl_kept/abl/. /tmp/abl/
+      TAILN=40 run ablation 240 $ABL --arms $ALL_ARMS --jobs 9 --out /tmp/abl --time-budget 200
+      keep_arms /tmp/abl
+    fi
+    ;;
+esac
