@@ -4,6 +4,10 @@
 #       (--jobs 9: the 27.8M-parameter model is host-bound, so the arms share the GPU), then
 #       the table; the arms' folders without checkpoints come back as abl_arms.tgz, so arms a
 #       later call trains can be tabulated with them (ablation.py --report-only)
+#   bash scripts/gpu/session11.sh abl2       # the arm the first call did not finish
+#       (full_stack_root), trained from scratch next to the first call's results (carry
+#       runs/abl_kept: abl_arms.tgz unpacked), the whole table again; side by side, bf16,
+#       nvfp4_linear and lora_svd at a second seed (4321)
 #   bash scripts/gpu/session11.sh blocks     # the efficiency table, every arm in ONE process
 #       (4 blocks of the 3b preset, seq 4096), then, when ARMS_LEFT names arms the first call
 #       did not finish, those arms trained next to the carried results (runs/abl_kept) and the
@@ -20,6 +24,17 @@ case "${1:-ablation}" in
   ablation)
     TAILN=40 run ablation 520 $ABL --arms $ALL_ARMS --jobs 9 --out /tmp/abl --time-budget 420
     keep_arms /tmp/abl
+    ;;
+  abl2)
+    mkdir -p /tmp/abl && cp -r runs/abl_kept/abl/. /tmp/abl/ && rm -rf /tmp/abl/full_stack_root
+    echo "===== abl2 ($(date +%T))"
+    timeout 500 $ABL --arms $ALL_ARMS --jobs 9 --out /tmp/abl --time-budget 400 >"$OUT/ablation.txt" 2>&1 &
+    timeout 500 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 --out /tmp/abl4321 --time-budget 400 \
+      --set train.seed=4321 >"$OUT/ablation_seed4321.txt" 2>&1 &
+    wait
+    tail -25 "$OUT/ablation.txt"; tail -12 "$OUT/ablation_seed4321.txt"
+    keep_arms /tmp/abl
+    cp /tmp/abl4321/ablation.md "$OUT/ablation_seed4321.md"; cp /tmp/abl4321/ablation.json "$OUT/ablation_seed4321.json"
     ;;
   blocks)
     TAILN=60 run blocks 330 python3 scripts/bench_blocks.py \
