@@ -12,6 +12,10 @@
 #       (4 blocks of the 3b preset, seq 4096), then, when ARMS_LEFT names arms the first call
 #       did not finish, those arms trained next to the carried results (runs/abl_kept) and the
 #       whole table again
+#   bash scripts/gpu/session11.sh extra      # issue 3's linear bench (warm cache from "blocks"),
+#       the BF16-grad-buffer arms of the 4-block table, the lean-launch check + host table
+#   bash scripts/gpu/session11.sh seed 777   # bf16, nvfp4_linear, lora_svd at one more seed
+#       (issue 4: LoRA-SVD's gap against NVFP4's)
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -45,5 +49,16 @@ case "${1:-ablation}" in
       TAILN=40 run ablation 240 $ABL --arms $ALL_ARMS --jobs 9 --out /tmp/abl --time-budget 200
       keep_arms /tmp/abl
     fi
+    ;;
+  seed)
+    TAILN=12 run "ablation_seed$2" 260 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 \
+      --out "/tmp/abl$2" --time-budget 220 --set "train.seed=$2"
+    cp "/tmp/abl$2/ablation.md" "$OUT/ablation_seed$2.md"; cp "/tmp/abl$2/ablation.json" "$OUT/ablation_seed$2.json"
+    ;;
+  extra)
+    OUT="$OUT" TAILN=40 run linear 280 python3 scripts/bench_nvfp4_linear.py
+    TAILN=8 run blocks_bf16_grads 120 python3 scripts/bench_blocks.py \
+      --arms bf16,q_adamw_bf16_grads,full_stack_bf16_grads --steps 6 --warmup 2 --out "$OUT/bf16_grads"
+    TAILN=16 run lean 110 python3 scripts/gpu/check_lean_launch.py
     ;;
 esac
