@@ -16,6 +16,8 @@
 #       the BF16-grad-buffer arms of the 4-block table, the lean-launch check + host table
 #   bash scripts/gpu/session11.sh seed 777   # bf16, nvfp4_linear, lora_svd at one more seed
 #       (issue 4: LoRA-SVD's gap against NVFP4's)
+#   bash scripts/gpu/session11.sh smoke3b    # every configs/3b_64b arm from its own YAML, 4 blocks,
+#       3 steps on random tokens (scripts/smoke_3b_64b.sh); not run in session 11 (device time spent)
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -54,6 +56,9 @@ case "${1:-ablation}" in
     TAILN=12 run "ablation_seed$2" 260 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 \
       --out "/tmp/abl$2" --time-budget 220 --set "train.seed=$2"
     cp "/tmp/abl$2/ablation.md" "$OUT/ablation_seed$2.md"; cp "/tmp/abl$2/ablation.json" "$OUT/ablation_seed$2.json"
+    ;;
+  smoke3b)
+    LOGDIR=/tmp/smoke TAILN=12 run smoke3b 560 bash scripts/smoke_3b_64b.sh
     ;;
   extra)
     OUT="$OUT" TAILN=40 run linear 280 python3 scripts/bench_nvfp4_linear.py
