@@ -14,9 +14,10 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
   (checkpoint.load=auto): run the same command again; `--time-budget` sends the running arm
   SIGTERM when the budget is spent (it saves a checkpoint and exits) and starts no new arm;
 - an arm whose recipe is not implemented in this release is listed as skipped, with the reason;
-- `--jobs N` trains up to N arms at once on the same device: at this scale a step is host-bound,
-  so arms side by side keep most of their speed; their losses do not depend on it, their wall
-  times do (the table says how many ran at once);
+- `--jobs N` trains up to N arms at once: at this scale a step is host-bound, so arms side by
+  side on one GPU keep most of their speed (with several GPUs visible, each new arm goes to the
+  one running the fewest); their losses do not depend on it, their wall times do (the table
+  says how many ran at once);
 - a complete arm records that in OUT/<arm>/ablation_run.json, so its folder without
   `checkpoints/` (metrics.jsonl, eval.json, ablation_run.json) still counts as complete: arms
   trained on different machines or sessions are tabulated together by copying those folders
@@ -67,8 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every arm")
     p.add_argument("--nproc", type=int, default=1, help="GPUs per arm (torchrun when > 1)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="arms trained at the same time, sharing the device (small, host-bound models; "
-                        "numbers unchanged, wall times then include the sharing)")
+                   help="arms trained at the same time (small, host-bound models share a GPU; several "
+                        "GPUs: spread over them); numbers unchanged, wall times then include the sharing")
     p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
     p.add_argument("--last-k", type=int, default=10, help="final train loss = mean of the last k logged losses")
     p.add_argument("--ppl-tokens", type=int, default=0, help="held-out tokens for perplexity (0: all)")
@@ -156,13 +157,15 @@ class ArmRun:
     Their numbers do not depend on it (same data, seed, kernels); their wall times do, so the
     table says how many ran at once."""
 
-    def __init__(self, arm: str, args):
-        self.arm, self.args = arm, args
+    def __init__(self, arm: str, args, gpu: str | None = None):
+        self.arm, self.args, self.gpu = arm, args, gpu
         self.rd = os.path.join(args.out, arm)
         os.makedirs(self.rd, exist_ok=True)
         cmd = train_cmd(arm, args)
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         self.t0 = time.time()
         self.log = open(os.path.join(self.rd, "train.log"), "a")
         self.log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
@@ -210,11 +213,31 @@ class ArmRun:
         return f"failed: exit code {self.rc}, see {os.path.join(self.rd, 'train.log')}"
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs the arms may use, as CUDA_VISIBLE_DEVICES entries (that variable's own list when
+    set, else 0..n-1); empty without CUDA."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return listed[:n] if listed else [str(i) for i in range(n)]
+
+
+def pick_gpu(gpus: list[str], busy: list[str | None]) -> str | None:
+    """The GPU running the fewest arms (the first such), or None (no GPU, or one: leave the
+    environment alone)."""
+    if len(gpus) < 2:
+        return None
+    return min(gpus, key=lambda g: busy.count(g))
+
+
 def run_arms(todo: list[str], args, deadline: float | None, status: dict) -> None:
     """Train the arms in ``todo`` (in order), at most ``args.jobs`` at a time, until each is
     complete, interrupted or failed, or the time budget is spent (running arms get SIGTERM
-    and save a checkpoint; arms not started yet are not run). Fills ``status``."""
+    and save a checkpoint; arms not started yet are not run). Fills ``status``. With several
+    GPUs visible, each new arm goes to the GPU running the fewest (CUDA_VISIBLE_DEVICES)."""
     pending, running = list(todo), []
+    gpus = visible_gpus() if args.jobs > 1 and todo else []   # several GPUs: spread the arms
     while pending or running:
         budget_spent = deadline is not None and time.time() >= deadline
         while pending and len(running) < args.jobs and not budget_spent:
@@ -222,7 +245,7 @@ def run_arms(todo: list[str], args, deadline: float | None, status: dict) -> Non
             meta = checkpoint_state(os.path.join(args.out, arm, "checkpoints"))
             what = f"resuming at step {meta['iteration']}" if meta else "starting"
             print(f"[ablation] {arm}: {what} -> {args.iters} steps", flush=True)
-            running.append(ArmRun(arm, args))
+            running.append(ArmRun(arm, args, pick_gpu(gpus, [r.gpu for r in running])))
         for r in running:
             r.peers = max(r.peers, len(running))
         if budget_spent:

@@ -148,3 +148,30 @@ def test_ablation_jobs_side_by_side_and_kept_results(tmp_path):
 
     p = ablation(common + ["--out", kept, "--arms", "bf16", "--jobs", "2", "--nproc", "2"])
     assert p.returncode == 2 and "--jobs" in p.stderr
+
+
+def test_jobs_spread_over_visible_gpus(monkeypatch):
+    """With several GPUs, each new arm goes to the GPU running the fewest arms (first on ties),
+    named as CUDA_VISIBLE_DEVICES names it; one GPU or none: the environment is left alone."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("ablation_script", ABLATION)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.pick_gpu([], []) is None and mod.pick_gpu(["0"], ["0", "0"]) is None
+    busy = []
+    for _ in range(5):
+        busy.append(mod.pick_gpu(["0", "1", "2"], busy))
+    assert busy == ["0", "1", "2", "0", "1"]
+    assert mod.pick_gpu(["0", "1"], ["1", None]) == "0"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert mod.visible_gpus() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert mod.visible_gpus() == ["3", "5"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mod.visible_gpus() == []
