@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 11's device calls on one H200 (each fits the 600 s limit). Carry .whl and data/quickstart.
+# Session 11's device calls on one H200 (each fits the 600 s limit). Carry .whl (+ data/quickstart
+# for the ablation modes). OMP_NUM_THREADS=1: up to nine training processes share 16 cores.
 #   bash scripts/gpu/session11.sh ablation   # every arm of issue 8's ablation at once
 #       (--jobs 9: the 27.8M-parameter model is host-bound, so the arms share the GPU), then
 #       the table; the arms' folders without checkpoints come back as abl_arms.tgz, so arms a
@@ -9,9 +10,7 @@
 #       runs/abl_kept: abl_arms.tgz unpacked), the whole table again; side by side, bf16,
 #       nvfp4_linear and lora_svd at a second seed (4321)
 #   bash scripts/gpu/session11.sh blocks     # the efficiency table, every arm in ONE process
-#       (4 blocks of the 3b preset, seq 4096), then, when ARMS_LEFT names arms the first call
-#       did not finish, those arms trained next to the carried results (runs/abl_kept) and the
-#       whole table again
+#       (4 blocks of the 3b preset, seq 4096)
 #   bash scripts/gpu/session11.sh extra      # issue 3's linear bench (warm cache from "blocks"),
 #       the BF16-grad-buffer arms of the 4-block table, the lean-launch check + host table
 #   bash scripts/gpu/session11.sh seed 777   # bf16, nvfp4_linear, lora_svd at one more seed
@@ -46,11 +45,6 @@ case "${1:-ablation}" in
     TAILN=60 run blocks 330 python3 scripts/bench_blocks.py \
       --arms bf16,nvfp4_linear,lora_svd,q_adamw,muon,q_muon,root,q_root,q_attn,full_stack,full_stack_root \
       --steps 6 --warmup 2 --out "$OUT"
-    if [ -n "${ARMS_LEFT:-}" ]; then
-      mkdir -p /tmp/abl && cp -r runs/abl_kept/abl/. /tmp/abl/
-      TAILN=40 run ablation 240 $ABL --arms $ALL_ARMS --jobs 9 --out /tmp/abl --time-budget 200
-      keep_arms /tmp/abl
-    fi
     ;;
   seed)
     TAILN=12 run "ablation_seed$2" 260 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 \
