@@ -231,18 +231,18 @@ def pick_gpu(gpus: list[str], busy: list[str | None]) -> str | None:
     return min(gpus, key=lambda g: busy.count(g))
 
 
-def run_arms(todo: list[str], args, deadline: float | None, status: dict) -> None:
-    """Train the arms in ``todo`` (in order), at most ``args.jobs`` at a time, until each is
-    complete, interrupted or failed, or the time budget is spent (running arms get SIGTERM
-    and save a checkpoint; arms not started yet are not run). Fills ``status``. With several
-    GPUs visible, each new arm goes to the GPU running the fewest (CUDA_VISIBLE_DEVICES)."""
+def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, status: dict) -> None:
+    """Train the arms in ``todo`` (``(arm, its checkpoint meta or None)``, in order), at most
+    ``args.jobs`` at a time, until each is complete, interrupted or failed, or the time budget
+    is spent (running arms get SIGTERM and save a checkpoint; arms not started yet are not
+    run). Fills ``status``. With several GPUs visible, each new arm goes to the GPU running the
+    fewest (CUDA_VISIBLE_DEVICES)."""
     pending, running = list(todo), []
     gpus = visible_gpus() if args.jobs > 1 and todo else []   # several GPUs: spread the arms
     while pending or running:
         budget_spent = deadline is not None and time.time() >= deadline
         while pending and len(running) < args.jobs and not budget_spent:
-            arm = pending.pop(0)
-            meta = checkpoint_state(os.path.join(args.out, arm, "checkpoints"))
+            arm, meta = pending.pop(0)
             what = f"resuming at step {meta['iteration']}" if meta else "starting"
             print(f"[ablation] {arm}: {what} -> {args.iters} steps", flush=True)
             running.append(ArmRun(arm, args, pick_gpu(gpus, [r.gpu for r in running])))
@@ -251,8 +251,7 @@ def run_arms(todo: list[str], args, deadline: float | None, status: dict) -> Non
         if budget_spent:
             for r in running:
                 r.stop()
-            for arm in pending:
-                meta = checkpoint_state(os.path.join(args.out, arm, "checkpoints"))
+            for arm, meta in pending:
                 status[arm] = "not run: time budget spent" + (f" (at step {meta['iteration']})" if meta else "")
                 print(f"[ablation] {arm}: {status[arm]}", flush=True)
             pending = []
@@ -325,6 +324,7 @@ def summarize(arms: list[str], status: dict, evals: dict, args, cfg) -> list[dic
         train, val = read_metrics(rd)
         last = [train[i] for i in sorted(train) if i <= args.iters][-args.last_k:]
         ev = evals.get(arm, {})
+        state = load_state(args, arm) if os.path.isdir(rd) else None
         rows.append({
             "arm": arm, "status": status[arm], "overrides": list(ARMS[arm]),
             "final_train_loss": sum(last) / len(last) if last and status[arm] == "complete" else None,
@@ -337,9 +337,9 @@ def summarize(arms: list[str], status: dict, evals: dict, args, cfg) -> list[dic
             "cloze_choice_accuracy": ev.get("cloze", {}).get("choice_accuracy"),
             "cloze_items": ev.get("cloze", {}).get("items"),
             "tokens": args.iters * tokens_per_step if status[arm] == "complete" else None,
-            "wall_s": load_state(args, arm)["wall_s"] if os.path.isdir(rd) else None,
+            "wall_s": state["wall_s"] if state else None,
             # the most arms that shared the device with this one in any of its sessions
-            "jobs": max((s.get("jobs", 1) for s in load_state(args, arm)["sessions"]), default=1),
+            "jobs": max((s.get("jobs", 1) for s in state["sessions"]), default=1) if state else 1,
             "curve": {"train": sorted(train.items()), "val": sorted(val.items())},
         })
     base = next((r for r in rows if r["arm"] == "bf16"), None)
@@ -470,7 +470,7 @@ def main(argv=None) -> int:
         elif args.report_only:
             status[arm] = "not run (--report-only)" + (f": checkpoint at step {meta['iteration']}" if meta else "")
         else:
-            todo.append(arm)
+            todo.append((arm, meta))
             continue
         print(f"[ablation] {arm}: {status[arm]}", flush=True)
     run_arms(todo, args, deadline, status)
