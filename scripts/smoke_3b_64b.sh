@@ -22,8 +22,8 @@ environment
   LOGDIR   one log per arm, ARM.log (default runs/smoke_3b_64b)
   PYTHON   interpreter (default: .venv/bin/python if present, else python3)
 
-Prints one line per arm (ok / FAILED, seconds, the last training-log line) and exits 1 if any
-arm failed, 2 on bad usage.
+Prints one line per arm (ok / FAILED, seconds, and the last step's time, loss and peak memory as
+the training log gives them) and exits 1 if any arm failed, 2 on bad usage.
 USAGE
 }
 
@@ -74,6 +74,9 @@ for a in "${ARMS[@]}"; do
         status="FAILED (exit $rc, see $log)"
         failed=1
     fi
-    printf '%-16s %-8s %4ss  %s\n' "$a" "$status" "$(( $(date +%s) - t0 ))" "$(echo "$last" | sed 's/^ *//' | cut -c1-150)"
+    # The fields a reader compares across arms; the whole line is in the log.
+    fields=$(echo "$last" | grep -oE "(elapsed time per iteration \(ms\)|lm loss|peak mem \(GiB\)): [^|]*" \
+        | sed -e 's/elapsed time per iteration (ms)/step ms/' -e 's/ *$//' | paste -sd'|' | sed 's/|/ | /g')
+    printf '%-16s %-8s %4ss  %s\n' "$a" "$status" "$(( $(date +%s) - t0 ))" "$fields"
 done
 exit $failed

@@ -16,7 +16,7 @@
 #   bash scripts/gpu/session11.sh seed 777   # bf16, nvfp4_linear, lora_svd at one more seed
 #       (issue 4: LoRA-SVD's gap against NVFP4's)
 #   bash scripts/gpu/session11.sh smoke3b    # every configs/3b_64b arm from its own YAML, 4 blocks,
-#       3 steps on random tokens (scripts/smoke_3b_64b.sh); not run in session 11 (device time spent)
+#       3 steps on random tokens (scripts/smoke_3b_64b.sh); run in session 12 (BENCHMARKS §J.1)
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1

@@ -31,6 +31,10 @@ def test_smoke_runs_an_arm_from_its_yaml_and_reports_failures(tmp_path):
         assert switch in cfg, switch        # the arm's own file, with the depth the script set
     losses = [float(x) for x in re.findall(r"lm loss: ([0-9.E+-]+)", log)]
     assert len(losses) == 2 and abs(losses[0] - math.log(512)) < 0.1, log[-2000:]
+    line = re.search(r"^full_stack_root +ok .*$", p.stdout, re.M).group(0)
+    assert float(re.search(r"lm loss: (\S+)", line).group(1)) == losses[-1], line   # whole, exponent kept
+    # peak memory is logged on a GPU only
+    assert re.search(r"step ms: [0-9.]+ \| lm loss: \S+( \| peak mem \(GiB\): [0-9.]+)?$", line), line
 
     p = smoke(["bf16", "--", *TINY, "optimizer.lr=-1"], tmp_path)
     assert p.returncode == 1 and re.search(r"^bf16 +FAILED", p.stdout, re.M), p.stdout + p.stderr
