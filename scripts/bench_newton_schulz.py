@@ -15,19 +15,25 @@ and grads (megatron's main params). muon / q_muon and root / q_root (q_* = NVFP4
 "fp4" table, Triton path; q_root also with one-term operands). Prints each q_* step time over
 the BF16 step (target: q_root ≤ 1.5× root).
 
-Prints a markdown table; writes $OUT/bench_newton_schulz.json when $OUT is set.
-Usage (GPU): python scripts/bench_newton_schulz.py [--iters 20]
+Both parts also run every capturable method as a CUDA graph (``newton_schulz_graphed``; the
+optimizers' ``ns_cuda_graph=True``, the trainer's default): each graphed result is first checked
+bit for bit against the eager one (NS: the same contiguous input; optimizers: two steps from the
+same params, grads and state), and the run exits 1 if any differs; then both are timed.
+
+Prints markdown tables; writes $OUT/bench_newton_schulz.json when $OUT is set.
+Usage (GPU): python scripts/bench_newton_schulz.py [--iters 20] [--parts ns,steps]
 """
 
 import argparse
 import json
 import os
 import statistics
+import sys
 
 import torch
 
 from fullstack_fp4.optim.muon import Muon
-from fullstack_fp4.optim.newton_schulz import newton_schulz
+from fullstack_fp4.optim.newton_schulz import graphable, newton_schulz, newton_schulz_graphed
 from fullstack_fp4.optim.ns_coefficients import resolve_schedule
 from fullstack_fp4.optim.root import Root
 
@@ -60,6 +66,9 @@ def rel(x, y):
     return ((x.double() - y).norm() / y.norm()).item()
 
 
+MISMATCHES = []
+
+
 def bench_ns(iters):
     rows = []
     for shape in SHAPES:
@@ -70,19 +79,30 @@ def bench_ns(iters):
             key = tuple(sched)
             if key not in refs:
                 refs[key] = newton_schulz(G, coefficients=sched, precision="fp64")
-            fn = lambda: newton_schulz(G, coefficients=sched, precision=prec,  # noqa: E731
-                                       nvfp4_form=form, backend=backend, nvfp4_terms=terms)
+            kw = dict(coefficients=sched, precision=prec, nvfp4_form=form, backend=backend,
+                      nvfp4_terms=terms)
+            fn = lambda: newton_schulz(G, **kw)  # noqa: E731
             out = fn()
             err = rel(out, refs[key]) if torch.isfinite(out).all() else float("inf")
             n_it = iters if backend != "reference" else max(3, iters // 4)
-            rows.append(dict(shape=list(shape), method=name, ms=cuda_time(fn, 2, n_it),
-                             relerr_vs_fp64_same_coefs=err))
-            print(f"| {shape[0]}×{shape[1]} | {name} | {rows[-1]['ms']:.2f} | "
+            row = dict(shape=list(shape), method=name, ms=cuda_time(fn, 2, n_it),
+                       relerr_vs_fp64_same_coefs=err, graph_ms=None, graph_bit_equal=None)
+            if graphable(G, prec, backend):
+                gfn = lambda: newton_schulz_graphed(G, **kw)  # noqa: E731
+                row["graph_bit_equal"] = bool(torch.equal(gfn(), out))
+                if not row["graph_bit_equal"]:
+                    MISMATCHES.append(f"NS {shape} {name}")
+                row["graph_ms"] = cuda_time(gfn, 2, n_it)
+            rows.append(row)
+            g = "–" if row["graph_ms"] is None else \
+                f"{row['graph_ms']:.2f} ({'bit-equal' if row['graph_bit_equal'] else 'DIFFERS'})"
+            print(f"| {shape[0]}×{shape[1]} | {name} | {row['ms']:.2f} | {g} | "
                   f"{100 * err:.1f}% |", flush=True)
     return rows
 
 
-def block_params():
+def block_params(seed=0):
+    torch.manual_seed(seed)
     ps = []
     for _ in range(4):
         qkv = torch.nn.Parameter(torch.randn(5120, 3072, device="cuda") * 0.02)
@@ -97,43 +117,79 @@ def block_params():
 
 
 def bench_steps(iters):
-    opts = {"muon": lambda ps: Muon(ps, ns_precision="bf16"),
-            "q_muon": lambda ps: Muon(ps, ns_precision="nvfp4", ns_coefficients="fp4"),
-            "root": lambda ps: Root(ps, ns_precision="bf16"),
-            "q_root": lambda ps: Root(ps, ns_precision="nvfp4", ns_coefficients="fp4"),
-            "q_root 1-term": lambda ps: Root(ps, ns_precision="nvfp4", ns_coefficients="fp4",
-                                             ns_nvfp4_terms=1)}
+    opts = {"muon": lambda ps, g: Muon(ps, ns_precision="bf16", ns_cuda_graph=g),
+            "q_muon": lambda ps, g: Muon(ps, ns_precision="nvfp4", ns_coefficients="fp4",
+                                         ns_cuda_graph=g),
+            "q_muon 1-term": lambda ps, g: Muon(ps, ns_precision="nvfp4", ns_coefficients="fp4",
+                                                ns_nvfp4_terms=1, ns_cuda_graph=g),
+            "root": lambda ps, g: Root(ps, ns_precision="bf16", ns_cuda_graph=g),
+            "q_root": lambda ps, g: Root(ps, ns_precision="nvfp4", ns_coefficients="fp4",
+                                         ns_cuda_graph=g),
+            "q_root 1-term": lambda ps, g: Root(ps, ns_precision="nvfp4", ns_coefficients="fp4",
+                                                ns_nvfp4_terms=1, ns_cuda_graph=g)}
     rows = []
     for name, make in opts.items():
-        ps = block_params()
-        opt = make(ps)
-        ms = cuda_time(opt.step, 2, max(3, iters // 2))
-        rows.append(dict(optimizer=name, ms=ms, params=sum(p.numel() for p in ps)))
-        print(f"| {name} | {ms:.1f} |", flush=True)
-        del opt, ps
+        row = dict(optimizer=name)
+        # the check: two steps eager and two graphed from the same params, grads and state
+        pe, pg = block_params(), block_params()
+        oe, og = make(pe, False), make(pg, True)
+        for _ in range(2):
+            oe.step()
+            og.step()
+        same = all(torch.equal(a, b) for a, b in zip(pe, pg)) and all(
+            torch.equal(oe.state[a]["momentum_buffer"], og.state[b]["momentum_buffer"])
+            for a, b in zip(pe, pg))
+        row["graph_bit_equal"] = bool(same)
+        if not same:
+            MISMATCHES.append(f"step {name}")
+        row["params"] = sum(p.numel() for p in pe)
+        row["ms"] = cuda_time(oe.step, 1, max(3, iters // 2))
+        row["graph_ms"] = cuda_time(og.step, 1, max(3, iters // 2))
+        rows.append(row)
+        print(f"| {name} | {row['ms']:.1f} | {row['graph_ms']:.1f} | "
+              f"{'yes' if same else 'NO'} |", flush=True)
+        del oe, og, pe, pg
         torch.cuda.empty_cache()
-    base = {r["optimizer"]: r["ms"] for r in rows}
-    for q, b in (("q_muon", "muon"), ("q_root", "root"), ("q_root 1-term", "root")):
-        print(f"- {q} / {b} (BF16) step time: {base[q] / base[b]:.2f}× (target ≤ 1.5×)")
+    base = {r["optimizer"]: r for r in rows}
+    for q, b in (("q_muon", "muon"), ("q_muon 1-term", "muon"), ("q_root", "root"),
+                 ("q_root 1-term", "root")):
+        print(f"- {q} / {b} (BF16) step time: eager {base[q]['ms'] / base[b]['ms']:.2f}×, "
+              f"both graphed {base[q]['graph_ms'] / base[b]['graph_ms']:.2f}×, graphed vs "
+              f"eager BF16 {base[q]['graph_ms'] / base[b]['ms']:.2f}× (target ≤ 1.5×)")
     for r in rows:
-        r["ratio_vs_bf16_root"] = r["ms"] / base["root"]
+        r["ratio_vs_bf16_root"] = r["ms"] / base["root"]["ms"]
+        r["graph_ratio_vs_graphed_bf16_root"] = r["graph_ms"] / base["root"]["graph_ms"]
     return rows
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--parts", default="ns,steps", help="comma list of: ns, steps")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"ns", "steps"}:
+        sys.exit(f"error: --parts takes ns and/or steps, got {args.parts!r}")
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
-    print("| shape | NS method | ms | error vs FP64 NS (same coefs) |\n| --- | --- | --- | --- |")
-    ns = bench_ns(args.iters)
-    print("\n| optimizer (4 blocks of 3b) | step ms |\n| --- | --- |")
-    steps = bench_steps(args.iters)
+    ns = steps = None
+    if "ns" in parts:
+        print("| shape | NS method | ms | as a CUDA graph, ms | error vs FP64 NS (same coefs) |\n"
+              "| --- | --- | --- | --- | --- |")
+        ns = bench_ns(args.iters)
+    if "steps" in parts:
+        print("\n| optimizer (4 blocks of 3b) | step ms | NS as CUDA graphs, step ms | "
+              "bit-equal |\n| --- | --- | --- | --- |")
+        steps = bench_steps(args.iters)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "bench_newton_schulz.json"), "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(), ns=ns, steps=steps), fh, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), ns=ns, steps=steps,
+                           graph_mismatches=MISMATCHES), fh, indent=1)
+    if MISMATCHES:
+        print(f"FAIL: graphed != eager for {MISMATCHES}")
+        sys.exit(1)
+    print("PASS: every graphed result bit-equal to the eager one")
 
 
 if __name__ == "__main__":

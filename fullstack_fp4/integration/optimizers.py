@@ -443,7 +443,8 @@ def _orthogonal(groups, cfg, pieces: bool = False):
               ns_precision="nvfp4" if name.startswith("q_") else "bf16",
               ns_coefficients=_coefficients(name, oc.coefficients),
               ns_clip_percentile=oc.clip_percentile, weight_decay=cfg.optimizer.weight_decay,
-              ns_nvfp4_terms=oc.nvfp4_terms if name.startswith("q_") else None)
+              ns_nvfp4_terms=oc.nvfp4_terms if name.startswith("q_") else None,
+              ns_cuda_graph=oc.cuda_graph)
     cls = Muon if name.endswith("muon") else Root
     if pieces:   # the distributed optimizer's 1-D views: attached after construction (2-D placeholders)
         return _over_groups(cls, groups, placeholder=(1, 1), lr=cfg.optimizer.lr * oc.lr_scale, **kw)

@@ -47,6 +47,13 @@ summed matrix is this TP rank's shard, gathered over TP as above: every TP rank'
 same layout (TP splits evenly), so the same DP rank holds the same pieces on every TP rank and
 the TP gathers match.
 
+``ns_cuda_graph=True``: on CUDA each NS runs as a CUDA graph captured once per matrix shape
+(``newton_schulz_graphed``): the same kernels on the same values, one launch instead of the
+~55–80 per NVFP4 NS step (or ~5 per BF16 step) that otherwise leave the GPU waiting on Python
+at the 3b shapes. Not a param-group option (an optimizer state dict does not carry it): the
+trainer turns it on (``optimizer.orthogonal.cuda_graph``); off by default here, since each
+captured shape keeps its buffers for the process's life.
+
 Only 2-D parameters (or tagged pieces) are accepted; ``split_params_for_orthogonal``
 separates them from the rest (embeddings, output layer, norms, biases), which go to AdamW /
 QAdamW.
@@ -60,7 +67,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from .newton_schulz import newton_schulz
+from .newton_schulz import newton_schulz, newton_schulz_graphed
 
 __all__ = ["Muon", "OrthogonalOptimizer", "DPMatrix", "split_params_for_orthogonal", "split_blocks"]
 
@@ -116,7 +123,7 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, *, lr, momentum, weight_decay, ns_steps, ns_precision,
                  ns_coefficients, ns_clip_percentile, ns_backend, defaults_extra,
-                 ns_nvfp4_terms=None):
+                 ns_nvfp4_terms=None, ns_cuda_graph=False):
         if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ValueError(f"bad lr={lr} / momentum={momentum} / weight_decay={weight_decay}")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
@@ -124,6 +131,7 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
                         ns_clip_percentile=ns_clip_percentile, ns_backend=ns_backend,
                         ns_nvfp4_terms=ns_nvfp4_terms, **defaults_extra)
         super().__init__(params, defaults)
+        self.ns_cuda_graph = bool(ns_cuda_graph)
         self.dp_matrices: list[DPMatrix] = []
         self.dp_group = None
         for group in self.param_groups:
@@ -165,11 +173,12 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         self._dp_offsets = list(itertools.accumulate((m.numel for m in self.dp_matrices), initial=0))
 
     def orthogonalize(self, d: torch.Tensor, group) -> torch.Tensor:
-        return newton_schulz(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
-                             precision=group["ns_precision"],
-                             clip_percentile=group["ns_clip_percentile"],
-                             backend=group["ns_backend"],
-                             nvfp4_terms=group.get("ns_nvfp4_terms"))
+        """NS of ``d``; with ``ns_cuda_graph`` a graph-owned buffer that the caller must use
+        before the next NS (``newton_schulz_graphed``): both callers below scale it at once."""
+        ns = newton_schulz_graphed if self.ns_cuda_graph else newton_schulz   # eager off CUDA
+        return ns(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
+                  precision=group["ns_precision"], clip_percentile=group["ns_clip_percentile"],
+                  backend=group["ns_backend"], nvfp4_terms=group.get("ns_nvfp4_terms"))
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None):
@@ -277,12 +286,13 @@ class Muon(OrthogonalOptimizer):
 
     def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
                  ns_steps=5, ns_precision="bf16", ns_coefficients="muon",
-                 ns_clip_percentile=None, ns_backend="auto", ns_nvfp4_terms=None):
+                 ns_clip_percentile=None, ns_backend="auto", ns_nvfp4_terms=None,
+                 ns_cuda_graph=False):
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          ns_steps=ns_steps, ns_precision=ns_precision,
                          ns_coefficients=ns_coefficients, ns_clip_percentile=ns_clip_percentile,
                          ns_backend=ns_backend, defaults_extra=dict(nesterov=nesterov),
-                         ns_nvfp4_terms=ns_nvfp4_terms)
+                         ns_nvfp4_terms=ns_nvfp4_terms, ns_cuda_graph=ns_cuda_graph)
 
     def _momentum(self, g, state, group):
         mu = group["momentum"]

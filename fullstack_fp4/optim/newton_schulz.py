@@ -52,7 +52,8 @@ import torch
 
 from .ns_coefficients import Triple, resolve_schedule
 
-__all__ = ["newton_schulz", "ns_step", "abs_quantile", "abs_sample"]
+__all__ = ["newton_schulz", "newton_schulz_graphed", "graphable", "ns_step", "abs_quantile",
+           "abs_sample"]
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
            "nvfp4": torch.float32}
@@ -424,3 +425,91 @@ def newton_schulz(
             X = _step_nvfp4(X, m, abc, P, nvfp4_form, terms=t)
         X = X[:m, :n]
     return X.mT.contiguous() if transposed else X.contiguous()
+
+
+# ----------------------------------------------------------------------------- CUDA graphs
+# Why: an NVFP4 NS step issues ~55 small kernels (one-term operands; ~80 with two) and the
+# optimizer runs 5 steps on each of 7 logical matrices per 3b block, so Python and the launch
+# path, not the GPU, set the optimizer step's time at these shapes (PERF notes in
+# ORTHOGONAL.md, "Speed"). Every NS path below is free of host synchronisation (by design: the
+# tensor scales, the guard's scale and τ are device scalars), so it can be captured once per
+# (shape, arguments) and replayed: one launch per NS instead of hundreds.
+_GRAPHS: dict = {}
+_GRAPH_POOLS: dict = {}
+
+
+def graphable(G: torch.Tensor, precision: str = "fp32", backend: str = "auto",
+              generator: Optional[torch.Generator] = None, rounding: str = "nearest") -> bool:
+    """Whether ``newton_schulz_graphed`` captures this call (else it runs ``newton_schulz``).
+
+    Capturable: any call on a CUDA tensor except the NVFP4 reference backend (its quantizer
+    checks for NaN/Inf with a host synchronisation) and stochastic rounding (a host-side
+    generator; the Triton backend rounds to nearest only)."""
+    if not G.is_cuda:
+        return False
+    if precision != "nvfp4":
+        return True
+    if generator is not None or rounding != "nearest":
+        return False
+    return backend == "triton" or (backend == "auto" and _triton_available())
+
+
+class _GraphedNS:
+    """One captured ``newton_schulz`` call: a static input the caller's matrix is copied into,
+    the graph, and its static output (owned by the graph's memory pool)."""
+
+    def __init__(self, G: torch.Tensor, kwargs: dict):
+        self.inp = torch.empty(G.shape, dtype=G.dtype, device=G.device)
+        self.inp.copy_(G)
+        # Warm up on a side stream (PyTorch's capture recipe): compiles the Triton kernels,
+        # creates cuBLAS handles and workspaces and the module-level caches (the ones tensor,
+        # the sample index) outside the capture.
+        side = torch.cuda.Stream(device=G.device)
+        side.wait_stream(torch.cuda.current_stream(G.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                newton_schulz(self.inp, **kwargs)
+        torch.cuda.current_stream(G.device).wait_stream(side)
+        pool = _GRAPH_POOLS.get(G.device)
+        if pool is None:
+            pool = _GRAPH_POOLS[G.device] = torch.cuda.graph_pool_handle()
+        self.graph = torch.cuda.CUDAGraph()
+        # One pool for every NS graph of a device: their scratch is reused across graphs (they
+        # never run concurrently: replays are ordered on the current stream). The price: a
+        # graph's output may lie in another graph's scratch, hence "valid until the next call".
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = newton_schulz(self.inp, **kwargs)
+
+    def __call__(self, G: torch.Tensor) -> torch.Tensor:
+        self.inp.copy_(G)
+        self.graph.replay()
+        return self.out
+
+
+def _freeze(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def newton_schulz_graphed(G: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``newton_schulz(G, **kwargs)`` replayed from a CUDA graph captured on the first call
+    with this shape, dtype, device and arguments (two eager warm-up runs, then the capture).
+
+    The result is a graph's output buffer: **valid until the next call** of this function
+    (the NS graphs of a device share one memory pool, so another graph's scratch may overlay
+    it; the optimizers consume it at once). It is bit-identical to ``newton_schulz`` on a
+    contiguous copy of ``G`` (the same kernels in the same order on the same values; checked
+    on the GPU by scripts/gpu/check_ns_graph.py). On a strided ``G`` the eager path's first
+    norm may sum in another order, so the two can differ in the last bits there.
+    Calls that cannot be captured (``graphable``) run eagerly. A graph holds its scratch
+    (shared by all NS graphs of the device) and output for the process's life: a few hundred
+    MB at the 3b shapes."""
+    if not graphable(G, kwargs.get("precision", "fp32"), kwargs.get("backend", "auto"),
+                     kwargs.get("generator"), kwargs.get("rounding", "nearest")):
+        return newton_schulz(G, **kwargs)
+    key = (tuple(G.shape), G.dtype, G.device, tuple(sorted((k, _freeze(v)) for k, v in kwargs.items())))
+    g = _GRAPHS.get(key)
+    if g is None:
+        g = _GRAPHS[key] = _GraphedNS(G, kwargs)
+    return g(G)

@@ -41,14 +41,15 @@ def _quantile_abs(x: torch.Tensor, q: float) -> torch.Tensor:
 class Root(OrthogonalOptimizer):
     def __init__(self, params, lr=1e-3, momentum=0.95, weight_decay=0.0, eps_quantile=0.9,
                  eps_source="grad", ns_steps=5, ns_precision="bf16", ns_coefficients="root",
-                 ns_clip_percentile=None, ns_backend="auto", ns_nvfp4_terms=None):
+                 ns_clip_percentile=None, ns_backend="auto", ns_nvfp4_terms=None,
+                 ns_cuda_graph=False):
         if eps_source not in ("grad", "momentum"):
             raise ValueError(f"eps_source must be grad | momentum, got {eps_source!r}")
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          ns_steps=ns_steps, ns_precision=ns_precision,
                          ns_coefficients=ns_coefficients, ns_clip_percentile=ns_clip_percentile,
                          ns_backend=ns_backend, ns_nvfp4_terms=ns_nvfp4_terms,
-                         defaults_extra=dict(eps_quantile=eps_quantile, eps_source=eps_source))
+                         ns_cuda_graph=ns_cuda_graph, defaults_extra=dict(eps_quantile=eps_quantile, eps_source=eps_source))
 
     def _momentum(self, g, state, group):
         if "momentum_buffer" not in state:

@@ -150,6 +150,7 @@ def test_orthogonal_step_equals_reference(name, precision):
     orth, rest = inner.subs
     assert isinstance(orth, Muon if "muon" in name else Root)
     assert isinstance(rest, QAdamW if name == "q_root" else torch.optim.AdamW)
+    assert orth.ns_cuda_graph is True       # optimizer.orthogonal.cuda_graph's default
     names = _names(tr)
     params = _inner_params(tr.optimizer)
     mats = {id(p) for g in orth.param_groups for p in g["params"]}
@@ -223,6 +224,11 @@ def test_orthogonal_step_equals_reference(name, precision):
                                    msg=lambda m: f"{names[id(p)]}: {m}")
         assert not torch.equal(p.detach(), before[i]), names[id(p)]
     assert g_m["weight_decay"] == pytest.approx(WD)
+
+
+def test_cuda_graph_switch_reaches_the_optimizer():
+    orth = _trainer("root", extra=["optimizer.orthogonal.cuda_graph=false"]).optimizer.optimizer.subs[0]
+    assert isinstance(orth, Root) and orth.ns_cuda_graph is False
 
 
 def test_split_by_logical_matrix_differs_from_whole():

@@ -218,3 +218,32 @@ def test_q_root_step_equals_reference_with_nvfp4_ns(terms):
         Root(other.parameters(), lr=0.01, ns_precision="nvfp4", ns_coefficients="fp4",
              ns_backend="reference").step()
         assert not torch.equal(other[0].weight, model[0].weight)
+
+
+@pytest.mark.parametrize("opt_cls", [Muon, Root])
+def test_ns_cuda_graph_routes_every_block_through_the_graphed_ns(opt_cls, monkeypatch):
+    """``ns_cuda_graph=True`` sends each logical block's NS through newton_schulz_graphed (on
+    the CPU that runs eagerly, so the step is the same); off, it is never called. The switch is
+    an attribute, not a param-group entry: a state dict does not carry it."""
+    import fullstack_fp4.optim.muon as muon_mod
+
+    calls = []
+    real = muon_mod.newton_schulz_graphed
+
+    def spy(d, **kw):
+        calls.append(tuple(d.shape))
+        return real(d, **kw)
+
+    monkeypatch.setattr(muon_mod, "newton_schulz_graphed", spy)
+    out = {}
+    for graph in (False, True):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(96, 64))
+        p.ns_split_sizes = [64, 32]
+        p.grad = torch.randn_like(p)
+        opt = opt_cls([p], lr=0.01, ns_cuda_graph=graph)
+        opt.step()
+        out[graph] = p.detach().clone()
+        assert calls == ([(64, 64), (32, 64)] if graph else [])
+        assert "ns_cuda_graph" not in opt.state_dict()["param_groups"][0]
+    assert torch.equal(out[False], out[True])

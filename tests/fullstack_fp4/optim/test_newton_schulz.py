@@ -5,7 +5,7 @@ import importlib
 import pytest
 import torch
 
-from fullstack_fp4.optim.newton_schulz import newton_schulz
+from fullstack_fp4.optim.newton_schulz import graphable, newton_schulz, newton_schulz_graphed
 from fullstack_fp4.optim.ns_coefficients import (MUON, ROOT_PUBLISHED, fp4_coefficients,
                                                  resolve_schedule, root_coefficients)
 
@@ -204,3 +204,36 @@ def test_basin_guard_keeps_muon_triple_bounded():
     G = torch.randn(128, 384, generator=torch.Generator().manual_seed(6))
     out = newton_schulz(G, precision="nvfp4", backend="reference")
     assert torch.linalg.matrix_norm(out.double(), ord=2) < 1.3
+
+
+class _CudaLike:
+    """Stands in for a CUDA tensor in ``graphable``'s rules (it reads ``is_cuda`` only)."""
+    is_cuda = True
+
+
+def test_graphable_rules(monkeypatch):
+    """What newton_schulz_graphed captures: CUDA only; every dense precision; NVFP4 only on the
+    Triton backend with nearest rounding (the reference quantizer syncs with the host to check
+    for NaN/Inf; stochastic rounding draws from a host generator)."""
+    G = _CudaLike()
+    assert not graphable(torch.zeros(16, 16), "bf16")
+    for prec in ("fp64", "fp32", "bf16"):
+        assert graphable(G, prec)
+    assert graphable(G, "nvfp4", "triton")
+    assert not graphable(G, "nvfp4", "reference")
+    assert not graphable(G, "nvfp4", "triton", rounding="stochastic")
+    assert not graphable(G, "nvfp4", "triton", generator=torch.Generator())
+    monkeypatch.setattr(ns_mod, "_triton_available", lambda: False)
+    assert not graphable(G, "nvfp4", "auto")
+    monkeypatch.setattr(ns_mod, "_triton_available", lambda: True)
+    assert graphable(G, "nvfp4", "auto")
+
+
+def test_graphed_runs_eagerly_off_cuda():
+    """On the CPU the graphed entry point is newton_schulz itself: same bits, nothing captured."""
+    G = torch.randn(48, 160, generator=torch.Generator().manual_seed(3))
+    n = len(ns_mod._GRAPHS)
+    for kw in (dict(precision="fp32"), dict(precision="bf16", coefficients="root"),
+               dict(precision="nvfp4", backend="reference", nvfp4_terms=1)):
+        assert torch.equal(newton_schulz_graphed(G, **kw), newton_schulz(G, **kw))
+    assert len(ns_mod._GRAPHS) == n

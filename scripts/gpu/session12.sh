@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Device calls of session 12 (one nvidia-h200; carry .whl). Each mode is one call.
+#   bash scripts/gpu/session12.sh nsgraph   # Newton–Schulz as CUDA graphs (issue 6): every graphed
+#       NS and optimizer step checked bit for bit against eager, then timed (bench_newton_schulz.py),
+#       and 4 blocks of 3b with the orthogonal arms through the trainer (bench_blocks.py; the
+#       trainer's default is optimizer.orthogonal.cuda_graph=true)
+set -u
+source scripts/gpu/setup_env.sh
+export OMP_NUM_THREADS=1
+case "${1:-nsgraph}" in
+  nsgraph)
+    mkdir -p "$OUT/ns_steps" "$OUT/ns_shapes"
+    OUT="$OUT/ns_steps" TAILN=16 run ns_steps 240 python3 scripts/bench_newton_schulz.py --parts steps --iters 12
+    TAILN=12 run blocks_orth 200 python3 scripts/bench_blocks.py \
+      --arms bf16,root,q_root,muon,q_muon --steps 6 --warmup 2 --out "$OUT/blocks"
+    OUT="$OUT/ns_shapes" TAILN=24 run ns_shapes 150 python3 scripts/bench_newton_schulz.py --parts ns --iters 10
+    ;;
+esac
