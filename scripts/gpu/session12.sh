@@ -4,6 +4,8 @@
 #       NS and optimizer step checked bit for bit against eager, then timed (bench_newton_schulz.py),
 #       and 4 blocks of 3b with the orthogonal arms through the trainer (bench_blocks.py; the
 #       trainer's default is optimizer.orthogonal.cuda_graph=true)
+#   bash scripts/gpu/session12.sh ncu_qadamw   # Nsight Compute of the fused Q-AdamW kernel (issue 5):
+#       where its warps stall (scripts/gpu/ncu_q_adamw.py)
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -14,5 +16,14 @@ case "${1:-nsgraph}" in
     TAILN=12 run blocks_orth 200 python3 scripts/bench_blocks.py \
       --arms bf16,root,q_root,muon,q_muon --steps 6 --warmup 2 --out "$OUT/blocks"
     OUT="$OUT/ns_shapes" TAILN=24 run ns_shapes 150 python3 scripts/bench_newton_schulz.py --parts ns --iters 10
+    ;;
+  ncu_qadamw)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: ${NCU:-none}"
+    TAILN=400 run ncu_qadamw 400 "$NCU" --clock-control none --kernel-name regex:q_adamw \
+      --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section SchedulerStats --section WarpStateStats \
+      --section InstructionStats --section SourceCounters --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis python3 scripts/gpu/ncu_q_adamw.py
     ;;
 esac
