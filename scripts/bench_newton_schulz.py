@@ -15,7 +15,9 @@ and grads (megatron's main params). muon / q_muon and root / q_root (q_* = NVFP4
 "fp4" table, Triton path; q_root also with one-term operands). Prints each q_* step time over
 the BF16 step (target: q_root ≤ 1.5× root).
 
-Both parts also run every capturable method as a CUDA graph (``newton_schulz_graphed``; the
+The NS part also runs the two-term method in the composed form that the lean step replaced
+(``LEAN_TWO_TERM = False``) and checks that the lean step gives the same bits. Both parts also
+run every capturable method as a CUDA graph (``newton_schulz_graphed``; the
 optimizers' ``ns_cuda_graph=True``, the trainer's default): each graphed result is first checked
 bit for bit against the eager one (NS: the same contiguous input; optimizers: two steps from the
 same params, grads and state), and the run exits 1 if any differs; then both are timed.
@@ -25,6 +27,7 @@ Usage (GPU): python scripts/bench_newton_schulz.py [--iters 20] [--parts ns,step
 """
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -37,6 +40,8 @@ from fullstack_fp4.optim.newton_schulz import graphable, newton_schulz, newton_s
 from fullstack_fp4.optim.ns_coefficients import resolve_schedule
 from fullstack_fp4.optim.root import Root
 
+ns_mod = importlib.import_module("fullstack_fp4.optim.newton_schulz")   # the module, not the function
+
 SHAPES = [(3072, 3072), (3072, 8192), (8192, 3072)]
 NS_METHODS = {  # name: (precision, form, coefficients, backend, nvfp4_terms)
     "bf16": ("bf16", "shifted", "muon", "auto", 1),
@@ -44,6 +49,7 @@ NS_METHODS = {  # name: (precision, form, coefficients, backend, nvfp4_terms)
     "nvfp4 shifted (muon), 1 term": ("nvfp4", "shifted", "muon", "triton", 1),
     "nvfp4 ours 1-term (fp4)": ("nvfp4", "shifted", "fp4", "triton", 1),
     "nvfp4 ours (fp4, 2-term operands)": ("nvfp4", "shifted", "fp4", "triton", 2),
+    "nvfp4 ours 2-term, composed (not lean)": ("nvfp4", "shifted", "fp4", "triton", 2),
     "nvfp4 ours, reference path": ("nvfp4", "shifted", "fp4", "reference", 2),
 }
 
@@ -67,6 +73,7 @@ def rel(x, y):
 
 
 MISMATCHES = []
+LEAN_CHECKS = []
 
 
 def bench_ns(iters):
@@ -81,13 +88,22 @@ def bench_ns(iters):
                 refs[key] = newton_schulz(G, coefficients=sched, precision="fp64")
             kw = dict(coefficients=sched, precision=prec, nvfp4_form=form, backend=backend,
                       nvfp4_terms=terms)
+            composed = "composed" in name     # the two-term step before its lean rewrite
             fn = lambda: newton_schulz(G, **kw)  # noqa: E731
+            if composed:
+                fn = lambda: _composed(G, kw)  # noqa: E731
             out = fn()
+            if composed:   # the lean step must give the same bits as the composition it replaced
+                same = bool(torch.equal(out, newton_schulz(G, **kw)))
+                if not same:
+                    MISMATCHES.append(f"lean two-term NS {shape}")
+                LEAN_CHECKS.append(f"lean two-term step == composed two-term step at "
+                                   f"{shape[0]}×{shape[1]}: {'bit-equal' if same else 'DIFFERS'}")
             err = rel(out, refs[key]) if torch.isfinite(out).all() else float("inf")
             n_it = iters if backend != "reference" else max(3, iters // 4)
             row = dict(shape=list(shape), method=name, ms=cuda_time(fn, 2, n_it),
                        relerr_vs_fp64_same_coefs=err, graph_ms=None, graph_bit_equal=None)
-            if graphable(G, prec, backend):
+            if graphable(G, prec, backend) and not composed:
                 gfn = lambda: newton_schulz_graphed(G, **kw)  # noqa: E731
                 row["graph_bit_equal"] = bool(torch.equal(gfn(), out))
                 if not row["graph_bit_equal"]:
@@ -99,6 +115,15 @@ def bench_ns(iters):
             print(f"| {shape[0]}×{shape[1]} | {name} | {row['ms']:.2f} | {g} | "
                   f"{100 * err:.1f}% |", flush=True)
     return rows
+
+
+def _composed(G, kw):
+    """newton_schulz with the two-term step's composed form (ns.LEAN_TWO_TERM off)."""
+    ns_mod.LEAN_TWO_TERM = False
+    try:
+        return newton_schulz(G, **kw)
+    finally:
+        ns_mod.LEAN_TWO_TERM = True
 
 
 def block_params(seed=0):
@@ -177,6 +202,7 @@ def main():
         print("| shape | NS method | ms | as a CUDA graph, ms | error vs FP64 NS (same coefs) |\n"
               "| --- | --- | --- | --- | --- |")
         ns = bench_ns(args.iters)
+        print("\n" + "\n".join(f"- {c}" for c in LEAN_CHECKS))
     if "steps" in parts:
         print("\n| optimizer (4 blocks of 3b) | step ms | NS as CUDA graphs, step ms | "
               "bit-equal |\n| --- | --- | --- | --- |")

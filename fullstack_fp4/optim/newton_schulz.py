@@ -59,6 +59,11 @@ _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
            "nvfp4": torch.float32}
 
 
+# The two-term step on the Triton backend takes the lean path (_step_nvfp4_two_term_lean):
+# the same numbers as the composition in _step_nvfp4_split with fewer memory passes. False
+# runs the composition (the tests compare the two; benchmarks can time both).
+LEAN_TWO_TERM = True
+
 QUANTILE_SAMPLE = 1 << 16
 _SAMPLE_IDX: dict = {}
 
@@ -302,14 +307,47 @@ def _step_nvfp4_split(X: torch.Tensor, m: int, abc: Triple, P, terms: int,
     return (X * (tau * (b + c * tau) + a)).add_(out)
 
 
+def _step_nvfp4_two_term_lean(X: torch.Tensor, m: int, abc: Triple,
+                              guard: bool = True) -> torch.Tensor:
+    """``_step_nvfp4_split`` with two terms on the Triton backend, bit for bit (tested), in
+    fewer passes over memory: each split operand in three kernels without FP32 temporaries
+    (``triton_ns.split2``); the guard's √s fused into the quantize kernels and the final pass
+    instead of ``X·√s`` in memory; the symmetric products summed in one pass
+    (``sym_two_term``); the three products of q(B')·q_col(X) scaled, summed and added to the
+    scaled X in one pass (``cross_two_term_axpy``). Same operations, same order, same
+    roundings as the composition in ``_step_nvfp4_split``."""
+    from .triton_ns import abs_max, cross_two_term_axpy, split2, sym_two_term  # noqa: PLC0415
+    a, b, c = abc
+    amax_x = abs_max(X)
+    A = sym_two_term(split2(X, amax=amax_x))
+    rs = None
+    if guard:
+        s = _guard_scale(A, abc)
+        if s is not None:
+            A.mul_(s)
+            rs = s.sqrt()
+    tau = torch.diagonal(A)[:m].sum() / m
+    D = A
+    torch.diagonal(D)[:m] -= tau
+    DD = sym_two_term(split2(D))
+    Bp = D.mul_(tau * (2 * c) + b).add_(DD, alpha=c)          # (b + 2cτ)·D + c·D²
+    Xc = split2(X.t(), amax=amax_x if rs is None else amax_x * rs,
+                scale=None if rs is None else rs.reshape(1))
+    return cross_two_term_axpy(X, rs, tau * (b + c * tau) + a, split2(Bp), Xc)
+
+
 def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: str,
                 guard: bool = True, terms: int = 1):
     """One NVFP4 step on the padded ``X`` (``m`` = true row count; padding rows are zero).
-    ``terms`` > 1 (shifted form only): two-term operands, ``_step_nvfp4_split``."""
+    ``terms`` > 1 (shifted form only): two-term operands, ``_step_nvfp4_split`` (on the Triton
+    backend without clipping, its lean equivalent ``_step_nvfp4_two_term_lean``)."""
     a, b, c = abc
     if terms > 1:
         if form != "shifted":
             raise ValueError("nvfp4_terms > 1 is implemented for the shifted form only")
+        if terms == 2 and LEAN_TWO_TERM and isinstance(P, _NVFP4Products) \
+                and P.backend == "triton" and P.clip is None and X.dtype == torch.float32:
+            return _step_nvfp4_two_term_lean(X, m, abc, guard)
         return _step_nvfp4_split(X, m, abc, P, terms, guard)
     if form == "naive":
         Xr = P.op(X)                   # rows of X, K = n: both operands of X·Xᵀ

@@ -29,12 +29,13 @@ import triton.language as tl
 from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
 from fullstack_fp4.nvfp4.triton_quantize_jit import FP32_MAX, INV6, _e2m1_code, _e4m3_rne
 
-__all__ = ["quantize_decode", "decoded_matmul", "decoded_matmul_unscaled", "abs_max"]
+__all__ = ["quantize_decode", "decoded_matmul", "decoded_matmul_unscaled", "abs_max", "split2",
+           "sym_two_term", "cross_two_term_axpy"]
 
 
 @triton.jit
 def _qdq_kernel(x_ptr, out_ptr, amax_ptr, scale_ptr, ts_ptr, R, NBLK, sxr, sxk, sor, sok,
-                BM: tl.constexpr, NB: tl.constexpr):
+                d_ptr, dts_ptr, BM: tl.constexpr, NB: tl.constexpr, HAS_RES: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_b = tl.program_id(1)
     rows = pid_r * BM + tl.arange(0, BM)[:, None, None]
@@ -43,6 +44,12 @@ def _qdq_kernel(x_ptr, out_ptr, amax_ptr, scale_ptr, ts_ptr, R, NBLK, sxr, sxk, 
     mask = (rows < R) & (blks < NBLK)
     x = tl.load(x_ptr + rows * sxr + cols * sxk, mask=mask, other=0.0).to(tl.float32)
     x = x * tl.load(scale_ptr)      # fused device scalar (the basin guard's sqrt(s)); 1 = none
+    if HAS_RES:
+        # The two-term split's second operand: the residual x − dec₀·ts₀ of the first one, as
+        # torch computes it (one product, one difference; launched without FMA contraction).
+        # dec₀ has the output's layout (quantize_decode's default), so it is read like out.
+        d = tl.load(d_ptr + rows * sor + cols * sok, mask=mask, other=0.0).to(tl.float32)
+        x = x - d * tl.load(dts_ptr)
     amax = tl.load(amax_ptr)
     # Tensor scale in the reference's FP32 order: enc = 2688 / amax, capped, 1 if that is 0.
     enc = tl.minimum(tl.math.div_rn(2688.0, amax), FP32_MAX)
@@ -104,8 +111,122 @@ def quantize_decode(x: torch.Tensor, out: torch.Tensor | None = None, BM: int = 
     ts = torch.empty(1, dtype=torch.float32, device=x.device)
     grid = (cdiv(R, BM), cdiv(K // 16, NB))
     launch(_qdq_kernel, grid, x, out, amax.reshape(1), scale.reshape(1), ts, R, K // 16,
-           x.stride(0), x.stride(1), out.stride(0), out.stride(1), BM=BM, NB=NB)
+           x.stride(0), x.stride(1), out.stride(0), out.stride(1), out, ts, BM=BM, NB=NB,
+           HAS_RES=False)
     return out, ts.reshape(())  # = tensor_scales(amax)[1], the reference's FP32 order
+
+
+@triton.jit
+def _res_amax_kernel(x_ptr, d_ptr, scale_ptr, dts_ptr, amax_ptr, N, BLOCK: tl.constexpr):
+    """max |x·scale − d·ts| over BLOCK entries of the flat storage, one atomic_max on the
+    FP32 bits (non-negative floats order as int32; a NaN's bits exceed +Inf's, so it wins)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * tl.load(scale_ptr)
+    r = x - tl.load(d_ptr + offs, mask=m, other=0.0).to(tl.float32) * tl.load(dts_ptr)
+    tl.atomic_max(amax_ptr, tl.max(tl.abs(r).to(tl.int32, bitcast=True), 0))
+
+
+def _dense_storage(t: torch.Tensor) -> bool:
+    """A 2-D tensor that covers its storage densely in row- or column-major order."""
+    return t.is_contiguous() or t.t().is_contiguous()
+
+
+def split2(x: torch.Tensor, amax: torch.Tensor | None = None,
+           scale: torch.Tensor | None = None) -> list:
+    """The two-term operand of ``x · scale`` (newton_schulz._split with two terms) in three
+    kernels and no FP32 temporaries: ``q₀ = quantize_decode(x)``; the residual's amax (one
+    pass over x and dec₀); ``q₁`` = the residual quantized, computed inside the quantize
+    kernel. Bit for bit what ``_split`` computes from ``x · scale`` with ``dec·ts`` and a
+    subtraction in torch (tested): the residual is formed with the same two roundings.
+    ``x`` must cover its storage densely (row- or column-major, e.g. X or X.t()): the residual
+    amax then walks x and dec₀ (laid out like x) as flat arrays."""
+    if not _dense_storage(x):
+        raise ValueError(f"split2 needs a densely stored 2-D tensor, got strides {x.stride()}")
+    if scale is None:
+        scale = _ones(x.device)
+    q0 = quantize_decode(x, amax=amax, scale=scale)
+    dec0, ts0 = q0
+    bits = torch.zeros(1, dtype=torch.int32, device=x.device)
+    n = x.numel()
+    BLOCK = 2048
+    launch(_res_amax_kernel, (cdiv(n, BLOCK),), x, dec0, scale.reshape(1), ts0.reshape(1),
+           bits, n, BLOCK=BLOCK, enable_fp_fusion=False)
+    R, K = x.shape
+    out = torch.empty_like(dec0)             # dec₀'s layout, which is x's
+    ts1 = torch.empty(1, dtype=torch.float32, device=x.device)
+    BM, NB = 32, 4
+    launch(_qdq_kernel, (cdiv(R, BM), cdiv(K // 16, NB)), x, out, bits.view(torch.float32),
+           scale.reshape(1), ts1, R, K // 16, x.stride(0), x.stride(1), out.stride(0),
+           out.stride(1), dec0, ts0.reshape(1), BM=BM, NB=NB, HAS_RES=True,
+           enable_fp_fusion=False)
+    return [q0, (out, ts1.reshape(()))]
+
+
+@triton.jit
+def _sym_sum_kernel(a_ptr, c_ptr, sa_ptr, sc_ptr, out_ptr, M, BT: tl.constexpr):
+    """out = (a·sa + c·sc) + (c·sc)ᵀ on an M×M tile grid (c read transposed)."""
+    i = tl.program_id(0) * BT + tl.arange(0, BT)[:, None]
+    j = tl.program_id(1) * BT + tl.arange(0, BT)[None, :]
+    m = (i < M) & (j < M)
+    sa = tl.load(sa_ptr)
+    sc = tl.load(sc_ptr)
+    a = tl.load(a_ptr + i * M + j, mask=m, other=0.0)
+    c = tl.load(c_ptr + i * M + j, mask=m, other=0.0)
+    ct = tl.load(c_ptr + j * M + i, mask=m, other=0.0)
+    tl.store(out_ptr + i * M + j, (a * sa + c * sc) + ct * sc, mask=m)
+
+
+def sym_two_term(q: list) -> torch.Tensor:
+    """Σ_{i+j<2} q_i·q_jᵀ for one two-term operand on both sides (the symmetric products
+    A = X·Xᵀ and D·Dᵀ): two GEMMs, then ONE pass forming ``P₀₀ + P₀₁ + P₀₁ᵀ`` with
+    ``P = acc · (ts · ts)`` — the additions and roundings of ``_mm_terms(symmetric=True)``
+    (``P.mm(S0, T0).add_(C).add_(C.mT)``), bit for bit, without its three FP32 passes."""
+    acc_c, s_c = decoded_matmul_unscaled(q[0], q[1])
+    acc_a, s_a = decoded_matmul_unscaled(q[0], q[0])
+    M = acc_a.shape[0]
+    if acc_a.shape != (M, M) or not (acc_a.is_contiguous() and acc_c.is_contiguous()):
+        raise ValueError("sym_two_term: square contiguous GEMM outputs expected")
+    BT = 32
+    launch(_sym_sum_kernel, (cdiv(M, BT), cdiv(M, BT)), acc_a, acc_c, s_a.reshape(1),
+           s_c.reshape(1), acc_a, M, BT=BT, enable_fp_fusion=False)   # in place: reads a(i,j) first
+    return acc_a
+
+
+@triton.jit
+def _axpy3_kernel(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, rs_ptr, coef_ptr, out_ptr, N,
+                  HAS_RS: tl.constexpr, BLOCK: tl.constexpr):
+    """out = (x·rs)·coef + ((p0·s0 + p1·s1) + p2·s2) on flat storage."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    if HAS_RS:
+        x = x * tl.load(rs_ptr)
+    t = tl.load(p0_ptr + offs, mask=m, other=0.0) * tl.load(s_ptr) \
+        + tl.load(p1_ptr + offs, mask=m, other=0.0) * tl.load(s_ptr + 1)
+    t = t + tl.load(p2_ptr + offs, mask=m, other=0.0) * tl.load(s_ptr + 2)
+    tl.store(out_ptr + offs, x * tl.load(coef_ptr) + t, mask=m)
+
+
+def cross_two_term_axpy(X: torch.Tensor, rs, coef: torch.Tensor, b: list, c: list) -> torch.Tensor:
+    """``(X·rs)·coef + Σ_{i+j<2} b_i·c_jᵀ`` — the last line of the two-term step — as three
+    GEMMs and ONE elementwise pass (``rs``: 0-dim tensor or None). The reference sequence
+    (``_mm_terms`` then ``(X·rs · coef).add_(out)``) scales each product, adds them in the
+    order (0,0), (0,1), (1,0) and then adds them to the scaled X; this pass does the same
+    operations in the same order, without FMA contraction, so the result is bit for bit the
+    same, without the six FP32 m×n passes in between."""
+    parts = [decoded_matmul_unscaled(b[0], c[0]), decoded_matmul_unscaled(b[0], c[1]),
+             decoded_matmul_unscaled(b[1], c[0])]
+    if not X.is_contiguous() or any(not p.is_contiguous() or p.shape != X.shape for p, _ in parts):
+        raise ValueError("cross_two_term_axpy: contiguous operands of X's shape expected")
+    scales = torch.stack([s.reshape(()) for _, s in parts])
+    out = parts[0][0]                        # written in place over the first product
+    n = X.numel()
+    BLOCK = 1024
+    launch(_axpy3_kernel, (cdiv(n, BLOCK),), X, parts[0][0], parts[1][0], parts[2][0], scales,
+           (rs if rs is not None else coef).reshape(1), coef.reshape(1), out, n,
+           HAS_RS=rs is not None, BLOCK=BLOCK, enable_fp_fusion=False)
+    return out
 
 
 def decoded_matmul_unscaled(p, q):

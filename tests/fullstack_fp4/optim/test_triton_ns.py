@@ -57,3 +57,65 @@ def test_fused_scale_and_shared_amax_are_bit_exact():
         a, ta = quantize_decode(v, scale=s, amax=abs_max(v) * s)
         b, tb = quantize_decode(v * s)
         assert torch.equal(a, b) and torch.equal(ta, tb)
+
+
+# ----------------------------------------------------------------------------- lean two-term
+def _composed(P, x):
+    """newton_schulz._split with two terms, written out: q(x), then q(x − dec·ts)."""
+    q0 = P.op(x)
+    return [q0, P.op(x - P.deq(q0))]
+
+
+def _heavy(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.exp(2 * torch.randn(shape[0], 1, generator=g))
+    x[1] = 0                                     # an all-zero row: zero block scales
+    return x.to(DEV)
+
+
+def test_split2_is_the_composed_two_term_split():
+    """split2 (residual amax and residual quantize fused, no FP32 temporaries) gives the same
+    decoded operands and tensor scales, bit for bit, as quantize → dequantize → subtract →
+    quantize in torch: row-major, a transposed view, and with a fused scale (the guard)."""
+    from fullstack_fp4.optim.newton_schulz import _NVFP4Products
+    from fullstack_fp4.optim.triton_ns import abs_max, split2
+    P = _NVFP4Products("triton", None, "nearest", None, torch.device(DEV))
+    X = _heavy((48, 64), 5)
+    s = torch.tensor([0.7071], device=DEV)
+    cases = [(split2(X), _composed(P, X)),
+             (split2(X.t()), _composed(P, X.t())),
+             (split2(X.t(), amax=abs_max(X) * s, scale=s), _composed(P, (X * s).t()))]
+    for got, want in cases:
+        for (dg, tg), (dw, tw) in zip(got, want):
+            assert dg.stride() == dw.stride()
+            assert torch.equal(dg, dw) and torch.equal(tg.reshape(()), tw.reshape(()))
+    assert not torch.equal(cases[0][0][1][0], torch.zeros_like(X, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="densely"):
+        split2(X[:, ::2])
+
+
+def test_lean_two_term_step_is_the_composed_step_bit_for_bit():
+    """The lean two-term step (fused splits, one-pass sums, guard scale fused) equals
+    _step_nvfp4_split on the same Triton products, for a step where the basin guard acts
+    (Muon's triple) and one where it has no repelling point; then whole NS runs, tall and
+    wide, lean on and off."""
+    import importlib
+    ns = importlib.import_module("fullstack_fp4.optim.newton_schulz")   # the module, not the function
+    P = ns._NVFP4Products("triton", None, "nearest", None, torch.device(DEV))
+    X = _heavy((32, 80), 6)
+    X = X / X.norm()
+    from fullstack_fp4.optim.ns_coefficients import MUON
+    for abc in (MUON, (2.0, -1.5, 0.5)):
+        want = ns._step_nvfp4_split(X.clone(), 32, abc, P, 2)
+        got = ns._step_nvfp4_two_term_lean(X.clone(), 32, abc)
+        assert torch.equal(got, want), abc
+    G = torch.randn(40, 72, generator=torch.Generator().manual_seed(7)).to(DEV)
+    for g in (G, G.t()):
+        lean = newton_schulz(g, steps=3, precision="nvfp4", backend="triton", coefficients="fp4")
+        ns.LEAN_TWO_TERM = False
+        try:
+            comp = newton_schulz(g, steps=3, precision="nvfp4", backend="triton",
+                                 coefficients="fp4")
+        finally:
+            ns.LEAN_TWO_TERM = True
+        assert torch.equal(lean, comp)
