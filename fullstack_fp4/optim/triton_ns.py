@@ -164,48 +164,52 @@ def split2(x: torch.Tensor, amax: torch.Tensor | None = None,
 
 
 @triton.jit
-def _sym_sum_kernel(a_ptr, c_ptr, sa_ptr, sc_ptr, out_ptr, M, BT: tl.constexpr):
-    """out = (a·sa + c·sc) + (c·sc)ᵀ on an M×M tile grid (c read transposed)."""
+def _sym_sum_kernel(a_ptr, c_ptr, sa_ptr, sc_ptr, M, sa0, sa1, sc0, sc1, BT: tl.constexpr):
+    """a = (a·sa + c·sc) + (c·sc)ᵀ in place on an M×M tile grid (any strides; c read
+    transposed for the last term)."""
     i = tl.program_id(0) * BT + tl.arange(0, BT)[:, None]
     j = tl.program_id(1) * BT + tl.arange(0, BT)[None, :]
     m = (i < M) & (j < M)
     sa = tl.load(sa_ptr)
     sc = tl.load(sc_ptr)
-    a = tl.load(a_ptr + i * M + j, mask=m, other=0.0)
-    c = tl.load(c_ptr + i * M + j, mask=m, other=0.0)
-    ct = tl.load(c_ptr + j * M + i, mask=m, other=0.0)
-    tl.store(out_ptr + i * M + j, (a * sa + c * sc) + ct * sc, mask=m)
+    a = tl.load(a_ptr + i * sa0 + j * sa1, mask=m, other=0.0)
+    c = tl.load(c_ptr + i * sc0 + j * sc1, mask=m, other=0.0)
+    ct = tl.load(c_ptr + j * sc0 + i * sc1, mask=m, other=0.0)
+    tl.store(a_ptr + i * sa0 + j * sa1, (a * sa + c * sc) + ct * sc, mask=m)
 
 
 def sym_two_term(q: list) -> torch.Tensor:
     """Σ_{i+j<2} q_i·q_jᵀ for one two-term operand on both sides (the symmetric products
     A = X·Xᵀ and D·Dᵀ): two GEMMs, then ONE pass forming ``P₀₀ + P₀₁ + P₀₁ᵀ`` with
     ``P = acc · (ts · ts)`` — the additions and roundings of ``_mm_terms(symmetric=True)``
-    (``P.mm(S0, T0).add_(C).add_(C.mT)``), bit for bit, without its three FP32 passes."""
+    (``P.mm(S0, T0).add_(C).add_(C.mT)``), bit for bit, without its three FP32 passes. The
+    result is written over the first GEMM's output, so it keeps that layout, as the composition
+    does."""
     acc_c, s_c = decoded_matmul_unscaled(q[0], q[1])
     acc_a, s_a = decoded_matmul_unscaled(q[0], q[0])
     M = acc_a.shape[0]
-    if acc_a.shape != (M, M) or not (acc_a.is_contiguous() and acc_c.is_contiguous()):
-        raise ValueError("sym_two_term: square contiguous GEMM outputs expected")
     BT = 32
     launch(_sym_sum_kernel, (cdiv(M, BT), cdiv(M, BT)), acc_a, acc_c, s_a.reshape(1),
-           s_c.reshape(1), acc_a, M, BT=BT, enable_fp_fusion=False)   # in place: reads a(i,j) first
+           s_c.reshape(1), M, acc_a.stride(0), acc_a.stride(1), acc_c.stride(0),
+           acc_c.stride(1), BT=BT, enable_fp_fusion=False)   # each program reads its a(i,j) first
     return acc_a
 
 
 @triton.jit
-def _axpy3_kernel(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, rs_ptr, coef_ptr, out_ptr, N,
-                  HAS_RS: tl.constexpr, BLOCK: tl.constexpr):
-    """out = (x·rs)·coef + ((p0·s0 + p1·s1) + p2·s2) on flat storage."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < N
-    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+def _axpy3_kernel(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, rs_ptr, coef_ptr, out_ptr, R, C,
+                  sx0, sx1, s00, s01, s10, s11, s20, s21, so0, so1,
+                  HAS_RS: tl.constexpr, BT: tl.constexpr):
+    """out = (x·rs)·coef + ((p0·s0 + p1·s1) + p2·s2) on an R×C tile grid, any strides."""
+    i = (tl.program_id(0) * BT + tl.arange(0, BT)[:, None]).to(tl.int64)
+    j = (tl.program_id(1) * BT + tl.arange(0, BT)[None, :]).to(tl.int64)
+    m = (i < R) & (j < C)
+    x = tl.load(x_ptr + i * sx0 + j * sx1, mask=m, other=0.0)
     if HAS_RS:
         x = x * tl.load(rs_ptr)
-    t = tl.load(p0_ptr + offs, mask=m, other=0.0) * tl.load(s_ptr) \
-        + tl.load(p1_ptr + offs, mask=m, other=0.0) * tl.load(s_ptr + 1)
-    t = t + tl.load(p2_ptr + offs, mask=m, other=0.0) * tl.load(s_ptr + 2)
-    tl.store(out_ptr + offs, x * tl.load(coef_ptr) + t, mask=m)
+    t = tl.load(p0_ptr + i * s00 + j * s01, mask=m, other=0.0) * tl.load(s_ptr) \
+        + tl.load(p1_ptr + i * s10 + j * s11, mask=m, other=0.0) * tl.load(s_ptr + 1)
+    t = t + tl.load(p2_ptr + i * s20 + j * s21, mask=m, other=0.0) * tl.load(s_ptr + 2)
+    tl.store(out_ptr + i * so0 + j * so1, x * tl.load(coef_ptr) + t, mask=m)
 
 
 def cross_two_term_axpy(X: torch.Tensor, rs, coef: torch.Tensor, b: list, c: list) -> torch.Tensor:
@@ -214,18 +218,22 @@ def cross_two_term_axpy(X: torch.Tensor, rs, coef: torch.Tensor, b: list, c: lis
     (``_mm_terms`` then ``(X·rs · coef).add_(out)``) scales each product, adds them in the
     order (0,0), (0,1), (1,0) and then adds them to the scaled X; this pass does the same
     operations in the same order, without FMA contraction, so the result is bit for bit the
-    same, without the six FP32 m×n passes in between."""
+    same, without the six FP32 m×n passes in between. The result has X's layout (as
+    ``X · coef`` has), whatever the GEMM outputs' layouts."""
     parts = [decoded_matmul_unscaled(b[0], c[0]), decoded_matmul_unscaled(b[0], c[1]),
              decoded_matmul_unscaled(b[1], c[0])]
-    if not X.is_contiguous() or any(not p.is_contiguous() or p.shape != X.shape for p, _ in parts):
-        raise ValueError("cross_two_term_axpy: contiguous operands of X's shape expected")
+    if X.ndim != 2 or any(p.shape != X.shape for p, _ in parts):
+        raise ValueError(f"cross_two_term_axpy: products of X's shape {tuple(X.shape)} expected")
     scales = torch.stack([s.reshape(()) for _, s in parts])
-    out = parts[0][0]                        # written in place over the first product
-    n = X.numel()
-    BLOCK = 1024
-    launch(_axpy3_kernel, (cdiv(n, BLOCK),), X, parts[0][0], parts[1][0], parts[2][0], scales,
-           (rs if rs is not None else coef).reshape(1), coef.reshape(1), out, n,
-           HAS_RS=rs is not None, BLOCK=BLOCK, enable_fp_fusion=False)
+    out = torch.empty_like(X)
+    R, C = X.shape
+    BT = 32
+    (p0, _), (p1, _), (p2, _) = parts
+    launch(_axpy3_kernel, (cdiv(R, BT), cdiv(C, BT)), X, p0, p1, p2, scales,
+           (rs if rs is not None else coef).reshape(1), coef.reshape(1), out, R, C,
+           X.stride(0), X.stride(1), p0.stride(0), p0.stride(1), p1.stride(0), p1.stride(1),
+           p2.stride(0), p2.stride(1), out.stride(0), out.stride(1),
+           HAS_RS=rs is not None, BT=BT, enable_fp_fusion=False)
     return out
 
 

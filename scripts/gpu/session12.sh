@@ -5,7 +5,7 @@
 #       and 4 blocks of 3b with the orthogonal arms through the trainer (bench_blocks.py; the
 #       trainer's default is optimizer.orthogonal.cuda_graph=true)
 #   bash scripts/gpu/session12.sh lean2   # the lean two-term NS checked against the composed one bit
-#       for bit and timed (NS shapes and optimizer steps), q_root through the trainer, then ncu_qadamw
+#       for bit and timed (NS shapes and optimizer steps), q_root through the trainer
 #   bash scripts/gpu/session12.sh ncu_qadamw   # Nsight Compute of the fused Q-AdamW kernel (issue 5):
 #       where its warps stall (scripts/gpu/ncu_q_adamw.py)
 set -u
@@ -25,7 +25,6 @@ case "${1:-nsgraph}" in
     OUT="$OUT/ns_steps" TAILN=14 run ns_steps 200 python3 scripts/bench_newton_schulz.py --parts steps --iters 12
     TAILN=8 run blocks_orth 150 python3 scripts/bench_blocks.py \
       --arms bf16,root,q_root --steps 6 --warmup 2 --out "$OUT/blocks"
-    bash "$0" ncu_qadamw
     ;;
   ncu_qadamw)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

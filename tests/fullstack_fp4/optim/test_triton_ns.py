@@ -102,15 +102,19 @@ def test_lean_two_term_step_is_the_composed_step_bit_for_bit():
     import importlib
     ns = importlib.import_module("fullstack_fp4.optim.newton_schulz")   # the module, not the function
     P = ns._NVFP4Products("triton", None, "nearest", None, torch.device(DEV))
+    from fullstack_fp4.optim.ns_coefficients import MUON
     X = _heavy((32, 80), 6)
     X = X / X.norm()
-    from fullstack_fp4.optim.ns_coefficients import MUON
-    for abc in (MUON, (2.0, -1.5, 0.5)):
-        want = ns._step_nvfp4_split(X.clone(), 32, abc, P, 2)
-        got = ns._step_nvfp4_two_term_lean(X.clone(), 32, abc)
-        assert torch.equal(got, want), abc
+    Xc = X.t().contiguous().t()                  # column-major: a tall G's transposed view
+    for x in (X, Xc):
+        for abc in (MUON, (2.0, -1.5, 0.5)):
+            want = ns._step_nvfp4_split(x.clone(), 32, abc, P, 2)
+            got = ns._step_nvfp4_two_term_lean(x.clone(), 32, abc)
+            assert torch.equal(got, want), abc
+            assert got.stride() == want.stride()
     G = torch.randn(40, 72, generator=torch.Generator().manual_seed(7)).to(DEV)
-    for g in (G, G.t()):
+    # wide; tall as a transposed view (X contiguous inside); tall and contiguous (X column-major)
+    for g in (G, G.t(), G.t().contiguous()):
         lean = newton_schulz(g, steps=3, precision="nvfp4", backend="triton", coefficients="fp4")
         ns.LEAN_TWO_TERM = False
         try:
