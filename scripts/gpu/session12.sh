@@ -6,6 +6,8 @@
 #       trainer's default is optimizer.orthogonal.cuda_graph=true)
 #   bash scripts/gpu/session12.sh lean2   # the lean two-term NS checked against the composed one bit
 #       for bit and timed (NS shapes and optimizer steps), q_root through the trainer
+#   bash scripts/gpu/session12.sh qadamw_regs   # Q-AdamW register caps below 128 (more warps per SM;
+#       ncu: 16 warps/SM, issue slots 70% busy): each checked bit for bit, then timed
 #   bash scripts/gpu/session12.sh ncu_qadamw   # Nsight Compute of the fused Q-AdamW kernel (issue 5):
 #       where its warps stall (scripts/gpu/ncu_q_adamw.py)
 set -u
@@ -25,6 +27,10 @@ case "${1:-nsgraph}" in
     OUT="$OUT/ns_steps" TAILN=14 run ns_steps 200 python3 scripts/bench_newton_schulz.py --parts steps --iters 12
     TAILN=8 run blocks_orth 150 python3 scripts/bench_blocks.py \
       --arms bf16,root,q_root --steps 6 --warmup 2 --out "$OUT/blocks"
+    ;;
+  qadamw_regs)
+    OUT="$OUT" TAILN=20 run qadamw_regs 540 python3 scripts/bench_q_adamw.py --sweep \
+      --sweep-configs '1,128,1;1,96,1;1,80,1' --steps 10
     ;;
   ncu_qadamw)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
