@@ -8,6 +8,8 @@
 #       for bit and timed (NS shapes and optimizer steps), q_root through the trainer
 #   bash scripts/gpu/session12.sh qadamw_regs   # Q-AdamW register caps below 128 (more warps per SM;
 #       ncu: 16 warps/SM, issue slots 70% busy): each checked bit for bit, then timed
+#   bash scripts/gpu/session12.sh seeds2   # issue 4: bf16 / nvfp4_linear / lora_svd at seeds 2024 and
+#       99, both seeds side by side (6 arms on the GPU; carry data/quickstart too)
 #   bash scripts/gpu/session12.sh ncu_qadamw   # Nsight Compute of the fused Q-AdamW kernel (issue 5):
 #       where its warps stall (scripts/gpu/ncu_q_adamw.py)
 set -u
@@ -27,6 +29,16 @@ case "${1:-nsgraph}" in
     OUT="$OUT/ns_steps" TAILN=14 run ns_steps 200 python3 scripts/bench_newton_schulz.py --parts steps --iters 12
     TAILN=8 run blocks_orth 150 python3 scripts/bench_blocks.py \
       --arms bf16,root,q_root --steps 6 --warmup 2 --out "$OUT/blocks"
+    ;;
+  seeds2)
+    ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200"
+    for sd in 2024 99; do
+      timeout 350 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 --out "/tmp/abl$sd" \
+        --time-budget 320 --set "train.seed=$sd" >"$OUT/ablation_seed$sd.txt" 2>&1 &
+    done
+    wait
+    for sd in 2024 99; do tail -8 "$OUT/ablation_seed$sd.txt"
+      cp "/tmp/abl$sd/ablation.md" "$OUT/ablation_seed$sd.md"; cp "/tmp/abl$sd/ablation.json" "$OUT/ablation_seed$sd.json"; done
     ;;
   qadamw_regs)
     OUT="$OUT" TAILN=20 run qadamw_regs 540 python3 scripts/bench_q_adamw.py --sweep \
