@@ -288,6 +288,18 @@ def run_scenarios():
             _scenario(f"ns quantize_decode {dt} {shape} transposed view")
             quantize_decode(torch.randn(shape[1], shape[0], dtype=dt).t())
 
+    # the lean two-term step's kernels (newton_schulz._step_nvfp4_two_term_lean): row-major X
+    # and column-major X (a tall G's transposed view), the guard's scale on and off
+    from fullstack_fp4.optim.triton_ns import abs_max, cross_two_term_axpy, split2, sym_two_term
+    for colmajor in (False, True):
+        X = torch.randn(256, 96).t() if colmajor else torch.randn(96, 256)
+        for rs in (None, torch.tensor(0.9)):
+            _scenario(f"ns lean two-term step, column-major X={colmajor}, guard scale={rs is not None}")
+            A = sym_two_term(split2(X, amax=abs_max(X)))
+            scale = None if rs is None else rs.reshape(1)
+            xc = split2(X.t(), amax=abs_max(X) if rs is None else abs_max(X) * rs, scale=scale)
+            cross_two_term_axpy(X, rs, torch.tensor(1.1), split2(A), xc)
+
     # --- Q-AdamW fused step ----------------------------------------------------------------
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
     from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _init_state, _kernel_views
