@@ -156,6 +156,10 @@ def run_arm(name: str, overrides: list[str], steps: int, warmup: int, quant_inte
     finally:
         collector.stop()
     del tr
+    # the orthogonal optimizers' Newton-Schulz graphs live for the process (module cache):
+    # drop them, or the next arm's peak memory would count this arm's graphs
+    from fullstack_fp4.optim.newton_schulz import clear_ns_graphs
+    clear_ns_graphs()
     gc.collect()
     torch.cuda.empty_cache()
     return out

@@ -52,8 +52,8 @@ import torch
 
 from .ns_coefficients import Triple, resolve_schedule
 
-__all__ = ["newton_schulz", "newton_schulz_graphed", "graphable", "ns_step", "abs_quantile",
-           "abs_sample"]
+__all__ = ["newton_schulz", "newton_schulz_graphed", "graphable", "clear_ns_graphs", "ns_step",
+           "abs_quantile", "abs_sample"]
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
            "nvfp4": torch.float32}
@@ -524,6 +524,16 @@ class _GraphedNS:
         return self.out
 
 
+def clear_ns_graphs() -> int:
+    """Drop every captured NS graph and its memory pool (e.g. between benchmark arms of one
+    process, so one optimizer's graphs do not count in the next one's memory); returns how many
+    there were. The next ``newton_schulz_graphed`` call captures again."""
+    n = len(_GRAPHS)
+    _GRAPHS.clear()
+    _GRAPH_POOLS.clear()
+    return n
+
+
 def _freeze(v):
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(x) for x in v)
@@ -540,9 +550,10 @@ def newton_schulz_graphed(G: torch.Tensor, **kwargs) -> torch.Tensor:
     contiguous copy of ``G`` (the same kernels in the same order on the same values; checked
     on the GPU by scripts/gpu/check_ns_graph.py). On a strided ``G`` the eager path's first
     norm may sum in another order, so the two can differ in the last bits there.
-    Calls that cannot be captured (``graphable``) run eagerly. A graph holds its scratch
-    (shared by all NS graphs of the device) and output for the process's life: a few hundred
-    MB at the 3b shapes."""
+    Calls that cannot be captured (``graphable``) run eagerly. A graph holds its input, its
+    output and its scratch (shared by all NS graphs of the device) for the process's life, or
+    until ``clear_ns_graphs``: for Root at the 3b shapes the optimizer-phase peak rose by
+    0.5 GiB (BENCHMARKS.md §J.2)."""
     if not graphable(G, kwargs.get("precision", "fp32"), kwargs.get("backend", "auto"),
                      kwargs.get("generator"), kwargs.get("rounding", "nearest")):
         return newton_schulz(G, **kwargs)

@@ -229,6 +229,13 @@ def test_graphable_rules(monkeypatch):
     assert graphable(G, "nvfp4", "auto")
 
 
+def test_clear_ns_graphs_empties_the_cache(monkeypatch):
+    monkeypatch.setattr(ns_mod, "_GRAPHS", {"a": 1, "b": 2})
+    monkeypatch.setattr(ns_mod, "_GRAPH_POOLS", {"dev": 3})
+    assert ns_mod.clear_ns_graphs() == 2
+    assert ns_mod._GRAPHS == {} and ns_mod._GRAPH_POOLS == {}
+
+
 def test_graphed_runs_eagerly_off_cuda():
     """On the CPU the graphed entry point is newton_schulz itself: same bits, nothing captured."""
     G = torch.randn(48, 160, generator=torch.Generator().manual_seed(3))
