@@ -172,10 +172,13 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         # where each whole matrix sits in the step's flat buffer (fixed for the run)
         self._dp_offsets = list(itertools.accumulate((m.numel for m in self.dp_matrices), initial=0))
 
-    def orthogonalize(self, d: torch.Tensor, group) -> torch.Tensor:
-        """NS of ``d``; with ``ns_cuda_graph`` a graph-owned buffer that the caller must use
-        before the next NS (``newton_schulz_graphed``): both callers below scale it at once."""
-        ns = newton_schulz_graphed if self.ns_cuda_graph else newton_schulz   # eager off CUDA
+    def orthogonalize(self, d: torch.Tensor, group, cuda_graph: Optional[bool] = None) -> torch.Tensor:
+        """NS of ``d`` with the group's options; as a CUDA graph when ``cuda_graph`` (default:
+        the optimizer's ``ns_cuda_graph``) and ``d`` is on CUDA (``newton_schulz_graphed``).
+        Callers that vary the steps or schedule per call (the telemetry's per-step error) pass
+        ``cuda_graph=False``: each variant would be captured and kept."""
+        graph = self.ns_cuda_graph if cuda_graph is None else cuda_graph
+        ns = newton_schulz_graphed if graph else newton_schulz   # eager off CUDA
         return ns(d, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
                   precision=group["ns_precision"], clip_percentile=group["ns_clip_percentile"],
                   backend=group["ns_backend"], nvfp4_terms=group.get("ns_nvfp4_terms"))

@@ -514,14 +514,17 @@ class _GraphedNS:
         self.graph = torch.cuda.CUDAGraph()
         # One pool for every NS graph of a device: their scratch is reused across graphs (they
         # never run concurrently: replays are ordered on the current stream). The price: a
-        # graph's output may lie in another graph's scratch, hence "valid until the next call".
+        # graph's output may lie in another graph's scratch, hence the copy in __call__.
         with torch.cuda.graph(self.graph, pool=pool):
             self.out = newton_schulz(self.inp, **kwargs)
 
     def __call__(self, G: torch.Tensor) -> torch.Tensor:
         self.inp.copy_(G)
         self.graph.replay()
-        return self.out
+        # A copy: the graph's own output may lie in another graph's scratch (the shared pool)
+        # and is rewritten by the next replay, so handing it out would make every caller's
+        # result depend on what runs next. One pass over the output (~0.5% of a q_root step).
+        return self.out.clone()
 
 
 def clear_ns_graphs() -> int:
@@ -544,9 +547,8 @@ def newton_schulz_graphed(G: torch.Tensor, **kwargs) -> torch.Tensor:
     """``newton_schulz(G, **kwargs)`` replayed from a CUDA graph captured on the first call
     with this shape, dtype, device and arguments (two eager warm-up runs, then the capture).
 
-    The result is a graph's output buffer: **valid until the next call** of this function
-    (the NS graphs of a device share one memory pool, so another graph's scratch may overlay
-    it; the optimizers consume it at once). It is bit-identical to ``newton_schulz`` on a
+    The result is a fresh tensor (a copy of the graph's output). It is bit-identical to
+    ``newton_schulz`` on a
     contiguous copy of ``G`` (the same kernels in the same order on the same values; checked
     on the GPU by scripts/gpu/check_ns_graph.py). On a strided ``G`` the eager path's first
     norm may sum in another order, so the two can differ in the last bits there.

@@ -370,8 +370,9 @@ class TelemetryCollector:
             d_b, g_b = blocks[int(torch.randint(len(blocks), (1,), generator=self._gen))]
             x = opt._pre_ns(d_b, g_b, group)
             def ns_fn(m, k, sched, prec, group=group):   # the optimizer's own NS call
+                # eager: a graph per (k, schedule) would be captured and kept for a sample
                 return opt.orthogonalize(m, {**group, "ns_steps": k, "ns_coefficients": sched,
-                                             "ns_precision": prec})
+                                             "ns_precision": prec}, cuda_graph=False)
 
             out = rs.ns_stats(x, steps=group["ns_steps"], coefficients=group["ns_coefficients"],
                               precision=group["ns_precision"], ns_fn=ns_fn)

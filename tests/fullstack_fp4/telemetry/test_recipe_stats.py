@@ -250,15 +250,23 @@ def test_q_adamw_chunk_phase_equals_zero_prefixed_tensor():
     assert tel.end_step()["quant/optimizer/a/v/rel_err"] == pytest.approx(_ratio(sa["v"]), rel=1e-6)
 
 
-def test_ns_hook_uses_the_optimizers_ns_input_and_leaves_its_state_alone():
+def test_ns_hook_uses_the_optimizers_ns_input_and_leaves_its_state_alone(monkeypatch):
+    """... and runs its per-step NS calls eagerly when the optimizer graphs its NS (each (k,
+    schedule) variant would otherwise be captured and kept): only the optimizer's own NS goes
+    through newton_schulz_graphed."""
+    import fullstack_fp4.optim.muon as muon_mod
     from fullstack_fp4.optim import Muon
 
+    graphed = []
+    real = muon_mod.newton_schulz_graphed
+    monkeypatch.setattr(muon_mod, "newton_schulz_graphed",
+                        lambda d, **k: graphed.append(k["steps"]) or real(d, **k))
     torch.manual_seed(6)
     mk = lambda: torch.nn.Parameter(torch.randn(32, 48) * 0.1)   # noqa: E731
     w, w_ref = mk(), None
     w_ref = torch.nn.Parameter(w.detach().clone())
     kw = dict(lr=0.02, momentum=0.9, nesterov=True, ns_steps=2, ns_precision="nvfp4", ns_coefficients="muon")
-    opt, ref = Muon([w], **kw), Muon([w_ref], **kw)
+    opt, ref = Muon([w], ns_cuda_graph=True, **kw), Muon([w_ref], **kw)
     g0, g1 = torch.randn(32, 48), torch.randn(32, 48)
     for p, o in ((w, opt), (w_ref, ref)):
         p.grad = g0.clone()
@@ -272,9 +280,11 @@ def test_ns_hook_uses_the_optimizers_ns_input_and_leaves_its_state_alone():
     holder.w = w
     tel = TelemetryCollector(interval=1)
     tel.begin_step(holder, 1, optimizer=opt)
+    graphed.clear()
     opt.step()
     ref.step()
     out = tel.end_step()
+    assert graphed == [2]                                    # the step's NS only, not the probe's
     for k in ("ns_step", "ns_orth", "ns_orth_fp32"):
         assert out[f"quant/optimizer/w/{k}/rel_err"] == pytest.approx(float(want[k]), rel=1e-4), k
     torch.testing.assert_close(w, w_ref, rtol=0, atol=0)    # the probe changed nothing
