@@ -346,7 +346,8 @@ def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: s
         if form != "shifted":
             raise ValueError("nvfp4_terms > 1 is implemented for the shifted form only")
         if terms == 2 and LEAN_TWO_TERM and isinstance(P, _NVFP4Products) \
-                and P.backend == "triton" and P.clip is None and X.dtype == torch.float32:
+                and P.backend == "triton" and P.clip is None and P.rounding == "nearest" \
+                and X.dtype == torch.float32:        # else the composition (or its errors)
             return _step_nvfp4_two_term_lean(X, m, abc, guard)
         return _step_nvfp4_split(X, m, abc, P, terms, guard)
     if form == "naive":

@@ -123,3 +123,12 @@ def test_lean_two_term_step_is_the_composed_step_bit_for_bit():
         finally:
             ns.LEAN_TWO_TERM = True
         assert torch.equal(lean, comp)
+
+
+def test_triton_two_term_still_refuses_stochastic_rounding():
+    """The lean path rounds to nearest only, as the Triton backend does: a stochastic request must
+    still reach the backend's error, not run silently with nearest rounding."""
+    G = torch.randn(32, 48, generator=torch.Generator().manual_seed(8)).to(DEV)
+    with pytest.raises(ValueError, match="nearest rounding only"):
+        newton_schulz(G, steps=1, precision="nvfp4", backend="triton", rounding="stochastic",
+                      nvfp4_terms=2)
