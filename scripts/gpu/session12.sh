@@ -10,6 +10,9 @@
 #       ncu: 16 warps/SM, issue slots 70% busy): each checked bit for bit, then timed
 #   bash scripts/gpu/session12.sh seeds2   # issue 4: bf16 / nvfp4_linear / lora_svd at seeds 2024 and
 #       99, both seeds side by side (6 arms on the GPU; carry data/quickstart too)
+#   bash scripts/gpu/session12.sh next     # not yet run: what changed after run53 (the graphed NS
+#       returns a copy; bench_blocks drops each arm's NS graphs), measured: NS steps, every
+#       orthogonal arm's step and optimizer-phase memory alone
 #   bash scripts/gpu/session12.sh ncu_qadamw   # Nsight Compute of the fused Q-AdamW kernel (issue 5):
 #       where its warps stall (scripts/gpu/ncu_q_adamw.py)
 set -u
@@ -39,6 +42,12 @@ case "${1:-nsgraph}" in
     wait
     for sd in 2024 99; do tail -8 "$OUT/ablation_seed$sd.txt"
       cp "/tmp/abl$sd/ablation.md" "$OUT/ablation_seed$sd.md"; cp "/tmp/abl$sd/ablation.json" "$OUT/ablation_seed$sd.json"; done
+    ;;
+  next)
+    mkdir -p "$OUT/ns_steps"
+    OUT="$OUT/ns_steps" TAILN=14 run ns_steps 200 python3 scripts/bench_newton_schulz.py --parts steps --iters 12
+    TAILN=10 run blocks_orth 300 python3 scripts/bench_blocks.py \
+      --arms bf16,root,q_root,muon,q_muon,full_stack_root --steps 6 --warmup 2 --out "$OUT/blocks"
     ;;
   qadamw_regs)
     OUT="$OUT" TAILN=20 run qadamw_regs 540 python3 scripts/bench_q_adamw.py --sweep \
