@@ -561,7 +561,8 @@ def newton_schulz_graphed(G: torch.Tensor, **kwargs) -> torch.Tensor:
                      kwargs.get("generator"), kwargs.get("rounding", "nearest")):
         return newton_schulz(G, **kwargs)
     key = (tuple(G.shape), G.dtype, G.device, tuple(sorted((k, _freeze(v)) for k, v in kwargs.items())))
-    g = _GRAPHS.get(key)
-    if g is None:
-        g = _GRAPHS[key] = _GraphedNS(G, kwargs)
-    return g(G)
+    with torch.cuda.device(G.device):     # capture and replay on G's device, whatever is current
+        g = _GRAPHS.get(key)
+        if g is None:
+            g = _GRAPHS[key] = _GraphedNS(G, kwargs)
+        return g(G)
