@@ -18,6 +18,9 @@
    same fwd+bwd replayed as a CUDA graph (device time without the host's launch cost); the
    forward alone; and each piece of the fused path with its bytes and GB/s.
 Target (issue 3): NVFP4 ≤ 1.3× BF16.
+
+The emulated GEMM's backend is the one in use (``FULLSTACK_FP4_GEMM``: ``triton``, the fused
+GEMM, by default; ``cublas``: ``torch.mm`` FP32 out + the epilogue pass); the JSON records it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ import triton.testing  # noqa: E402
 from fullstack_fp4.linear import nvfp4_linear, quantize_wgrad_operand  # noqa: E402
 from fullstack_fp4.nvfp4 import quantize  # noqa: E402
 from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd  # noqa: E402
-from fullstack_fp4.nvfp4.gemm import decode_to_bf16, nvfp4_matmul  # noqa: E402
+from fullstack_fp4.nvfp4.gemm import decode_to_bf16, gemm_backend, nvfp4_matmul  # noqa: E402
+from fullstack_fp4.nvfp4.triton_gemm import scaled_mm_triton  # noqa: E402
 from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton  # noqa: E402
 
 lin = importlib.import_module("fullstack_fp4.linear.nvfp4_linear")  # the function shadows the name
@@ -85,9 +89,14 @@ def rel(a, b):
 
 
 def previous_matmul(a, b, transposed_b=False, out_dtype=torch.bfloat16):
-    """The emulated GEMM as it was before the Triton epilogue (decode, mm FP32 out, torch epilogue)."""
+    """The emulated GEMM step by step: decode, then the GEMM of the backend in use. With the
+    cuBLAS backend that is ``torch.mm`` FP32 out and the torch epilogue, as before the Triton
+    epilogue; with the Triton backend the fused GEMM on the same decoded operands."""
     a2, b2 = decode_to_bf16(a), decode_to_bf16(b)
-    acc = torch.mm(a2, b2 if transposed_b else b2.t(), out_dtype=torch.float32)
+    b2 = b2 if transposed_b else b2.t()
+    if gemm_backend() == "triton":
+        return scaled_mm_triton(a2, b2, a.tensor_scale, b.tensor_scale, out_dtype)
+    acc = torch.mm(a2, b2, out_dtype=torch.float32)
     return (acc * (a.tensor_scale.float() * b.tensor_scale.float())).to(out_dtype)
 
 
@@ -198,8 +207,21 @@ def pieces(x, w, dy):
         "epilogue dX": (lambda: scale_cast_triton(acc_dx, one, one, torch.bfloat16), 6 * tk),
         "mm wgrad fp32-out": (lambda: torch.mm(qdy.col_decoded, xtd.t(), out_dtype=f32), None),
         "epilogue dW": (lambda: scale_cast_triton(acc_dw, one, one, torch.bfloat16), 6 * nk),
+        "fused Triton GEMM fprop": (
+            lambda: scaled_mm_triton(qx.row_decoded, qw.row_decoded.t(), one, one), None),
+        "fused Triton GEMM dgrad": (lambda: scaled_mm_triton(qdy.row_decoded, wd, one, one), None),
+        "fused Triton GEMM wgrad": (lambda: scaled_mm_triton(qdy.col_decoded, xtd.t(), one, one),
+                                    None),
     }
     return {k: (bench(fn), nbytes) for k, (fn, nbytes) in run.items()}
+
+
+def in_path(piece: str) -> bool:
+    """Whether a piece of :func:`pieces` runs in the linear with the GEMM backend in use (the
+    table times both backends' GEMMs)."""
+    fused = piece.startswith("fused Triton GEMM")
+    cublas = piece.startswith("mm ") or piece.startswith("epilogue ")
+    return not (fused if gemm_backend() == "cublas" else cublas)
 
 
 def main():
@@ -207,6 +229,7 @@ def main():
         print("needs a CUDA GPU")
         return 2
     ok, res = correctness()
+    print("GEMM backend:", gemm_backend())
     print("correctness:", json.dumps(res), "PASS" if ok else "FAIL")
     if not ok:
         return 1
@@ -244,7 +267,8 @@ def main():
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "bench_nvfp4_linear.json"), "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), correctness=res, rows=rows), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), gemm_backend=gemm_backend(),
+                           correctness=res, rows=rows), f, indent=1)
     for r in rows:
         print(f"\n{r['shape']}: fused-path pieces")
         print("| piece | ms | MB moved | GB/s |")
@@ -253,7 +277,8 @@ def main():
             nb = r["parts_bytes"][k]
             mb, gbs = (f"{nb / 1e6:.0f}", f"{nb / ms / 1e6:.0f}") if nb else ("", "")
             print(f"| {k} | {ms:.3f} | {mb} | {gbs} |")
-        print(f"| sum of pieces | {sum(r['parts_ms'].values()):.3f} | | |")
+        print(f"| sum of the pieces of the {gemm_backend()} GEMM path | "
+              f"{sum(ms for k, ms in r['parts_ms'].items() if in_path(k)):.3f} | | |")
         print(f"| measured fwd+bwd (gaps: launches, allocations, host) | {r['nvfp4_ms']:.3f} | | |")
         print(f"| measured fwd+bwd as one CUDA graph (device time) | {r['graph_nvfp4_ms']:.3f} | | |")
     print("\n| shape | BF16 fwd+bwd ms | NVFP4 fwd+bwd ms | ratio (target ≤ 1.3) | graph: BF16 / NVFP4 ms "

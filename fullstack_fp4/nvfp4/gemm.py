@@ -22,7 +22,10 @@ Emulated path (every GPU before Blackwell, and the CPU):
    epilogue ``alpha``.
 
 The result equals the exact NVFP4 product up to FP32 accumulation order and the final cast.
-On CUDA step 3 is one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the FP32
+On CUDA, by default, steps 2 and 3 are one Triton kernel (``triton_gemm.scaled_mm_triton``: the
+accumulator stays in registers and the epilogue reads the tensor scales on the device; the
+backend ``"cublas"`` — ``FULLSTACK_FP4_GEMM=cublas`` or :func:`set_gemm_backend` — keeps the
+two-step path below). With the cuBLAS backend step 3 is one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the FP32
 accumulator once, writes ``out_dtype``; bit-identical to ``(acc * alpha).to(out_dtype)``, which
 is two passes and an FP32 temporary). :func:`decoded_matmul` runs steps 2-3 on operands
 decoded elsewhere (the NVFP4 linear's fused quantize→decode kernels).
@@ -52,7 +55,29 @@ from .e2m1 import e2m1_decode
 from .tensor import NVFP4Tensor
 
 __all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul",
-           "scale_accumulate"]
+           "scale_accumulate", "set_gemm_backend", "gemm_backend"]
+
+_BACKENDS = ("triton", "cublas")
+# Read once at import (the GEMM runs several times a linear, on the host's critical path).
+_BACKEND = os.environ.get("FULLSTACK_FP4_GEMM", "triton")
+if _BACKEND not in _BACKENDS:
+    raise ValueError(f"FULLSTACK_FP4_GEMM must be one of {_BACKENDS}, got {_BACKEND!r}")
+
+
+def set_gemm_backend(name: str) -> str:
+    """The CUDA GEMM of the emulated path: ``"triton"`` (one kernel with the epilogue inside,
+    the default) or ``"cublas"`` (``torch.mm`` with FP32 output, then the Triton epilogue pass).
+    Both give the exact NVFP4 product up to FP32 accumulation order. Returns the previous one."""
+    global _BACKEND
+    if name not in _BACKENDS:
+        raise ValueError(f"GEMM backend must be one of {_BACKENDS}, got {name!r}")
+    previous, _BACKEND = _BACKEND, name
+    return previous
+
+
+def gemm_backend() -> str:
+    """The CUDA GEMM backend in use (:func:`set_gemm_backend`)."""
+    return _BACKEND
 
 
 def _triton(name: str):
@@ -61,12 +86,16 @@ def _triton(name: str):
     if name not in _TRITON_FNS:
         try:
             from . import triton_dequantize, triton_gemm_epilogue  # noqa: PLC0415
+            from . import triton_gemm  # noqa: PLC0415
             _TRITON_FNS.update(decode_bf16_triton=triton_dequantize.decode_bf16_triton,
                                scale_cast_triton=triton_gemm_epilogue.scale_cast_triton,
-                               scale_accumulate_triton=triton_gemm_epilogue.scale_accumulate_triton)
+                               scale_accumulate_triton=triton_gemm_epilogue.scale_accumulate_triton,
+                               scaled_mm_triton=triton_gemm.scaled_mm_triton,
+                               scaled_mm_supported=triton_gemm.supported)
         except ImportError:
             _TRITON_FNS.update(decode_bf16_triton=None, scale_cast_triton=None,
-                               scale_accumulate_triton=None)
+                               scale_accumulate_triton=None, scaled_mm_triton=None,
+                               scaled_mm_supported=None)
     return _TRITON_FNS[name]
 
 
@@ -132,6 +161,10 @@ def decoded_matmul(a2: torch.Tensor, b2: torch.Tensor, ts_a: torch.Tensor, ts_b:
     ``accumulate_into`` (``[M, N]``, FP32 or BF16): add the product into it in place
     (:func:`scale_accumulate`, ``out_dtype`` unused) and return None."""
     if a2.is_cuda:
+        if (_BACKEND == "triton" and _triton("scaled_mm_triton") is not None
+                and out_dtype in (torch.float32, torch.bfloat16, torch.float16)
+                and _triton("scaled_mm_supported")(a2, b2)):
+            return _triton("scaled_mm_triton")(a2, b2, ts_a, ts_b, out_dtype, accumulate_into)
         acc = torch.mm(a2, b2, out_dtype=torch.float32)
     else:
         acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32))
@@ -159,11 +192,9 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.
     if _native_enabled(a):
         acc = _native_scaled_mm(a, b)
     else:
-        a2, b2 = decode_to_bf16(a), decode_to_bf16(b)
-        if a2.is_cuda:
-            acc = torch.mm(a2, b2.t(), out_dtype=torch.float32)
-        else:
-            acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32).t())
+        out = decoded_matmul(decode_to_bf16(a), decode_to_bf16(b).t(), a.tensor_scale,
+                             b.tensor_scale, out_dtype, accumulate_into)
+        return None if out is None else out.reshape(*a.shape[:-1], b.shape[0])
     out = _epilogue(acc, a.tensor_scale, b.tensor_scale, out_dtype, accumulate_into)
     return None if out is None else out.reshape(*a.shape[:-1], b.shape[0])
 
