@@ -19,8 +19,9 @@
    forward alone; and each piece of the fused path with its bytes and GB/s.
 Target (issue 3): NVFP4 ≤ 1.3× BF16.
 
-The emulated GEMM's backend is the one in use (``FULLSTACK_FP4_GEMM``: ``triton``, the fused
-GEMM, by default; ``cublas``: ``torch.mm`` FP32 out + the epilogue pass); the JSON records it.
+The emulated GEMM's backend is the one in use (``FULLSTACK_FP4_GEMM``: ``cublaslt``, one call
+with the tensor scales read on the device, by default; ``cublas``: ``torch.mm`` FP32 out + the
+epilogue pass); the JSON records it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from fullstack_fp4.linear import nvfp4_linear, quantize_wgrad_operand  # noqa: E
 from fullstack_fp4.nvfp4 import quantize  # noqa: E402
 from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd  # noqa: E402
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16, gemm_backend, nvfp4_matmul  # noqa: E402
-from fullstack_fp4.nvfp4.triton_gemm import scaled_mm_triton  # noqa: E402
+from fullstack_fp4.nvfp4.cublaslt import scaled_mm_cublaslt  # noqa: E402
 from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton  # noqa: E402
 
 lin = importlib.import_module("fullstack_fp4.linear.nvfp4_linear")  # the function shadows the name
@@ -91,11 +92,11 @@ def rel(a, b):
 def previous_matmul(a, b, transposed_b=False, out_dtype=torch.bfloat16):
     """The emulated GEMM step by step: decode, then the GEMM of the backend in use. With the
     cuBLAS backend that is ``torch.mm`` FP32 out and the torch epilogue, as before the Triton
-    epilogue; with the Triton backend the fused GEMM on the same decoded operands."""
+    epilogue; with the cuBLASLt backend its one call on the same decoded operands."""
     a2, b2 = decode_to_bf16(a), decode_to_bf16(b)
     b2 = b2 if transposed_b else b2.t()
-    if gemm_backend() == "triton":
-        return scaled_mm_triton(a2, b2, a.tensor_scale, b.tensor_scale, out_dtype)
+    if gemm_backend() == "cublaslt":
+        return scaled_mm_cublaslt(a2, b2, a.tensor_scale, b.tensor_scale, out_dtype)
     acc = torch.mm(a2, b2, out_dtype=torch.float32)
     return (acc * (a.tensor_scale.float() * b.tensor_scale.float())).to(out_dtype)
 
@@ -207,11 +208,11 @@ def pieces(x, w, dy):
         "epilogue dX": (lambda: scale_cast_triton(acc_dx, one, one, torch.bfloat16), 6 * tk),
         "mm wgrad fp32-out": (lambda: torch.mm(qdy.col_decoded, xtd.t(), out_dtype=f32), None),
         "epilogue dW": (lambda: scale_cast_triton(acc_dw, one, one, torch.bfloat16), 6 * nk),
-        "fused Triton GEMM fprop": (
-            lambda: scaled_mm_triton(qx.row_decoded, qw.row_decoded.t(), one, one), None),
-        "fused Triton GEMM dgrad": (lambda: scaled_mm_triton(qdy.row_decoded, wd, one, one), None),
-        "fused Triton GEMM wgrad": (lambda: scaled_mm_triton(qdy.col_decoded, xtd.t(), one, one),
-                                    None),
+        "cuBLASLt GEMM fprop": (
+            lambda: scaled_mm_cublaslt(qx.row_decoded, qw.row_decoded.t(), one, one), None),
+        "cuBLASLt GEMM dgrad": (lambda: scaled_mm_cublaslt(qdy.row_decoded, wd, one, one), None),
+        "cuBLASLt GEMM wgrad": (lambda: scaled_mm_cublaslt(qdy.col_decoded, xtd.t(), one, one),
+                                None),
     }
     return {k: (bench(fn), nbytes) for k, (fn, nbytes) in run.items()}
 
@@ -219,9 +220,9 @@ def pieces(x, w, dy):
 def in_path(piece: str) -> bool:
     """Whether a piece of :func:`pieces` runs in the linear with the GEMM backend in use (the
     table times both backends' GEMMs)."""
-    fused = piece.startswith("fused Triton GEMM")
+    lt = piece.startswith("cuBLASLt GEMM")
     cublas = piece.startswith("mm ") or piece.startswith("epilogue ")
-    return not (fused if gemm_backend() == "cublas" else cublas)
+    return not (lt if gemm_backend() == "cublas" else cublas)
 
 
 def main():

@@ -22,10 +22,11 @@ Emulated path (every GPU before Blackwell, and the CPU):
    epilogue ``alpha``.
 
 The result equals the exact NVFP4 product up to FP32 accumulation order and the final cast.
-On CUDA, by default, steps 2 and 3 are one Triton kernel (``triton_gemm.scaled_mm_triton``: the
-accumulator stays in registers and the epilogue reads the tensor scales on the device; the
-backend ``"cublas"`` — ``FULLSTACK_FP4_GEMM=cublas`` or :func:`set_gemm_backend` — keeps the
-two-step path below). With the cuBLAS backend step 3 is one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the FP32
+On CUDA, by default, steps 2 and 3 are one cuBLASLt call (``cublaslt.scaled_mm_cublaslt``:
+``alpha`` read by device pointer, the output written in its dtype or added into a buffer, no
+FP32 accumulator in memory). The backend ``"cublas"`` (``FULLSTACK_FP4_GEMM=cublas`` or
+:func:`set_gemm_backend`; also where cuBLASLt cannot be loaded) runs the two steps below:
+``torch.mm`` with FP32 output, then step 3 as one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the FP32
 accumulator once, writes ``out_dtype``; bit-identical to ``(acc * alpha).to(out_dtype)``, which
 is two passes and an FP32 temporary). :func:`decoded_matmul` runs steps 2-3 on operands
 decoded elsewhere (the NVFP4 linear's fused quantize→decode kernels).
@@ -57,17 +58,18 @@ from .tensor import NVFP4Tensor
 __all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul",
            "scale_accumulate", "set_gemm_backend", "gemm_backend"]
 
-_BACKENDS = ("triton", "cublas")
+_BACKENDS = ("cublaslt", "cublas")
 # Read once at import (the GEMM runs several times a linear, on the host's critical path).
-_BACKEND = os.environ.get("FULLSTACK_FP4_GEMM", "triton")
+_BACKEND = os.environ.get("FULLSTACK_FP4_GEMM", "cublaslt")
 if _BACKEND not in _BACKENDS:
     raise ValueError(f"FULLSTACK_FP4_GEMM must be one of {_BACKENDS}, got {_BACKEND!r}")
 
 
 def set_gemm_backend(name: str) -> str:
-    """The CUDA GEMM of the emulated path: ``"triton"`` (one kernel with the epilogue inside,
-    the default) or ``"cublas"`` (``torch.mm`` with FP32 output, then the Triton epilogue pass).
-    Both give the exact NVFP4 product up to FP32 accumulation order. Returns the previous one."""
+    """The CUDA GEMM of the emulated path: ``"cublaslt"`` (one cuBLASLt call with the tensor
+    scales read on the device, the default) or ``"cublas"`` (``torch.mm`` with FP32 output, then
+    the Triton epilogue pass). Both give the exact NVFP4 product up to FP32 accumulation order
+    (module docstring). Returns the previous one."""
     global _BACKEND
     if name not in _BACKENDS:
         raise ValueError(f"GEMM backend must be one of {_BACKENDS}, got {name!r}")
@@ -86,16 +88,12 @@ def _triton(name: str):
     if name not in _TRITON_FNS:
         try:
             from . import triton_dequantize, triton_gemm_epilogue  # noqa: PLC0415
-            from . import triton_gemm  # noqa: PLC0415
             _TRITON_FNS.update(decode_bf16_triton=triton_dequantize.decode_bf16_triton,
                                scale_cast_triton=triton_gemm_epilogue.scale_cast_triton,
-                               scale_accumulate_triton=triton_gemm_epilogue.scale_accumulate_triton,
-                               scaled_mm_triton=triton_gemm.scaled_mm_triton,
-                               scaled_mm_supported=triton_gemm.supported)
+                               scale_accumulate_triton=triton_gemm_epilogue.scale_accumulate_triton)
         except ImportError:
             _TRITON_FNS.update(decode_bf16_triton=None, scale_cast_triton=None,
-                               scale_accumulate_triton=None, scaled_mm_triton=None,
-                               scaled_mm_supported=None)
+                               scale_accumulate_triton=None)
     return _TRITON_FNS[name]
 
 
@@ -161,14 +159,45 @@ def decoded_matmul(a2: torch.Tensor, b2: torch.Tensor, ts_a: torch.Tensor, ts_b:
     ``accumulate_into`` (``[M, N]``, FP32 or BF16): add the product into it in place
     (:func:`scale_accumulate`, ``out_dtype`` unused) and return None."""
     if a2.is_cuda:
-        if (_BACKEND == "triton" and _triton("scaled_mm_triton") is not None
-                and out_dtype in (torch.float32, torch.bfloat16, torch.float16)
-                and _triton("scaled_mm_supported")(a2, b2)):
-            return _triton("scaled_mm_triton")(a2, b2, ts_a, ts_b, out_dtype, accumulate_into)
+        if _BACKEND == "cublaslt" and _cublaslt_takes(a2, b2, out_dtype, accumulate_into):
+            return _CUBLASLT[0].scaled_mm_cublaslt(a2, b2, ts_a, ts_b, out_dtype, accumulate_into)
         acc = torch.mm(a2, b2, out_dtype=torch.float32)
     else:
         acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32))
     return _epilogue(acc, ts_a, ts_b, out_dtype, accumulate_into)
+
+
+_CUBLASLT: list = []      # [module or None], loaded on the first CUDA GEMM
+
+
+def _cublaslt_takes(a2: torch.Tensor, b2: torch.Tensor, out_dtype: torch.dtype,
+                    accumulate_into: Optional[torch.Tensor]) -> bool:
+    """Whether the cuBLASLt call runs this GEMM: the library loads, and the operand and output
+    layouts map to one call (else the two-step path, same product)."""
+    if not _CUBLASLT:
+        from . import cublaslt  # noqa: PLC0415
+        _CUBLASLT.append(cublaslt if cublaslt.available() else None)
+    lt = _CUBLASLT[0]
+    if lt is None or a2.dtype != torch.bfloat16 or b2.dtype != torch.bfloat16:
+        return False
+    if accumulate_into is None:
+        return (out_dtype in (torch.float32, torch.bfloat16, torch.float16)
+                and lt.plan(a2, b2, _RowMajor(a2.shape[0], b2.shape[1])) is not None)
+    return (accumulate_into.dtype in (torch.float32, torch.bfloat16)
+            and tuple(accumulate_into.shape) == (a2.shape[0], b2.shape[1])
+            and lt.plan(a2, b2, accumulate_into) is not None)
+
+
+class _RowMajor:
+    """Stands for a fresh contiguous ``[M, N]`` output in :func:`cublaslt.plan` (which reads only
+    the shape and strides) without allocating one."""
+    __slots__ = ("shape",)
+
+    def __init__(self, m: int, n: int):
+        self.shape = (m, n)
+
+    def stride(self, dim: int) -> int:
+        return self.shape[1] if dim == 0 else 1
 
 
 def _check(a: NVFP4Tensor, b: NVFP4Tensor) -> None:

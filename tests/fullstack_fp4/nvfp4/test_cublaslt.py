@@ -1,0 +1,123 @@
+"""The cuBLASLt path of the emulated NVFP4 GEMM (``fullstack_fp4/nvfp4/cublaslt.py``).
+
+CPU: :func:`plan` — the mapping of a row-major ``D = A @ B`` with arbitrary unit-strided operand
+layouts onto one column-major cuBLAS call — against an oracle that does what cuBLAS does with
+those numbers: read each operand's *memory* column-major with the plan's rows, columns and
+leading dimension, apply the transpose flag, multiply, and write ``D``'s memory column-major.
+If the plan were wrong (a swapped flag, a wrong ld) the oracle would read other elements and
+the product would differ from ``a @ b``.
+
+GPU (skipped without CUDA): the call itself against the two-pass path (``torch.mm`` FP32 out +
+the epilogue) on operands whose sums are exact in FP32, bit for bit, for every output mode.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fullstack_fp4.nvfp4 import cublaslt, gemm
+
+
+def _memory_view(t: torch.Tensor, rows: int, cols: int, ld: int) -> torch.Tensor:
+    """``t``'s memory read as a column-major ``rows × cols`` matrix with leading dimension ld."""
+    return t.as_strided((rows, cols), (1, ld))
+
+
+def _cublas_oracle(p: cublaslt.Plan, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> None:
+    """What cuBLAS computes for plan ``p``: ``Dc = op(Ac) op(Bc)``, Ac = b's memory, Bc = a's."""
+    ac = _memory_view(b, p.rows_a, p.cols_a, p.ld_a)
+    bc = _memory_view(a, p.rows_b, p.cols_b, p.ld_b)
+    ac = ac.t() if p.trans_a == 1 else ac
+    bc = bc.t() if p.trans_b == 1 else bc
+    assert ac.shape == (p.m, p.k) and bc.shape == (p.k, p.n)
+    d.as_strided((p.m, p.n), (1, p.ld_d)).copy_(ac @ bc)
+
+
+def _layout(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """``x``'s values in another memory layout: row-major, column-major (a ``.t()`` view) or
+    row-major inside a wider buffer (a padded leading dimension)."""
+    if kind == "row":
+        return x.contiguous()
+    if kind == "col":
+        return x.t().contiguous().t()
+    wide = torch.full((x.shape[0], x.shape[1] + 5), float("nan"), dtype=x.dtype)
+    wide[:, : x.shape[1]] = x
+    return wide[:, : x.shape[1]]
+
+
+@pytest.mark.parametrize("a_kind", ["row", "col", "padded"])
+@pytest.mark.parametrize("b_kind", ["row", "col", "padded"])
+@pytest.mark.parametrize("d_kind", ["row", "padded"])
+@pytest.mark.parametrize("mkn", [(7, 5, 3), (1, 4, 6), (6, 4, 1), (16, 32, 48)])
+def test_plan_is_the_product_cublas_computes(a_kind, b_kind, d_kind, mkn):
+    m, k, n = mkn
+    g = torch.Generator().manual_seed(m * 100 + k * 10 + n)
+    a = _layout(torch.randn(m, k, generator=g, dtype=torch.float64), a_kind)
+    b = _layout(torch.randn(k, n, generator=g, dtype=torch.float64), b_kind)
+    d = _layout(torch.zeros(m, n, dtype=torch.float64), d_kind)
+    p = cublaslt.plan(a, b, d)
+    assert p is not None and (p.m, p.n, p.k) == (n, m, k)
+    _cublas_oracle(p, a, b, d)
+    torch.testing.assert_close(d, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_plan_refuses_layouts_one_call_cannot_express():
+    a = torch.randn(8, 6)
+    b = torch.randn(6, 4)
+    strided = torch.randn(16, 12)[::2, ::2]               # no unit stride on either axis
+    assert cublaslt.plan(strided, b, torch.empty(8, 4)) is None
+    assert cublaslt.plan(a, torch.randn(12, 8)[::2, ::2], torch.empty(8, 4)) is None
+    assert cublaslt.plan(a, b, torch.empty(4, 8).t()) is None   # D column-major
+
+
+def test_backend_switch_rejects_unknown_names():
+    with pytest.raises(ValueError, match="cublaslt"):
+        gemm.set_gemm_backend("cutlass")
+    previous = gemm.set_gemm_backend("cublas")
+    try:
+        assert gemm.gemm_backend() == "cublas"
+    finally:
+        gemm.set_gemm_backend(previous)
+
+
+_GPU = torch.cuda.is_available() and cublaslt.available()
+
+
+@pytest.mark.skipif(not _GPU, reason="needs CUDA and libcublasLt")
+@pytest.mark.parametrize("mode", ["bf16", "fp32", "fp16", "+=fp32", "+=bf16"])
+@pytest.mark.parametrize("b_kind", ["row", "col"])
+def test_cublaslt_equals_two_pass_path_on_exact_operands(mode, b_kind):
+    g = torch.Generator().manual_seed(3)
+
+    def ints(*shape):   # products and sums exact in FP32: any accumulation order, same acc
+        v = torch.randint(-6, 7, shape, generator=g).float()
+        return (v * 2.0 ** torch.randint(-2, 2, shape, generator=g).float()).bfloat16()
+
+    a = ints(200, 96).cuda()
+    b = _layout(ints(96, 72), b_kind).cuda()
+    ts_a, ts_b = torch.tensor(0.37, device="cuda"), torch.tensor([1.7e-3], device="cuda")
+    prev = gemm.set_gemm_backend("cublas")
+    try:
+        if mode.startswith("+="):
+            dt = torch.float32 if mode == "+=fp32" else torch.bfloat16
+            start = (torch.randint(-64, 64, (200, 72), generator=g).float() * 0.25).to(dt).cuda()
+            want, got = start.clone(), start.clone()
+            gemm.decoded_matmul(a, b, ts_a, ts_b, accumulate_into=want)
+            assert cublaslt.scaled_mm_cublaslt(a, b, ts_a, ts_b, accumulate_into=got) is None
+        else:
+            dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[mode]
+            want = gemm.decoded_matmul(a, b, ts_a, ts_b, dt)
+            got = cublaslt.scaled_mm_cublaslt(a, b, ts_a, ts_b, dt)
+    finally:
+        gemm.set_gemm_backend(prev)
+    assert got.dtype == want.dtype
+    if mode == "+=fp32":
+        # cuBLAS may fuse alpha·acc + C into one rounding: at most one FP32 ulp apart
+        ulp = torch.finfo(torch.float32).eps * want.abs().clamp_min(torch.finfo(torch.float32).tiny)
+        assert bool(((got - want).abs() <= ulp).all())
+    elif mode == "+=bf16":
+        ulp = torch.finfo(torch.bfloat16).eps * want.float().abs()
+        assert bool(((got.float() - want.float()).abs() <= ulp).all())
+    else:
+        assert torch.equal(got, want)
