@@ -46,14 +46,16 @@ __all__ = ["Plan", "plan", "available", "scaled_mm_cublaslt"]
 
 # cublasLt.h / cublas_api.h / library_types.h (CUDA 12)
 _COMPUTE_32F = 68
-_R_32F, _R_16F, _R_16BF = 0, 2, 14
+_R_32F, _R_16BF = 0, 14
 _DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 2, 3, 4
 _POINTER_MODE_DEVICE = 1
 _OP_N, _OP_T = 0, 1
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
 _WORKSPACE_BYTES = 32 << 20
-_DTYPES = {torch.float32: _R_32F, torch.float16: _R_16F, torch.bfloat16: _R_16BF}
+# D types with BF16 operands: FP16 has no kernel (cublasLtMatmulAlgoGetHeuristic answers
+# NOT_SUPPORTED on the H200), so an FP16 output takes the two-pass path
+_DTYPES = {torch.float32: _R_32F, torch.bfloat16: _R_16BF}
 
 
 class _Algo(ctypes.Structure):
@@ -226,8 +228,8 @@ def _prepared(p: Plan, d_type: int, aligns: tuple, handle) -> tuple:
 def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
                        out_dtype: torch.dtype = torch.bfloat16,
                        accumulate_into: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """``((a @ b) · (ts_a · ts_b)).to(out_dtype)`` for CUDA BF16 ``a [M, K]``, ``b [K, N]`` (unit
-    stride on either axis) and 1-element FP32 tensor scales, in one cuBLASLt call with no host
+    """``((a @ b) · (ts_a · ts_b)).to(out_dtype)`` (FP32 or BF16) for CUDA BF16 ``a [M, K]``,
+    ``b [K, N]`` (unit stride on either axis) and 1-element FP32 tensor scales, in one cuBLASLt call with no host
     sync; with ``accumulate_into`` (``[M, N]`` FP32 or BF16, unit stride along dim 1) the scaled
     product is added into it (``beta = 1``) and None is returned. Raises ``ValueError`` for
     operands it does not take (:func:`plan`)."""
@@ -238,7 +240,7 @@ def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_
     else:
         d = accumulate_into
     if d.dtype not in _DTYPES or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
-        raise ValueError(f"cuBLASLt path: BF16 operands and an FP32/FP16/BF16 output, got "
+        raise ValueError(f"cuBLASLt path: BF16 operands and an FP32 or BF16 output, got "
                          f"{a.dtype} @ {b.dtype} -> {d.dtype}")
     p = plan(a, b, d)
     if p is None or tuple(d.shape) != (m, n):

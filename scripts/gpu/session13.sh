@@ -3,6 +3,9 @@
 #   bash scripts/gpu/session13.sh gemm   # issue 3: the emulated NVFP4 GEMM as one cuBLASLt call
 #       (tensor scales by device pointer) against torch.mm FP32-out + the epilogue pass, per GEMM of
 #       the linear (checked first), its GPU tests, then the NVFP4 linear fwd+bwd with each backend
+#   bash scripts/gpu/session13.sh linear   # its GPU tests, the linear with cuBLASLt (a cold Triton
+#       cache needs > 200 s before the first line), 4 blocks of 3b: bf16 and nvfp4_linear with
+#       cuBLASLt, nvfp4_linear with the two-pass GEMM
 #   bash scripts/gpu/session13.sh blocks   # 4 blocks of 3b, the NVFP4-linear arms with each GEMM
 #       backend (bench_blocks.py)
 # (run56, commit 2c689f1, ran the first `gemm` mode: a Triton GEMM with the epilogue inside, since
@@ -19,6 +22,17 @@ case "${1:-gemm}" in
     mkdir -p "$OUT/cublas" "$OUT/cublaslt"
     OUT="$OUT/cublaslt" TAILN=42 run linear_cublaslt 200 python3 scripts/bench_nvfp4_linear.py
     OUT="$OUT/cublas" FULLSTACK_FP4_GEMM=cublas TAILN=6 run linear_cublas 120 python3 scripts/bench_nvfp4_linear.py
+    ;;
+  linear)
+    TAILN=4 run pytest_gpu 90 python3 -m pytest -q -x tests/fullstack_fp4/nvfp4/test_cublaslt.py \
+      tests/fullstack_fp4/nvfp4/test_gemm.py tests/fullstack_fp4/nvfp4/test_gemm_epilogue.py \
+      tests/fullstack_fp4/linear -p no:cacheprovider
+    mkdir -p "$OUT/cublaslt"
+    OUT="$OUT/cublaslt" TAILN=42 run linear_cublaslt 300 python3 scripts/bench_nvfp4_linear.py
+    TAILN=8 run blocks_cublaslt 110 python3 scripts/bench_blocks.py \
+      --arms bf16,nvfp4_linear --steps 6 --warmup 2 --out "$OUT/blocks_cublaslt"
+    FULLSTACK_FP4_GEMM=cublas TAILN=8 run blocks_cublas 80 python3 scripts/bench_blocks.py \
+      --arms nvfp4_linear --steps 6 --warmup 2 --out "$OUT/blocks_cublas"
     ;;
   blocks)
     for be in cublas cublaslt; do
