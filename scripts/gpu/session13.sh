@@ -6,6 +6,8 @@
 #   bash scripts/gpu/session13.sh linear   # its GPU tests, the linear with cuBLASLt (a cold Triton
 #       cache needs > 200 s before the first line), 4 blocks of 3b: bf16 and nvfp4_linear with
 #       cuBLASLt, nvfp4_linear with the two-pass GEMM
+#   bash scripts/gpu/session13.sh check   # the GPU tests after the accumulate tolerance fix, the GEMM
+#       bench again, and the linear's device time per kernel (profile_linear_device.py)
 #   bash scripts/gpu/session13.sh blocks   # 4 blocks of 3b, the NVFP4-linear arms with each GEMM
 #       backend (bench_blocks.py)
 # (run56, commit 2c689f1, ran the first `gemm` mode: a Triton GEMM with the epilogue inside, since
@@ -33,6 +35,13 @@ case "${1:-gemm}" in
       --arms bf16,nvfp4_linear --steps 6 --warmup 2 --out "$OUT/blocks_cublaslt"
     FULLSTACK_FP4_GEMM=cublas TAILN=8 run blocks_cublas 80 python3 scripts/bench_blocks.py \
       --arms nvfp4_linear --steps 6 --warmup 2 --out "$OUT/blocks_cublas"
+    ;;
+  check)
+    TAILN=4 run pytest_gpu 120 python3 -m pytest -q tests/fullstack_fp4/nvfp4/test_cublaslt.py \
+      tests/fullstack_fp4/nvfp4/test_gemm.py tests/fullstack_fp4/nvfp4/test_gemm_epilogue.py \
+      tests/fullstack_fp4/linear -p no:cacheprovider
+    OUT="$OUT" TAILN=10 run gemm 100 python3 scripts/bench_nvfp4_gemm.py
+    TAILN=80 run profile_linear 300 python3 scripts/gpu/profile_linear_device.py
     ;;
   blocks)
     for be in cublas cublaslt; do
