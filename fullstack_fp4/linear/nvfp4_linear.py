@@ -63,8 +63,10 @@ forward    amax(x) and amax(RHT over tokens of x) in one pass; one kernel reads 
 backward   one amax pass over dY (both amaxes); one kernel reads dY and writes both decoded
            operands, dY (1×16, SR) for dgrad and RHT(dYᵀ) ``[out, T_pad]`` (SR) for wgrad,
            neither as codes; the saved W and RHT(xᵀ) codes are decoded (one Triton pass each).
-GEMMs      ``torch.mm`` with FP32 output on the same operand layouts as before, then one
-           Triton pass for ``(acc · ts_a · ts_b) → out dtype`` (``gemm.decoded_matmul``).
+GEMMs      ``gemm.decoded_matmul`` on the same operand layouts as before: one cuBLASLt call
+           that reads ``ts_a · ts_b`` by device pointer and writes the output dtype (or adds
+           into the wgrad buffer); backend ``cublas``: ``torch.mm`` with FP32 output, then
+           one Triton pass for ``(acc · ts_a · ts_b) → out dtype``.
 =========  ===========================================================================
 
 Same codes, scales, stochastic-rounding draws (Philox seeds drawn from ``generator`` in the

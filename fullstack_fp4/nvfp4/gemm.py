@@ -22,13 +22,16 @@ Emulated path (every GPU before Blackwell, and the CPU):
    epilogue ``alpha``.
 
 The result equals the exact NVFP4 product up to FP32 accumulation order and the final cast.
-On CUDA, by default, steps 2 and 3 are one cuBLASLt call (``cublaslt.scaled_mm_cublaslt``:
-``alpha`` read by device pointer, the output written in its dtype or added into a buffer, no
-FP32 accumulator in memory). The backend ``"cublas"`` (``FULLSTACK_FP4_GEMM=cublas`` or
-:func:`set_gemm_backend`; also where cuBLASLt cannot be loaded) runs the two steps below:
-``torch.mm`` with FP32 output, then step 3 as one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the FP32
-accumulator once, writes ``out_dtype``; bit-identical to ``(acc * alpha).to(out_dtype)``, which
-is two passes and an FP32 temporary). :func:`decoded_matmul` runs steps 2-3 on operands
+
+On CUDA, by default (backend ``"cublaslt"``), steps 2 and 3 are one cuBLASLt call
+(``cublaslt.scaled_mm_cublaslt``): ``alpha`` is read by device pointer and the output written
+in BF16 / FP32 or added into a buffer, with no FP32 accumulator in memory; its outputs equal the
+two-pass path's bit for bit (checked on the H200 on operands with exact sums). The backend
+``"cublas"`` (``FULLSTACK_FP4_GEMM=cublas`` or :func:`set_gemm_backend`; also for FP16 outputs,
+odd strides, or where cuBLASLt cannot be loaded) runs the two steps: ``torch.mm`` with FP32
+output, then step 3 as one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the
+FP32 accumulator once, writes ``out_dtype``; bit-identical to ``(acc * alpha).to(out_dtype)``,
+which is two passes and an FP32 temporary). :func:`decoded_matmul` runs steps 2-3 on operands
 decoded elsewhere (the NVFP4 linear's fused quantize→decode kernels).
 
 Accumulating epilogue (``accumulate_into=dst`` of :func:`decoded_matmul` / :func:`nvfp4_matmul`,
@@ -37,7 +40,11 @@ accumulator into an existing FP32 or BF16 tensor, ``dst ← dst + acc · alpha``
 ``dst``'s dtype (``(dst.float() + acc * alpha).to(dst.dtype)``; on CUDA one Triton pass,
 ``triton_gemm_epilogue.scale_accumulate_triton``, bit-identical). It is the NVFP4 linear's
 gradient-accumulation fusion: the wgrad goes straight into the optimizer's gradient buffer,
-without a BF16 dW and without the separate ``main_grad.add_(dW)`` pass.
+without a BF16 dW and without the separate ``main_grad.add_(dW)`` pass. With the cuBLASLt
+backend the GEMM adds it itself (``beta = 1``); cuBLAS may round ``acc · alpha + dst`` once
+where the two-pass path rounds ``acc · alpha`` first, so the two differ by at most one FP32 ulp
+of the product plus one ulp of the sum (tested on the GPU) — the size of the accumulation-order
+freedom every GEMM has.
 
 Native path (Blackwell, sm_100 / sm_120): ``torch._scaled_mm`` with ``float4_e2m1fn_x2``
 operands and swizzled E4M3 block scales. UNTESTED: it has never run here (our GPU is an H200,
