@@ -26,11 +26,12 @@ Layout: a row-major ``D [M, N] = A [M, K] @ B [K, N]`` is, in cuBLAS's column-ma
 transpose flag and a leading dimension, without copies. Tested on the CPU against a
 column-major GEMM written out in NumPy-free torch (``tests/.../test_cublaslt.py``).
 
-Per process and device: one handle, one 32 MiB workspace, device constants 0 and 1; per
-(shapes, layouts, dtypes, alignments): one operation descriptor, four layouts and the
-heuristic's first algorithm, made on first use and kept. The first call of a shape must not be
-inside a CUDA graph capture (the workspace and the constants are allocated then); later calls
-are capturable.
+Per process and device: one handle and the device constants 0 and 1 (``beta``); per stream a
+32 MiB workspace; per (shapes, layouts, dtypes, alignments): one operation descriptor, four
+layouts and the heuristic's first algorithm — each made on first use and kept. Inside a CUDA
+graph capture a call runs only once its device and stream have them (:func:`ready`; a captured
+fill of the constants would not run until the graph replays): ``gemm.py`` takes the two-pass
+path otherwise, which captures as it is. Calls are captured like any cuBLAS call.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-__all__ = ["Plan", "plan", "available", "scaled_mm_cublaslt"]
+__all__ = ["Plan", "plan", "available", "ready", "scaled_mm_cublaslt"]
 
 # cublasLt.h / cublas_api.h / library_types.h (CUDA 12)
 _COMPUTE_32F = 68
@@ -157,18 +158,42 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
 
 
+def _index(dev: torch.device) -> int:
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
 def _device_state(dev: torch.device) -> dict:
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    """The handle and the constants 0 and 1 of ``dev``, made on first use (which must not be
+    inside a graph capture: a captured fill would not run until the graph replays)."""
+    idx = _index(dev)
     st = _STATE.get(idx)
     if st is None:
         handle = ctypes.c_void_p()
         _check(_lib().cublasLtCreate(ctypes.byref(handle)), "create")
-        st = dict(handle=handle,
-                  workspace=torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=dev),
+        st = dict(handle=handle, workspaces={},
                   zero=torch.zeros(1, dtype=torch.float32, device=dev),
                   one=torch.ones(1, dtype=torch.float32, device=dev))
         _STATE[idx] = st
     return st
+
+
+def _workspace(st: dict, dev: torch.device, stream: int) -> torch.Tensor:
+    """One workspace per stream: two streams running GEMMs at once must not share one (as
+    PyTorch keeps one cuBLAS workspace per handle and stream)."""
+    ws = st["workspaces"].get(stream)
+    if ws is None:
+        ws = st["workspaces"][stream] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    return ws
+
+
+def ready(a: torch.Tensor) -> bool:
+    """Whether a call on ``a``'s device and current stream can run now: always outside a CUDA
+    graph capture; inside one only once the device's constants and the stream's workspace exist
+    (made by an eager call: the caller takes the two-pass path otherwise)."""
+    if not torch.cuda.is_current_stream_capturing():
+        return True
+    st = _STATE.get(_index(a.device))
+    return st is not None and torch.cuda.current_stream(a.device).cuda_stream in st["workspaces"]
 
 
 def _alignment(t: torch.Tensor) -> int:
@@ -191,7 +216,9 @@ def _set(fn, obj, attr: int, value, ctype) -> None:
 
 
 def _prepared(p: Plan, d_type: int, aligns: tuple, handle) -> tuple:
-    key = (p, d_type, aligns)
+    """The descriptor, layouts and algorithm of one call shape under ``handle`` (a device's: the
+    heuristic's pick depends on the GPU), made once."""
+    key = (handle.value, p, d_type, aligns)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -252,18 +279,28 @@ def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_
         if accumulate_into is None:
             d.zero_()
         return None if accumulate_into is not None else d
+    if a.device.index != torch.cuda.current_device():
+        with torch.cuda.device(a.device):      # the launch goes to the current device's context
+            _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
+    else:
+        _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
+    return None if accumulate_into is not None else d
+
+
+def _matmul(a, b, ts_a, ts_b, d, p: Plan, accumulate: bool) -> None:
     st = _device_state(a.device)
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    workspace = _workspace(st, a.device, stream)
     alpha = ts_a.detach().reshape(1).to(torch.float32) * ts_b.detach().reshape(1).to(torch.float32)
-    beta = st["one"] if accumulate_into is not None else st["zero"]
+    beta = st["one"] if accumulate else st["zero"]
     desc, lay_a, lay_b, lay_d, algo = _prepared(
         p, _DTYPES[d.dtype], (_alignment(b), _alignment(a), _alignment(d), _alignment(d)),
         st["handle"])
-    stream = ctypes.c_void_p(torch.cuda.current_stream(a.device).cuda_stream)
     _check(_lib().cublasLtMatmul(
         st["handle"], desc, ctypes.c_void_p(alpha.data_ptr()),
         ctypes.c_void_p(b.data_ptr()), lay_a, ctypes.c_void_p(a.data_ptr()), lay_b,
         ctypes.c_void_p(beta.data_ptr()), ctypes.c_void_p(d.data_ptr()), lay_d,
         ctypes.c_void_p(d.data_ptr()), lay_d, ctypes.byref(algo),
-        ctypes.c_void_p(st["workspace"].data_ptr()), ctypes.c_size_t(_WORKSPACE_BYTES), stream),
+        ctypes.c_void_p(workspace.data_ptr()), ctypes.c_size_t(_WORKSPACE_BYTES),
+        ctypes.c_void_p(stream)),
         "matmul")
-    return None if accumulate_into is not None else d

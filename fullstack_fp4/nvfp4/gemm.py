@@ -179,13 +179,14 @@ _CUBLASLT: list = []      # [module or None], loaded on the first CUDA GEMM
 
 def _cublaslt_takes(a2: torch.Tensor, b2: torch.Tensor, out_dtype: torch.dtype,
                     accumulate_into: Optional[torch.Tensor]) -> bool:
-    """Whether the cuBLASLt call runs this GEMM: the library loads, and the operand and output
-    layouts map to one call (else the two-step path, same product)."""
+    """Whether the cuBLASLt call runs this GEMM: the library loads, the operand and output
+    layouts map to one call, and (in a graph capture) its state exists (else the two-step path,
+    same product)."""
     if not _CUBLASLT:
         from . import cublaslt  # noqa: PLC0415
         _CUBLASLT.append(cublaslt if cublaslt.available() else None)
     lt = _CUBLASLT[0]
-    if lt is None or a2.dtype != torch.bfloat16 or b2.dtype != torch.bfloat16:
+    if lt is None or a2.dtype != torch.bfloat16 or b2.dtype != torch.bfloat16 or not lt.ready(a2):
         return False
     if accumulate_into is None:
         # BF16 inputs with an FP16 output: cuBLASLt has no kernel (NOT_SUPPORTED, on the H200)

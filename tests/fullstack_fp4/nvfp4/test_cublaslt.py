@@ -7,6 +7,11 @@ leading dimension, apply the transpose flag, multiply, and write ``D``'s memory 
 If the plan were wrong (a swapped flag, a wrong ld) the oracle would read other elements and
 the product would differ from ``a @ b``.
 
+CPU: the ``ctypes`` glue against a recording stand-in for libcublasLt (the argument order of
+``cublasLtMatmul`` as cublasLt.h declares it, ``beta`` 0 or 1, a workspace per stream, the state
+a CUDA graph capture needs made eagerly first, the call's shape prepared once, a failing status
+as a clear error).
+
 GPU (skipped without CUDA): the call itself against the two-pass path (``torch.mm`` FP32 out +
 the epilogue) on operands whose sums are exact in FP32, bit for bit, for every output mode.
 """
@@ -125,3 +130,107 @@ def test_cublaslt_equals_two_pass_path_on_exact_operands(mode, b_kind):
         assert not torch.equal(got, start)            # something was added
     else:
         assert torch.equal(got, want)
+
+
+class _FakeLt:
+    """A recording stand-in for libcublasLt: every function returns success (or ``fail``'s
+    status), the heuristic returns one algorithm, and each matmul's pointers are kept."""
+
+    def __init__(self, fail=None):
+        self.fail, self.calls, self.matmuls, self.handles = fail or {}, [], [], 0
+
+    def __getattr__(self, name):
+        def fn(*args):
+            self.calls.append(name)
+            if name == "cublasLtCreate":
+                self.handles += 1
+                args[0]._obj.value = 1000 + self.handles
+            elif name.endswith("Create"):
+                args[0]._obj.value = 1
+            elif name == "cublasLtMatmulAlgoGetHeuristic":
+                args[-1]._obj.value = 1
+            elif name == "cublasLtMatmul":   # cublasLt.h: 16 arguments, stream last
+                assert len(args) == 16
+                self.matmuls.append(dict(alpha=args[2].value, a=args[3].value, b=args[5].value,
+                                         beta=args[7].value, c=args[8].value, d=args[10].value,
+                                         workspace=args[13].value, stream=args[15].value))
+            return self.fail.get(name, 0)
+        return fn
+
+
+class _Stream:
+    def __init__(self, ptr):
+        self.cuda_stream = ptr
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """cublaslt's host glue on the CPU: the fake library, a settable current stream and capture
+    flag, and fresh per-process state."""
+    lib, env = _FakeLt(), dict(stream=0x5000, capturing=False, device_switches=0)
+    monkeypatch.setattr(cublaslt, "_LIB", lib)
+    monkeypatch.setattr(cublaslt, "_STATE", {})
+    monkeypatch.setattr(cublaslt, "_CACHE", {})
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream(env["stream"]))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: env["capturing"])
+
+    class _Switch:
+        def __init__(self, dev):
+            env["device_switches"] += 1
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "device", _Switch)
+    return lib, env
+
+
+def test_glue_workspace_per_stream_beta_and_state_made_once(fake_cuda):
+    lib, env = fake_cuda
+    a, b = torch.zeros(32, 48, dtype=torch.bfloat16), torch.zeros(48, 16, dtype=torch.bfloat16)
+    one = torch.ones(())
+    out = cublaslt.scaled_mm_cublaslt(a, b, one, one)
+    assert out.shape == (32, 16) and out.dtype == torch.bfloat16
+    dst = torch.zeros(32, 16)
+    assert cublaslt.scaled_mm_cublaslt(a, b, one, one, accumulate_into=dst) is None
+    env["stream"] = 0x6000
+    cublaslt.scaled_mm_cublaslt(a, b, one, one)
+    m0, m1, m2 = lib.matmuls
+    st = cublaslt._STATE[0]
+    assert lib.handles == 1                                    # one handle for the device
+    assert m0["beta"] == st["zero"].data_ptr() and m1["beta"] == st["one"].data_ptr()
+    assert m0["a"] == b.data_ptr() and m0["b"] == a.data_ptr()  # cuBLAS's A is b (Dᵀ = bᵀ aᵀ)
+    assert m1["c"] == m1["d"] == dst.data_ptr()                # added into dst in place
+    assert m0["workspace"] == m1["workspace"] != m2["workspace"]   # one per stream
+    assert (m0["stream"], m2["stream"]) == (0x5000, 0x6000)
+    assert env["device_switches"] == 3                         # a's device differs from current
+    # the descriptor, layouts and algorithm of a call shape are made once
+    queries = lib.calls.count("cublasLtMatmulAlgoGetHeuristic")
+    cublaslt.scaled_mm_cublaslt(a, b, one, one, accumulate_into=dst)
+    assert lib.calls.count("cublasLtMatmulAlgoGetHeuristic") == queries
+    assert lib.calls.count("cublasLtMatmul") == 4
+
+
+def test_glue_capture_needs_state_made_eagerly(fake_cuda):
+    lib, env = fake_cuda
+    a = torch.zeros(16, 16, dtype=torch.bfloat16)
+    env["capturing"] = True
+    assert not cublaslt.ready(a)                               # nothing made yet: two-pass path
+    env["capturing"] = False
+    assert cublaslt.ready(a)
+    cublaslt.scaled_mm_cublaslt(a, a, torch.ones(()), torch.ones(()))
+    env["capturing"] = True
+    assert cublaslt.ready(a)                                   # this stream has its workspace
+    env["stream"] = 0x7000
+    assert not cublaslt.ready(a)                               # another stream has none yet
+
+
+def test_glue_failure_status_is_a_clear_error(fake_cuda, monkeypatch):
+    monkeypatch.setattr(cublaslt, "_LIB", _FakeLt(fail={"cublasLtMatmulAlgoGetHeuristic": 15}))
+    a = torch.zeros(16, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="heuristic failed with status 15"):
+        cublaslt.scaled_mm_cublaslt(a, a, torch.ones(()), torch.ones(()))
