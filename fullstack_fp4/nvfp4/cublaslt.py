@@ -9,8 +9,9 @@ output element, ~0.23 ms of the 8192 × 3072 → 8192 linear's forward+backward 
 directly, or adds it into an FP32 / BF16 buffer (``beta = 1``, the wgrad into ``main_grad``).
 PyTorch does not expose that mode, so this module calls ``libcublasLt`` (the one PyTorch
 loaded) through ``ctypes``. A Triton GEMM with the epilogue inside was built and measured first:
-its tiles ran 1.2–1.5× slower than cuBLAS at these shapes, more than the pass it saves
-(BENCHMARKS.md §K.1), so it is not kept.
+at its default tiles it took 1.2–1.8× the two-pass time at these shapes, and even the best of
+eight tiles per shape was slower on four of the six GEMMs (BENCHMARKS.md §K.1), so it is not
+kept.
 
 Arithmetic: BF16 operands (decoded NVFP4, exact), FP32 accumulation in cuBLAS's own order (the
 same kernels ``torch.mm`` picks), ``alpha = fp32(ts_a) · fp32(ts_b)`` formed on the device by
@@ -19,12 +20,13 @@ in FP32 and one rounding to D's dtype. Against ``gemm.decoded_matmul``'s cuBLAS 
 (``(acc · alpha).to(dtype)``): the same bits when nothing is added (checked on the GPU by
 ``scripts/bench_nvfp4_gemm.py`` with operands whose sums are exact); when adding into a buffer,
 cuBLAS may fuse ``alpha · acc + C`` into one rounding where the two-pass path rounds twice — at
-most one FP32 ulp per addition, the same size as the accumulation-order freedom every GEMM has.
+most one FP32 ulp of the product plus one ulp of the sum apart, the size of the
+accumulation-order freedom every GEMM has.
 
 Layout: a row-major ``D [M, N] = A [M, K] @ B [K, N]`` is, in cuBLAS's column-major terms,
 ``Dᵀ = Bᵀ Aᵀ``; :func:`plan` maps each operand's strides (unit stride on either axis) to a
 transpose flag and a leading dimension, without copies. Tested on the CPU against a
-column-major GEMM written out in NumPy-free torch (``tests/.../test_cublaslt.py``).
+column-major GEMM written out in torch (``tests/fullstack_fp4/nvfp4/test_cublaslt.py``).
 
 Per process and device: one handle and the device constants 0 and 1 (``beta``); per stream a
 32 MiB workspace; per (shapes, layouts, dtypes, alignments): one operation descriptor, four
@@ -85,7 +87,8 @@ class Plan(NamedTuple):
     ld_d: int
 
 
-def _operand(t: torch.Tensor, rows_if_n: int, cols_if_n: int) -> Optional[Tuple[int, int, int, int]]:
+def _operand(t: torch.Tensor, rows_if_n: int,
+             cols_if_n: int) -> Optional[Tuple[int, int, int, int]]:
     """(op, rows, cols, ld) of a 2-D tensor read column-major so that op(view) is ``tᵀ``:
     unit stride along dim 1 → the view is ``tᵀ`` itself (op N); along dim 0 → the view is
     ``t`` (op T). None if neither stride is 1 or the leading dimension is too small."""
@@ -119,7 +122,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> Optional[Plan]:
 
 
 _LIB = None
-_STATE: Dict[int, dict] = {}          # device index -> handle, workspace, constants
+_STATE: Dict[int, dict] = {}          # device index -> handle, constants, workspace per stream
 _CACHE: Dict[tuple, tuple] = {}       # key -> (desc, layouts, algo)
 
 
@@ -138,7 +141,8 @@ def _lib():
             except OSError:
                 continue
         if _LIB is None:
-            raise RuntimeError("libcublasLt not found (looked for " + ", ".join(names[:3]) + " …)")
+            raise RuntimeError("libcublasLt not found (looked for "
+                               + ", ".join(names[:3]) + " …)")
     return _LIB
 
 
@@ -256,10 +260,10 @@ def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_
                        out_dtype: torch.dtype = torch.bfloat16,
                        accumulate_into: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``((a @ b) · (ts_a · ts_b)).to(out_dtype)`` (FP32 or BF16) for CUDA BF16 ``a [M, K]``,
-    ``b [K, N]`` (unit stride on either axis) and 1-element FP32 tensor scales, in one cuBLASLt call with no host
-    sync; with ``accumulate_into`` (``[M, N]`` FP32 or BF16, unit stride along dim 1) the scaled
-    product is added into it (``beta = 1``) and None is returned. Raises ``ValueError`` for
-    operands it does not take (:func:`plan`)."""
+    ``b [K, N]`` (unit stride on either axis) and 1-element FP32 tensor scales, in one cuBLASLt
+    call with no host sync; with ``accumulate_into`` (``[M, N]`` FP32 or BF16, unit stride along
+    dim 1) the scaled product is added into it (``beta = 1``) and None is returned. Raises
+    ``ValueError`` for operands it does not take (:func:`plan`)."""
     m, k = a.shape
     n = b.shape[1]
     if accumulate_into is None:
