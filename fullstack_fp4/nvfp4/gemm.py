@@ -55,6 +55,7 @@ the emulated path before anyone turns it on.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -67,9 +68,12 @@ __all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul"
 
 _BACKENDS = ("cublaslt", "cublas")
 # Read once at import (the GEMM runs several times a linear, on the host's critical path).
+# An unknown value warns and keeps the default, as FULLSTACK_FP4_LEAN_LAUNCH does (both backends
+# compute the same product: a typo must not stop a run at import).
 _BACKEND = os.environ.get("FULLSTACK_FP4_GEMM", "cublaslt")
 if _BACKEND not in _BACKENDS:
-    raise ValueError(f"FULLSTACK_FP4_GEMM must be one of {_BACKENDS}, got {_BACKEND!r}")
+    warnings.warn(f"FULLSTACK_FP4_GEMM={_BACKEND!r} is not one of {_BACKENDS}: using 'cublaslt'")
+    _BACKEND = "cublaslt"
 
 
 def set_gemm_backend(name: str) -> str:

@@ -18,6 +18,10 @@ the epilogue) on operands whose sums are exact in FP32, bit for bit, for every o
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -234,3 +238,12 @@ def test_glue_failure_status_is_a_clear_error(fake_cuda, monkeypatch):
     a = torch.zeros(16, 16, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="heuristic failed with status 15"):
         cublaslt.scaled_mm_cublaslt(a, a, torch.ones(()), torch.ones(()))
+
+
+def test_unknown_backend_in_the_environment_warns_and_keeps_the_default():
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "from fullstack_fp4.nvfp4 import gemm; print(gemm.gemm_backend())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "FULLSTACK_FP4_GEMM": "cutlas"})
+    assert r.returncode == 0 and r.stdout.strip() == "cublaslt"
+    assert "FULLSTACK_FP4_GEMM='cutlas'" in r.stderr
