@@ -197,7 +197,21 @@ def ready(a: torch.Tensor) -> bool:
     if not torch.cuda.is_current_stream_capturing():
         return True
     st = _STATE.get(_index(a.device))
-    return st is not None and torch.cuda.current_stream(a.device).cuda_stream in st["workspaces"]
+    return st is not None and _raw_stream(a.device) in st["workspaces"]
+
+
+def _raw_stream(dev: torch.device) -> int:
+    """The current stream of ``dev`` as the ``cudaStream_t`` value (no Stream object: host time
+    per GEMM matters where the linear waits on the host)."""
+    return torch._C._cuda_getCurrentRawStream(_index(dev))
+
+
+def _alpha(ts_a: torch.Tensor, ts_b: torch.Tensor) -> torch.Tensor:
+    """``fp32(ts_a) · fp32(ts_b)`` on the device: one multiply for the FP32 tensor scales the
+    quantizers make (each further view or cast is another dispatch on the host's critical path)."""
+    if ts_a.dtype != torch.float32 or ts_b.dtype != torch.float32:
+        ts_a, ts_b = ts_a.to(torch.float32), ts_b.to(torch.float32)
+    return torch.mul(ts_a.detach(), ts_b.detach())
 
 
 def _alignment(t: torch.Tensor) -> int:
@@ -293,9 +307,12 @@ def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_
 
 def _matmul(a, b, ts_a, ts_b, d, p: Plan, accumulate: bool) -> None:
     st = _device_state(a.device)
-    stream = torch.cuda.current_stream(a.device).cuda_stream
+    stream = _raw_stream(a.device)
     workspace = _workspace(st, a.device, stream)
-    alpha = ts_a.detach().reshape(1).to(torch.float32) * ts_b.detach().reshape(1).to(torch.float32)
+    alpha = _alpha(ts_a, ts_b)
+    if alpha.numel() != 1:
+        raise ValueError(f"tensor scales must have one element each, got {tuple(ts_a.shape)} "
+                         f"and {tuple(ts_b.shape)}")
     beta = st["one"] if accumulate else st["zero"]
     desc, lay_a, lay_b, lay_d, algo = _prepared(
         p, _DTYPES[d.dtype], (_alignment(b), _alignment(a), _alignment(d), _alignment(d)),

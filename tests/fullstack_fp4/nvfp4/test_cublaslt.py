@@ -18,6 +18,7 @@ the epilogue) on operands whose sums are exact in FP32, bit for bit, for every o
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -155,16 +156,14 @@ class _FakeLt:
                 args[-1]._obj.value = 1
             elif name == "cublasLtMatmul":   # cublasLt.h: 16 arguments, stream last
                 assert len(args) == 16
-                self.matmuls.append(dict(alpha=args[2].value, a=args[3].value, b=args[5].value,
+                # alpha and beta are FP32 in (CPU) memory the call reads: read them as cuBLAS would
+                self.matmuls.append(dict(alpha_value=ctypes.c_float.from_address(args[2].value).value,
+                                         beta_value=ctypes.c_float.from_address(args[7].value).value,
+                                         alpha=args[2].value, a=args[3].value, b=args[5].value,
                                          beta=args[7].value, c=args[8].value, d=args[10].value,
                                          workspace=args[13].value, stream=args[15].value))
             return self.fail.get(name, 0)
         return fn
-
-
-class _Stream:
-    def __init__(self, ptr):
-        self.cuda_stream = ptr
 
 
 @pytest.fixture
@@ -175,7 +174,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(cublaslt, "_LIB", lib)
     monkeypatch.setattr(cublaslt, "_STATE", {})
     monkeypatch.setattr(cublaslt, "_CACHE", {})
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream(env["stream"]))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: env["stream"],
+                        raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: env["capturing"])
 
@@ -197,7 +197,8 @@ def test_glue_workspace_per_stream_beta_and_state_made_once(fake_cuda):
     lib, env = fake_cuda
     a, b = torch.zeros(32, 48, dtype=torch.bfloat16), torch.zeros(48, 16, dtype=torch.bfloat16)
     one = torch.ones(())
-    out = cublaslt.scaled_mm_cublaslt(a, b, one, one)
+    ts_a, ts_b = torch.tensor(0.37), torch.tensor([1.7e-3])
+    out = cublaslt.scaled_mm_cublaslt(a, b, ts_a, ts_b)
     assert out.shape == (32, 16) and out.dtype == torch.bfloat16
     dst = torch.zeros(32, 16)
     assert cublaslt.scaled_mm_cublaslt(a, b, one, one, accumulate_into=dst) is None
@@ -207,6 +208,9 @@ def test_glue_workspace_per_stream_beta_and_state_made_once(fake_cuda):
     st = cublaslt._STATE[0]
     assert lib.handles == 1                                    # one handle for the device
     assert m0["beta"] == st["zero"].data_ptr() and m1["beta"] == st["one"].data_ptr()
+    assert (m0["beta_value"], m1["beta_value"]) == (0.0, 1.0)
+    assert m0["alpha_value"] == (ts_a * ts_b).item()            # one FP32 product, on the device
+    assert m1["alpha_value"] == 1.0
     assert m0["a"] == b.data_ptr() and m0["b"] == a.data_ptr()  # cuBLAS's A is b (Dᵀ = bᵀ aᵀ)
     assert m1["c"] == m1["d"] == dst.data_ptr()                # added into dst in place
     assert m0["workspace"] == m1["workspace"] != m2["workspace"]   # one per stream
