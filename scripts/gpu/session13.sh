@@ -8,6 +8,9 @@
 #       cuBLASLt, nvfp4_linear with the two-pass GEMM
 #   bash scripts/gpu/session13.sh check   # the GPU tests after the accumulate tolerance fix, the GEMM
 #       bench again, and the linear's device time per kernel (profile_linear_device.py)
+#   bash scripts/gpu/session13.sh next   # not yet run: what changed after run59 on the GPU — the
+#       fused-linear tests with their GEMMs on the device, the cuBLASLt glue (workspace per stream,
+#       capture rule, one-multiply alpha, raw stream), the linear's eager host time with it
 #   bash scripts/gpu/session13.sh blocks   # 4 blocks of 3b, the NVFP4-linear arms with each GEMM
 #       backend (bench_blocks.py)
 # (run56, commit 2c689f1, ran the first `gemm` mode: a Triton GEMM with the epilogue inside, since
@@ -42,6 +45,13 @@ case "${1:-gemm}" in
       tests/fullstack_fp4/linear -p no:cacheprovider
     OUT="$OUT" TAILN=10 run gemm 100 python3 scripts/bench_nvfp4_gemm.py
     TAILN=80 run profile_linear 300 python3 scripts/gpu/profile_linear_device.py
+    ;;
+  next)
+    TAILN=6 run pytest_gpu 200 python3 -m pytest -q tests/fullstack_fp4/nvfp4/test_cublaslt.py \
+      tests/fullstack_fp4/nvfp4/test_gemm.py tests/fullstack_fp4/linear -p no:cacheprovider
+    mkdir -p "$OUT/linear"
+    OUT="$OUT/linear" TAILN=6 run linear 250 python3 scripts/bench_nvfp4_linear.py
+    TAILN=40 run profile_linear 100 python3 scripts/gpu/profile_linear_device.py
     ;;
   blocks)
     for be in cublas cublaslt; do
