@@ -45,7 +45,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-__all__ = ["Plan", "plan", "available", "ready", "scaled_mm_cublaslt"]
+__all__ = ["Plan", "plan", "available", "ready", "try_scaled_mm", "scaled_mm_cublaslt"]
 
 # cublasLt.h / cublas_api.h / library_types.h (CUDA 12)
 _COMPUTE_32F = 68
@@ -270,6 +270,44 @@ def _prepared(p: Plan, d_type: int, aligns: tuple, handle) -> tuple:
     return hit
 
 
+def try_scaled_mm(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
+                  out_dtype: torch.dtype = torch.bfloat16,
+                  accumulate_into: Optional[torch.Tensor] = None
+                  ) -> Tuple[bool, Optional[torch.Tensor]]:
+    """:func:`scaled_mm_cublaslt` if one cuBLASLt call takes these operands: ``(True, output)``
+    (the output None when added into ``accumulate_into``), else ``(False, None)`` with nothing
+    run — the caller's other path then does the GEMM. The operands are checked and planned once
+    (this is the emulated GEMM's hot path, where the linear waits on the host)."""
+    m, k = a.shape
+    n = b.shape[1]
+    if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+        return False, None
+    if accumulate_into is None:
+        if out_dtype not in _DTYPES:
+            return False, None
+        d = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    else:
+        d = accumulate_into
+        if d.dtype not in _DTYPES or tuple(d.shape) != (m, n):
+            return False, None
+    p = plan(a, b, d)
+    if p is None:
+        return False, None
+    out = None if accumulate_into is not None else d
+    if m == 0 or n == 0:
+        return True, out
+    if k == 0:
+        if accumulate_into is None:
+            d.zero_()
+        return True, out
+    if a.device.index != torch.cuda.current_device():
+        with torch.cuda.device(a.device):      # the launch goes to the current device's context
+            _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
+    else:
+        _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
+    return True, out
+
+
 def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
                        out_dtype: torch.dtype = torch.bfloat16,
                        accumulate_into: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
@@ -278,31 +316,15 @@ def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_
     call with no host sync; with ``accumulate_into`` (``[M, N]`` FP32 or BF16, unit stride along
     dim 1) the scaled product is added into it (``beta = 1``) and None is returned. Raises
     ``ValueError`` for operands it does not take (:func:`plan`)."""
-    m, k = a.shape
-    n = b.shape[1]
-    if accumulate_into is None:
-        d = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    else:
+    done, out = try_scaled_mm(a, b, ts_a, ts_b, out_dtype, accumulate_into)
+    if not done:
         d = accumulate_into
-    if d.dtype not in _DTYPES or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
-        raise ValueError(f"cuBLASLt path: BF16 operands and an FP32 or BF16 output, got "
-                         f"{a.dtype} @ {b.dtype} -> {d.dtype}")
-    p = plan(a, b, d)
-    if p is None or tuple(d.shape) != (m, n):
-        raise ValueError(f"cuBLASLt path: strides {a.stride()} @ {b.stride()} -> {d.stride()} "
-                         f"(shape {tuple(d.shape)}) do not map to one cuBLAS call")
-    if m == 0 or n == 0:
-        return None if accumulate_into is not None else d
-    if k == 0:
-        if accumulate_into is None:
-            d.zero_()
-        return None if accumulate_into is not None else d
-    if a.device.index != torch.cuda.current_device():
-        with torch.cuda.device(a.device):      # the launch goes to the current device's context
-            _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
-    else:
-        _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
-    return None if accumulate_into is not None else d
+        raise ValueError(
+            "cuBLASLt path: BF16 operands [M, K] @ [K, N], each unit-strided on one axis, and an "
+            f"FP32 or BF16 output with unit stride along dim 1; got {a.dtype} {tuple(a.shape)} "
+            f"strides {a.stride()} @ {b.dtype} {tuple(b.shape)} strides {b.stride()} -> "
+            + (f"{out_dtype}" if d is None else f"{d.dtype} {tuple(d.shape)} strides {d.stride()}"))
+    return out
 
 
 def _matmul(a, b, ts_a, ts_b, d, p: Plan, accumulate: bool) -> None:

@@ -170,8 +170,10 @@ def decoded_matmul(a2: torch.Tensor, b2: torch.Tensor, ts_a: torch.Tensor, ts_b:
     ``accumulate_into`` (``[M, N]``, FP32 or BF16): add the product into it in place
     (:func:`scale_accumulate`, ``out_dtype`` unused) and return None."""
     if a2.is_cuda:
-        if _BACKEND == "cublaslt" and _cublaslt_takes(a2, b2, out_dtype, accumulate_into):
-            return _CUBLASLT[0].scaled_mm_cublaslt(a2, b2, ts_a, ts_b, out_dtype, accumulate_into)
+        if _BACKEND == "cublaslt" and _cublaslt_ready(a2):
+            done, out = _CUBLASLT[0].try_scaled_mm(a2, b2, ts_a, ts_b, out_dtype, accumulate_into)
+            if done:
+                return out
         acc = torch.mm(a2, b2, out_dtype=torch.float32)
     else:
         acc = torch.mm(a2.to(torch.float32), b2.to(torch.float32))
@@ -181,36 +183,14 @@ def decoded_matmul(a2: torch.Tensor, b2: torch.Tensor, ts_a: torch.Tensor, ts_b:
 _CUBLASLT: list = []      # [module or None], loaded on the first CUDA GEMM
 
 
-def _cublaslt_takes(a2: torch.Tensor, b2: torch.Tensor, out_dtype: torch.dtype,
-                    accumulate_into: Optional[torch.Tensor]) -> bool:
-    """Whether the cuBLASLt call runs this GEMM: the library loads, the operand and output
-    layouts map to one call, and (in a graph capture) its state exists (else the two-step path,
-    same product)."""
+def _cublaslt_ready(a2: torch.Tensor) -> bool:
+    """Whether the cuBLASLt call may run now: the library loads, and (in a graph capture) its
+    state exists. Whether the operands fit one call is ``cublaslt.try_scaled_mm``'s answer
+    (BF16 x BF16 -> FP16 and odd strides take the two-step path, same product)."""
     if not _CUBLASLT:
         from . import cublaslt  # noqa: PLC0415
         _CUBLASLT.append(cublaslt if cublaslt.available() else None)
-    lt = _CUBLASLT[0]
-    if lt is None or a2.dtype != torch.bfloat16 or b2.dtype != torch.bfloat16 or not lt.ready(a2):
-        return False
-    if accumulate_into is None:
-        # BF16 inputs with an FP16 output: cuBLASLt has no kernel (NOT_SUPPORTED, on the H200)
-        return (out_dtype in (torch.float32, torch.bfloat16)
-                and lt.plan(a2, b2, _RowMajor(a2.shape[0], b2.shape[1])) is not None)
-    return (accumulate_into.dtype in (torch.float32, torch.bfloat16)
-            and tuple(accumulate_into.shape) == (a2.shape[0], b2.shape[1])
-            and lt.plan(a2, b2, accumulate_into) is not None)
-
-
-class _RowMajor:
-    """Stands for a fresh contiguous ``[M, N]`` output in :func:`cublaslt.plan` (which reads only
-    the shape and strides) without allocating one."""
-    __slots__ = ("shape",)
-
-    def __init__(self, m: int, n: int):
-        self.shape = (m, n)
-
-    def stride(self, dim: int) -> int:
-        return self.shape[1] if dim == 0 else 1
+    return _CUBLASLT[0] is not None and _CUBLASLT[0].ready(a2)
 
 
 def _check(a: NVFP4Tensor, b: NVFP4Tensor) -> None:

@@ -251,3 +251,21 @@ def test_unknown_backend_in_the_environment_warns_and_keeps_the_default():
                        env={**os.environ, "FULLSTACK_FP4_GEMM": "cutlas"})
     assert r.returncode == 0 and r.stdout.strip() == "cublaslt"
     assert "FULLSTACK_FP4_GEMM='cutlas'" in r.stderr
+
+
+def test_glue_try_declines_what_one_call_cannot_take_and_runs_nothing(fake_cuda):
+    lib, _ = fake_cuda
+    a, b = torch.zeros(32, 48, dtype=torch.bfloat16), torch.zeros(48, 16, dtype=torch.bfloat16)
+    one = torch.ones(())
+    strided = torch.zeros(96, 32, dtype=torch.bfloat16)[::2, ::2]          # no unit stride
+    for args, kw in (((a, b, one, one, torch.float16), {}),                  # FP16 out
+                     ((strided, b, one, one), {}),
+                     ((a.float(), b, one, one), {}),                         # FP32 operand
+                     ((a, b, one, one), dict(accumulate_into=torch.zeros(16, 32))),
+                     ((a, b, one, one), dict(accumulate_into=torch.zeros(32, 16).half()))):
+        assert cublaslt.try_scaled_mm(*args, **kw) == (False, None)
+        with pytest.raises(ValueError, match="FP32 or BF16 output"):
+            cublaslt.scaled_mm_cublaslt(*args, **kw)
+    assert lib.matmuls == [] and "cublasLtCreate" not in lib.calls
+    done, out = cublaslt.try_scaled_mm(a, b, one, one)
+    assert done and out.shape == (32, 16) and len(lib.matmuls) == 1
