@@ -1,7 +1,7 @@
 """The NVFP4 linear's GPU path (fused operands) gives the reference composition's y, dX, dW bit for bit.
 
 Oracle: each operand quantized by ``quantize_reference`` (RHT operands: ``hadamard16`` of the
-zero-padded transpose), stochastic rounding fed the uniforms ``philox_uniforms`` dumps for the
+zero-padded transpose), stochastic rounding fed the uniforms of the PyTorch stream ``sr_stream.sr_uniforms`` for the
 seeds the path must draw (``torch.randint(0, 2**31 - 1, (1,), generator=g)``, dY's first, then
 RHT(dYᵀ)'s: what ``quantize_triton`` draws on the composed path), multiplied by
 ``nvfp4_matmul`` / ``nvfp4_matmul_nt`` with the same operand layouts, on the device the path
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from fullstack_fp4.linear import BufferAccumulator
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, hadamard16, quantize_reference
 from fullstack_fp4.nvfp4.gemm import gemm_backend, nvfp4_matmul, nvfp4_matmul_nt
+from fullstack_fp4.nvfp4.sr_stream import sr_uniforms
 
 # the package re-exports the function ``nvfp4_linear``, which shadows the submodule's name
 lin = importlib.import_module("fullstack_fp4.linear.nvfp4_linear")
@@ -56,8 +57,6 @@ def _seeds(gen_seed, n):
 def _oracle(x, w, dy, seeds, scale=None, dw_dtype=None):
     """y, dX, dW and the saved codes by the reference composition (``scale``: the factor an
     amax_reduce applies to every amax; ``dw_dtype``: dW's dtype, default W's)."""
-    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
-
     def q(m, **kw):
         if scale is not None:
             kw["global_amax"] = scale * m.float().abs().amax()
@@ -66,8 +65,8 @@ def _oracle(x, w, dy, seeds, scale=None, dw_dtype=None):
     qx, qw = q(x), q(w, tile=(16, 16))
     xt, dyt = _rht_t(x), _rht_t(dy)
     qxt = q(xt)
-    qdy = q(dy, rounding="stochastic", rand=philox_uniforms(dy.shape, seeds[0]))
-    qdyt = q(dyt, rounding="stochastic", rand=philox_uniforms(dyt.shape, seeds[1]))
+    qdy = q(dy, rounding="stochastic", rand=sr_uniforms(dy.shape, seeds[0]))
+    qdyt = q(dyt, rounding="stochastic", rand=sr_uniforms(dyt.shape, seeds[1]))
     y = nvfp4_matmul(_on_dev(qx), _on_dev(qw), out_dtype=x.dtype)
     dx = nvfp4_matmul_nt(_on_dev(qdy), _on_dev(qw), out_dtype=x.dtype)
     dw = nvfp4_matmul(_on_dev(qdyt), _on_dev(qxt), out_dtype=dw_dtype or w.dtype)
@@ -191,7 +190,8 @@ def test_fused_path_nan_propagates_without_raising(where, monkeypatch):
     else:
         dy[5, 7] = float("nan")
     step = (lin._fused_forward if where == "x" else lin._fused_backward)
-    with pytest.raises(ValueError, match="NaN or Inf"):   # CPU / FULLSTACK_FP4_NAN_CHECK=raise
+    monkeypatch.setenv("FULLSTACK_FP4_NAN_CHECK", "raise")    # the CPU default; opt-in on CUDA
+    with pytest.raises(ValueError, match="NaN or Inf"):
         if where == "x":
             step(x.to(DEV), w.to(DEV), x.dtype, True, True, None)
         else:
@@ -212,10 +212,9 @@ def test_wgrad_operand_public_function_on_the_fused_path(monkeypatch):
     monkeypatch.setattr(lin, "_use_fused", lambda t: True)
     x, _, dy = _data(40, 64, 48, 6)
     _eq_q(lin.quantize_wgrad_operand(x.to(DEV), rounding="nearest"), quantize_reference(_rht_t(x)))
-    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
     q = lin.quantize_wgrad_operand(dy.to(DEV), rounding="stochastic",
                                    generator=torch.Generator().manual_seed(9))
     dyt = _rht_t(dy)
     _eq_q(q, quantize_reference(dyt, rounding="stochastic",
-                                rand=philox_uniforms(dyt.shape, _seeds(9, 1)[0])))
+                                rand=sr_uniforms(dyt.shape, _seeds(9, 1)[0])))
     assert q.shape == (48, 48) and q.dtype == torch.bfloat16

@@ -2,8 +2,8 @@
 
 Oracles, all independent of the kernels under test: ``quantize_reference`` (the FP32 contract),
 ``hadamard16`` of the zero-padded transpose for the column way, the PyTorch decode of
-``gemm.decode_to_bf16`` on CPU tensors, and for stochastic rounding the uniforms that
-``philox_uniforms`` dumps for a seed (the Philox mapping ``quantize_triton`` documents).
+``gemm.decode_to_bf16`` on CPU tensors, and for stochastic rounding the uniforms of the
+PyTorch stream ``sr_stream.sr_uniforms`` for a seed (the Philox mapping the kernels draw).
 Everything is compared bit for bit. Kernels run on CUDA, or on CPU under ``TRITON_INTERPRET=1``.
 """
 
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16, quantize_reference
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16
+from fullstack_fp4.nvfp4.sr_stream import sr_uniforms
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 pytestmark = pytest.mark.skipif(not (_INTERPRET or torch.cuda.is_available()),
@@ -101,7 +102,6 @@ def test_x_operands_nearest(dtype, c):
 def test_dy_operands_stochastic_match_philox_draws():
     """dgrad dY (1×16, SR) and wgrad RHT(dYᵀ) (SR), decoded, with quantize_triton's Philox
     draws for the two seeds."""
-    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
     from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
     m = _m(40, 64, 4)
     md = m.to(DEV)
@@ -109,8 +109,8 @@ def test_dy_operands_stochastic_match_philox_draws():
                           col=ColWay("stochastic", decoded=True, codes=True), seed_row=1234,
                           seed_col=987654)
     mt = _col_ref(m)
-    rr = quantize_reference(m, rounding="stochastic", rand=philox_uniforms(m.shape, 1234))
-    rc = quantize_reference(mt, rounding="stochastic", rand=philox_uniforms(mt.shape, 987654))
+    rr = quantize_reference(m, rounding="stochastic", rand=sr_uniforms(m.shape, 1234))
+    rc = quantize_reference(mt, rounding="stochastic", rand=sr_uniforms(mt.shape, 987654))
     rc.dtype = m.dtype
     _same_q(q.row_q, rr)
     _same_bf16(q.row_decoded, decode_to_bf16(rr))
@@ -202,7 +202,6 @@ def test_int64_offsets_and_element_reads(i64, monkeypatch):
     """A BF16 view with an odd row stride is read per element instead of as int32 words; the
     int64 offsets / ``tl.randint4x`` counters (what the host picks past 2^31) give the same bits."""
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms
     monkeypatch.setattr(tqd, "_needs_i64", lambda t, c, stride: i64)
     big = torch.zeros(24, 81, dtype=torch.bfloat16)
     big[:, :64] = _m(24, 64, 10)
@@ -213,8 +212,8 @@ def test_int64_offsets_and_element_reads(i64, monkeypatch):
                               col=tqd.ColWay("stochastic", decoded=True, codes=True),
                               seed_row=5, seed_col=6)
     mt = _col_ref(m)
-    rr = quantize_reference(m, rounding="stochastic", rand=philox_uniforms(m.shape, 5))
-    rc = quantize_reference(mt, rounding="stochastic", rand=philox_uniforms(mt.shape, 6))
+    rr = quantize_reference(m, rounding="stochastic", rand=sr_uniforms(m.shape, 5))
+    rc = quantize_reference(mt, rounding="stochastic", rand=sr_uniforms(mt.shape, 6))
     rc.dtype = m.dtype
     _same_q(q.row_q, rr)
     _same_bf16(q.row_decoded, decode_to_bf16(rr))

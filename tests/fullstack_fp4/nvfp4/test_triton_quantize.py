@@ -179,7 +179,7 @@ def test_in_kernel_philox_matches_reference_with_dumped_uniforms(tile, rule, rht
 
 
 def test_philox_uniforms_look_uniform():
-    u = philox_uniforms((64, 256), 7).flatten().double()
+    u = philox_uniforms((64, 256), 7, device=DEV).cpu().flatten().double()
     n = u.numel()
     assert abs(float(u.mean()) - 0.5) < 5 * math.sqrt(1 / 12 / n)
     hist = torch.histc(u, bins=16, min=0, max=1)
