@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Device calls of session 14 (one nvidia-h200; carry .whl). Each mode is one call.
+#   bash scripts/gpu/session14.sh sweep   # the GPU tests whose oracles run60 found drawing SR
+#       uniforms through a Triton dump on CPU tensors (now the PyTorch stream), then the launch
+#       configurations of the linear's operand kernels (scripts/gpu/sweep_two_ways.py)
+#   bash scripts/gpu/session14.sh final   # the linear bench + profile with the chosen
+#       configuration, Q-AdamW's bench
+set -u
+source scripts/gpu/setup_env.sh
+export OMP_NUM_THREADS=1
+case "${1:-sweep}" in
+  sweep)
+    TAILN=12 run pytest_gpu 200 python3 -m pytest -q -p no:cacheprovider --tb=short \
+      tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py \
+      tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_sr_stream.py
+    TAILN=4 run pytest_gpu_philox 60 python3 -m pytest -q -p no:cacheprovider --tb=short \
+      tests/fullstack_fp4/nvfp4/test_triton_quantize.py -k philox
+    TAILN=60 run sweep_two_ways 300 python3 scripts/gpu/sweep_two_ways.py --jobs 12
+    ;;
+esac

@@ -1,0 +1,170 @@
+"""Launch configurations of the NVFP4 linear's operand kernels (issue 3), timed on the GPU.
+
+``_quantize_two_ways_kernel`` and ``_amax_two_ways_kernel`` (fullstack_fp4/nvfp4/
+triton_quantize_decode.py) run one lane per (16-channel block, quad) with 16 tokens a lane, so a
+thread's registers do not depend on how many blocks a program takes (NB) — only the CTA size
+and so the number of CTAs that fit an SM do. What this sweeps, per kernel and per linear shape:
+
+* NB (blocks per program) with ``num_warps = NB / 8`` (the layout's one lane per thread):
+  8/1, 16/2, 32/4 (the default), 64/8;
+* a register cap (``maxnreg``) where the default's registers limit the resident warps
+  (sm_90 compiles on the CPU, tests/triton_compile_gate.py: dY 128 regs → 96 spills 96 B;
+  x 106 → 96 without spills; W 219 → 128 spills 236 B).
+
+Every configuration is first checked bit for bit against the default configuration's outputs
+(the default is itself tested against the reference). Times are device times per call from a
+CUDA graph of 20 calls replayed (no host time), median of 7 replays, with the bytes each call
+moves and the GB/s beside a device-to-device copy of the same input.
+
+Compiles go first, in parallel worker processes that fill the shared Triton cache
+(``TRITON_CACHE_DIR``): the dY kernel takes ~20 s to compile, and there are ~25 variants.
+
+Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8]``.
+"""
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+T = 8192
+CODES = 0.5 + 1 / 16           # bytes an element of packed codes + E4M3 scales
+
+
+def modes():
+    """name -> (shapes, row way, col way, bytes written an element, [(NB, warps, maxnreg)])."""
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    R, C = tqd.RowWay, tqd.ColWay
+    base = [(32, 4, None), (16, 2, None), (64, 8, None), (8, 1, None)]
+    return {
+        "x: row dec + col codes": ([(T, 3072)], R("nearest"), C("nearest"), 2 + CODES,
+                                   base + [(32, 4, 96), (16, 2, 96)]),
+        "W 16x16: dec + codes": ([(3072, 3072), (8192, 3072)], R("nearest", (16, 16), codes=True),
+                                 None, 2 + CODES, base + [(32, 4, 168), (16, 2, 128)]),
+        "dY: row SR dec + col SR dec": ([(T, 3072), (T, 8192)], R("stochastic"),
+                                        C("stochastic", decoded=True, codes=False), 4,
+                                        base + [(32, 4, 96), (16, 2, 96)]),
+        "amax both ways": ([(T, 3072), (T, 8192)], "amax", (True, True), 0, base),
+        "amax row (W)": ([(3072, 3072), (8192, 3072)], "amax", (True, False), 0, base),
+    }
+
+
+def configure(nb, nw, maxnreg):
+    """Point triton_quantize_decode's launches at one configuration (plain JITFunction.run
+    launches, so the register cap is part of each compile's key)."""
+    from fullstack_fp4.nvfp4 import triton_launch
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    triton_launch.set_mode("0")
+    tqd._config = lambda nblk: (min(nb, triton_launch.next_pow2(max(nblk, 1))),
+                                max(1, min(nb, triton_launch.next_pow2(max(nblk, 1))) // 8))
+
+    def launch(fn, grid, *a, **kw):
+        if maxnreg is not None:
+            kw["maxnreg"] = maxnreg
+        return triton_launch.launch(fn, grid, *a, **kw)
+    tqd.launch = launch
+    assert nw == max(1, nb // 8)
+
+
+def call(name, m, cfg):
+    """One call of the mode's kernel; returns its outputs (a tuple of tensors)."""
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    shapes, row, col, _, _ = modes()[name]
+    if row == "amax":
+        return (tqd.amax_two_ways(m, row=col[0], col=col[1]),)
+    obs = cfg["obs"]
+    q = tqd.quantize_two_ways(m, obs, row=row, col=col, seed_row=11, seed_col=12)
+    outs = [q.row_decoded, q.col_decoded]
+    for nq in (q.row_q, q.col_q):
+        if nq is not None:
+            outs += [nq.data, nq.block_scale.view(torch.uint8)]
+    outs.append(q.row_scale if q.row_scale is not None else q.col_scale)
+    return tuple(o for o in outs if o is not None)
+
+
+def _input(shape):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    m = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    m[3, 5] = 40.0                                  # an outlier
+    return m
+
+
+def compile_one(job):
+    """Worker: compile (by running once) one (mode, shape, config)."""
+    name, shape, (nb, nw, mr) = job
+    os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/tc")
+    configure(nb, nw, mr)
+    m = _input(shape)
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    cfg = {"obs": tqd.amax_two_ways(m)}
+    call(name, m, cfg)
+    torch.cuda.synchronize()
+    return job
+
+
+def graph_ms(fn, n=20, reps=7):
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    ts = []
+    for _ in range(reps):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        z.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(z) / n)
+    return sorted(ts)[len(ts) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=8)
+    a = ap.parse_args()
+    jobs = [(name, shape, c) for name, (shapes, _, _, _, cfgs) in modes().items()
+            for shape in shapes[:1] for c in cfgs]
+    import multiprocessing as mp
+    with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn")) as ex:
+        for j in ex.map(compile_one, jobs):
+            pass
+    print(f"compiled {len(jobs)} variants", flush=True)
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    print("| kernel | shape | NB/warps | maxnreg | bits = default | ms | GB/s | copy ms | / copy |")
+    print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for name, (shapes, row, col, wbytes, cfgs) in modes().items():
+        for shape in shapes:
+            m = _input(shape)
+            dst = torch.empty_like(m)
+            t_copy = graph_ms(lambda: dst.copy_(m))
+            configure(32, 4, None)
+            cfg = {"obs": tqd.amax_two_ways(m)}
+            ref = [o.clone() for o in call(name, m, cfg)]
+            for nb, nw, mr in cfgs:
+                configure(nb, nw, mr)
+                try:
+                    got = call(name, m, cfg)
+                    same = len(got) == len(ref) and all(torch.equal(x, y) for x, y in zip(got, ref))
+                    t = graph_ms(lambda: call(name, m, cfg))
+                except Exception as e:   # noqa: BLE001 -- report the variant, go on
+                    print(f"| {name} | {shape[0]}x{shape[1]} | {nb}/{nw} | {mr} | ERROR "
+                          f"{type(e).__name__}: {str(e)[:80]} | | | | |", flush=True)
+                    continue
+                gbs = m.numel() * (2 + wbytes) / t / 1e6
+                print(f"| {name} | {shape[0]}x{shape[1]} | {nb}/{nw} | {mr or '-'} | {same} | "
+                      f"{t:.4f} | {gbs:.0f} | {t_copy:.4f} | {t / t_copy:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
