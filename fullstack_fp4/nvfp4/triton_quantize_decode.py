@@ -117,10 +117,16 @@ def _interpreter() -> bool:
     return _INTERPRET
 
 
-def _config(nblk: int):
+def _config(nblk: int, wide: bool = False):
     """(NB 16-channel blocks per program, num_warps): 16 tokens × 512 channels, 4 warps, i.e.
-    each thread holds 4 channels × 16 tokens (64 FP32 values); fewer blocks for small C."""
-    nb = 32 if nblk >= 32 else next_pow2(max(nblk, 1))
+    each thread holds 4 channels × 16 tokens (64 FP32 values); fewer blocks for small C.
+
+    ``wide``: 1024 channels, 8 warps — for dY's call (both ways stochastic, the column way
+    decoded), where it took 0.0995 / 0.257 ms against 0.115 / 0.300 at 8192 × 3072 / 8192 on
+    the H200; x's, W's and the amax calls were the same or slower with it (NB 8 to 64 and
+    register caps swept: scripts/gpu/sweep_two_ways.py, BENCHMARKS.md §L.1). A thread's work
+    and registers do not depend on NB, only the CTA size does."""
+    nb = (64 if wide else 32) if nblk >= 32 else next_pow2(max(nblk, 1))
     if _interpreter():
         nb = min(nb, 4)          # the interpreter's cost grows with masked padding
     return nb, max(1, nb // 8)
@@ -274,7 +280,7 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
         ts.fill_(1.0 / FP32_MAX.value)   # reference: amax 0 -> enc FP32_MAX
         return out
 
-    nb, nw = _config(nblk)
+    nb, nw = _config(nblk, wide=row_sr and col is not None and col_sr and col.decoded)
     grid = (cdiv(t, 16) * cdiv(nblk, nb),)
     xp, stride, xw = _x_args(m)
     words = (lambda b: b.view(torch.int32) if b is not dummy else b)   # BF16 / code words

@@ -59,7 +59,7 @@ def configure(nb, nw, maxnreg):
     from fullstack_fp4.nvfp4 import triton_launch
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     triton_launch.set_mode("0")
-    tqd._config = lambda nblk: (min(nb, triton_launch.next_pow2(max(nblk, 1))),
+    tqd._config = lambda nblk, wide=False: (min(nb, triton_launch.next_pow2(max(nblk, 1))),
                                 max(1, min(nb, triton_launch.next_pow2(max(nblk, 1))) // 8))
 
     def launch(fn, grid, *a, **kw):
