@@ -3,8 +3,9 @@
 #   bash scripts/gpu/session14.sh sweep   # the GPU tests whose oracles run60 found drawing SR
 #       uniforms through a Triton dump on CPU tensors (now the PyTorch stream), then the launch
 #       configurations of the linear's operand kernels (scripts/gpu/sweep_two_ways.py)
-#   bash scripts/gpu/session14.sh final   # the linear bench + profile with the chosen
-#       configuration, Q-AdamW's bench
+#   bash scripts/gpu/session14.sh final   # Q-AdamW's bench (torchao's AdamW4bit/8bit beside it:
+#       carry the torchao wheel in .whl), the linear bench + profile with dY's wide configuration,
+#       the quantize bench (torchao's NVFP4Tensor.to_nvfp4 beside it)
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -16,5 +17,12 @@ case "${1:-sweep}" in
     TAILN=4 run pytest_gpu_philox 60 python3 -m pytest -q -p no:cacheprovider --tb=short \
       tests/fullstack_fp4/nvfp4/test_triton_quantize.py -k philox
     TAILN=60 run sweep_two_ways 300 python3 scripts/gpu/sweep_two_ways.py --jobs 12
+    ;;
+  final)
+    OUT="$OUT" TAILN=14 run q_adamw 210 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10
+    mkdir -p "$OUT/linear"
+    OUT="$OUT/linear" TAILN=8 run linear 220 python3 scripts/bench_nvfp4_linear.py
+    TAILN=34 run profile_linear 90 python3 scripts/gpu/profile_linear_device.py
+    OUT="$OUT" TAILN=30 run quantize 70 python3 scripts/bench_nvfp4_quantize.py
     ;;
 esac
