@@ -117,6 +117,15 @@ def _interpreter() -> bool:
     return _INTERPRET
 
 
+# dY's call (both ways stochastic, decoded only; ``_config(wide=True)``): round each element
+# straight to its decoded value (``_dec_sr_bits``: 12% fewer SASS instructions to the first
+# EXIT than through the nibble, sm_90, triton 3.6) and the register cap its launch gets (the
+# direct form compiles to 184 registers, 1 CTA of 8 warps an SM; capped at 128 it spills 64 B
+# a thread). Measured against each other on the H200: BENCHMARKS.md §L.
+SR_DIRECT = True
+WIDE_MAXNREG = 128
+
+
 def _config(nblk: int, wide: bool = False):
     """(NB 16-channel blocks per program, num_warps): 16 tokens × 512 channels, 4 warps, i.e.
     each thread holds 4 channels × 16 tokens (64 FP32 values); fewer blocks for small C.
@@ -280,7 +289,9 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
         ts.fill_(1.0 / FP32_MAX.value)   # reference: amax 0 -> enc FP32_MAX
         return out
 
-    nb, nw = _config(nblk, wide=row_sr and col is not None and col_sr and col.decoded)
+    wide = row_sr and col is not None and col_sr and col.decoded
+    nb, nw = _config(nblk, wide)
+    cap = dict(maxnreg=WIDE_MAXNREG) if wide and WIDE_MAXNREG and not _interpreter() else {}
     grid = (cdiv(t, 16) * cdiv(nblk, nb),)
     xp, stride, xw = _x_args(m)
     words = (lambda b: b.view(torch.int32) if b is not dummy else b)   # BF16 / code words
@@ -291,6 +302,6 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
         ROW_DEC=row is not None and row.decoded, ROW_CODES=row is not None and row.codes,
         ROW_SR=row_sr, TILE2D=row is not None and tuple(row.tile) == (16, 16),
         COL_DEC=col is not None and col.decoded, COL_CODES=col is not None and col.codes,
-        COL_SR=col_sr, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb, num_warps=nw,
-        enable_fp_fusion=False)
+        COL_SR=col_sr, SR_DIRECT=SR_DIRECT, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb,
+        num_warps=nw, enable_fp_fusion=False, **cap)
     return out

@@ -10,8 +10,9 @@ import triton
 import triton.language as tl
 from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
 
-from .triton_quantize_jit import (INV6, NAN_BITS, _bf16w_to_f32, _candidate_fast, _e2m1_rne_val,
-                                  _nib_rne, _nib_sr, _philox10, _sr_u8, _tensor_scales)
+from .triton_quantize_jit import (INV6, MAGIC, NAN_BITS, _bf16w_to_f32, _candidate_fast,
+                                  _e2m1_rne_val, _nib_rne, _nib_sr, _philox10, _sr_u8,
+                                  _tensor_scales)
 
 
 
@@ -146,6 +147,28 @@ def _dec_nib_bits(nib, s_val):
 
 
 @triton.jit
+def _dec_sr_bits(x, f, u, s_val):
+    """FP32 bits of the decoded stochastically rounded value: ``_dec_nib_bits(_nib_sr(x, f, u),
+    s)`` without the nibble. ``_nib_sr``'s ``v = a·inv`` (exact, in [0, 4)) rounds to
+    ``n = floor(v) + (u < frac(v))`` grid steps, and the E2M1 magnitude is ``n · step`` with
+    ``step = 1/inv`` (½, 1 or 2: ``bits(1/inv) = 0x7F000000 − bits(inv)`` for a power of two),
+    exact; × s exact; the sign is ``y < 0``'s as in the nibble (so ``-0`` for a negative ``y``
+    that rounds to 0, ``+0`` for ``y = -0``). For a dY element (both ways decoded, not stored
+    as codes) this skips the code arithmetic and its decode: ~10 of ~30 instructions."""
+    y = x * f
+    a = tl.minimum(tl.abs(y), 6.0)
+    invb = tl.minimum(~a.to(tl.int32, bitcast=True) & 0x7F800000, 0x40000000)
+    v = a * invb.to(tl.float32, bitcast=True)
+    r = (v + MAGIC) - MAGIC
+    d = v - r
+    neg = d < 0.0
+    frac = tl.where(neg, d + 1.0, d)
+    n = r + tl.where(u < frac, 1.0, 0.0) - tl.where(neg, 1.0, 0.0)
+    mag = (n * (0x7F000000 - invb).to(tl.float32, bitcast=True)) * s_val
+    return mag.to(tl.int32, bitcast=True) | tl.where(y < 0.0, -2147483648, 0)
+
+
+@triton.jit
 def _bf16_word(lo_bits, hi_bits):
     """Two exact-in-BF16 FP32 bit patterns -> one int32 word (``lo`` in the low 16 bits)."""
     return (hi_bits & -65536) | ((lo_bits >> 16) & 0xFFFF)
@@ -244,7 +267,7 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
 @triton.jit
 def _col_group(z, c, tb, tpad, ntb, enc, dec, u, cmask, col_dec_ptr, col_data_ptr,
                col_scale_ptr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
-               COL_SR: tl.constexpr, I64: tl.constexpr):
+               COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, I64: tl.constexpr):
     """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``; ``u``
     their 16 uniforms (:func:`_col_group_uniforms`) when ``COL_SR``."""
     s_val, s_bits, f = _candidate_fast(_abs_max_tuple(z), enc, dec, INV6)    # per channel
@@ -257,7 +280,10 @@ def _col_group(z, c, tb, tpad, ntb, enc, dec, u, cmask, col_dec_ptr, col_data_pt
     if COL_DEC:
         words = ()
         for k in tl.static_range(8):
-            if COL_SR:
+            if COL_SR and SR_DIRECT:
+                lo = _dec_sr_bits(z[2 * k], f, u[2 * k], s_val)
+                hi = _dec_sr_bits(z[2 * k + 1], f, u[2 * k + 1], s_val)
+            elif COL_SR:
                 lo = _dec_nib_bits(_nib_sr(z[2 * k], f, u[2 * k]), s_val)
                 hi = _dec_nib_bits(_nib_sr(z[2 * k + 1], f, u[2 * k + 1]), s_val)
             else:
@@ -293,7 +319,8 @@ def _quantize_two_ways_kernel(
         seed_row, seed_col, T, C, stride_t, SIGNS: tl.constexpr,
         ROW_DEC: tl.constexpr, ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr,
         TILE2D: tl.constexpr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
-        COL_SR: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr, NB: tl.constexpr):
+        COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
+        NB: tl.constexpr):
     pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
     nblk = C // 16
     E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW, I64)
@@ -331,19 +358,23 @@ def _quantize_two_ways_kernel(
                 if ROW_SR:
                     w = words[pp]
                     u0, u1, u2, u3 = _sr_u8(w, 0), _sr_u8(w, 1), _sr_u8(w, 2), _sr_u8(w, 3)
-                    n0 = _nib_sr(e0, f2, u0)
-                    n1 = _nib_sr(o0, f2, u1)
-                    n2 = _nib_sr(e1, f2, u2)
-                    n3 = _nib_sr(o1, f2, u3)
+                    if ROW_CODES or not SR_DIRECT:
+                        n0 = _nib_sr(e0, f2, u0)
+                        n1 = _nib_sr(o0, f2, u1)
+                        n2 = _nib_sr(e1, f2, u2)
+                        n3 = _nib_sr(o1, f2, u3)
                 elif ROW_CODES:
                     n0 = _nib_rne(e0, f2)
                     n1 = _nib_rne(o0, f2)
                     n2 = _nib_rne(e1, f2)
                     n3 = _nib_rne(o1, f2)
                 if ROW_DEC:
-                    if ROW_SR:
+                    if ROW_SR and (ROW_CODES or not SR_DIRECT):
                         w_lo = _bf16_word(_dec_nib_bits(n0, s2), _dec_nib_bits(n1, s2))
                         w_hi = _bf16_word(_dec_nib_bits(n2, s2), _dec_nib_bits(n3, s2))
+                    elif ROW_SR:
+                        w_lo = _bf16_word(_dec_sr_bits(e0, f2, u0, s2), _dec_sr_bits(o0, f2, u1, s2))
+                        w_hi = _bf16_word(_dec_sr_bits(e1, f2, u2, s2), _dec_sr_bits(o1, f2, u3, s2))
                     else:
                         w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
                         w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
@@ -370,10 +401,14 @@ def _quantize_two_ways_kernel(
         else:
             u_e0, u_o0, u_e1, u_o1 = seed_col, seed_col, seed_col, seed_col   # unused
         _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc, dec, u_e0, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
+                   I64)
         _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc, dec, u_o0, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
+                   I64)
         _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc, dec, u_e1, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
+                   I64)
         _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc, dec, u_o1, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, I64)
+                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
+                   I64)

@@ -4,8 +4,8 @@
 #       uniforms through a Triton dump on CPU tensors (now the PyTorch stream), then the launch
 #       configurations of the linear's operand kernels (scripts/gpu/sweep_two_ways.py)
 #   bash scripts/gpu/session14.sh final   # Q-AdamW's bench (torchao's AdamW4bit/8bit beside it:
-#       carry the torchao wheel in .whl), the linear bench + profile with dY's wide configuration,
-#       the quantize bench (torchao's NVFP4Tensor.to_nvfp4 beside it)
+#       carry the torchao wheel in .whl); dY's rounding form against its register cap
+#       (sweep_two_ways.py --dy), then the linear bench + profile with the fastest form
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -19,10 +19,12 @@ case "${1:-sweep}" in
     TAILN=60 run sweep_two_ways 300 python3 scripts/gpu/sweep_two_ways.py --jobs 12
     ;;
   final)
-    OUT="$OUT" TAILN=14 run q_adamw 210 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10
+    OUT="$OUT" TAILN=14 run q_adamw 200 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10
+    OUT="$OUT" TAILN=10 run dy_forms 80 python3 scripts/gpu/sweep_two_ways.py --dy --jobs 3
     mkdir -p "$OUT/linear"
-    OUT="$OUT/linear" TAILN=8 run linear 220 python3 scripts/bench_nvfp4_linear.py
-    TAILN=34 run profile_linear 90 python3 scripts/gpu/profile_linear_device.py
-    OUT="$OUT" TAILN=30 run quantize 70 python3 scripts/bench_nvfp4_quantize.py
+    OUT="$OUT/linear" TAILN=8 run linear 220 python3 scripts/gpu/run_with_dy_choice.py \
+      "$OUT/dy_choice.json" scripts/bench_nvfp4_linear.py
+    TAILN=34 run profile_linear 90 python3 scripts/gpu/run_with_dy_choice.py \
+      "$OUT/dy_choice.json" scripts/gpu/profile_linear_device.py
     ;;
 esac

@@ -19,7 +19,13 @@ moves and the GB/s beside a device-to-device copy of the same input.
 Compiles go first, in parallel worker processes that fill the shared Triton cache
 (``TRITON_CACHE_DIR``): the dY kernel takes ~20 s to compile, and there are ~25 variants.
 
-Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8]``.
+``--dy``: only dY's call (both ways stochastic, decoded), its rounding form against its register
+cap (``triton_quantize_decode.SR_DIRECT`` / ``WIDE_MAXNREG``: through the nibble as before, or
+straight to the decoded value, uncapped or capped at 128), at 8192 × 3072 and 8192 × 8192; each
+checked bit for bit against the nibble form; the fastest (summed over both shapes) is written to
+``$OUT/dy_choice.json`` for ``scripts/gpu/run_with_dy_choice.py``.
+
+Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy]``.
 """
 
 import argparse
@@ -129,10 +135,66 @@ def graph_ms(fn, n=20, reps=7):
     return sorted(ts)[len(ts) // 2]
 
 
+DY_FORMS = [(False, None), (True, None), (True, 128)]     # (SR_DIRECT, WIDE_MAXNREG)
+DY_NAME = "dY: row SR dec + col SR dec"
+
+
+def dy_form(direct, cap):
+    from fullstack_fp4.nvfp4 import triton_launch
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    triton_launch.set_mode("0")
+    tqd.SR_DIRECT, tqd.WIDE_MAXNREG = direct, cap
+
+
+def compile_dy(job):
+    shape, (direct, cap) = job
+    os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/tc")
+    dy_form(direct, cap)
+    m = _input(shape)
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    call(DY_NAME, m, {"obs": tqd.amax_two_ways(m)})
+    torch.cuda.synchronize()
+    return job
+
+
+def dy_main(jobs):
+    import json
+    import multiprocessing as mp
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
+        list(ex.map(compile_dy, [((T, 3072), f) for f in DY_FORMS]))
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    total = {f: 0.0 for f in DY_FORMS}
+    print("| dY call, shape | SR_DIRECT | maxnreg | bits = nibble form | ms | GB/s |")
+    print("| --- | --- | ---: | --- | ---: | ---: |")
+    for shape in ((T, 3072), (T, 8192)):
+        m = _input(shape)
+        dy_form(*DY_FORMS[0])
+        cfg = {"obs": tqd.amax_two_ways(m)}
+        ref = [o.clone() for o in call(DY_NAME, m, cfg)]
+        for f in DY_FORMS:
+            dy_form(*f)
+            got = call(DY_NAME, m, cfg)
+            same = len(got) == len(ref) and all(torch.equal(x, y) for x, y in zip(got, ref))
+            t = graph_ms(lambda: call(DY_NAME, m, cfg))
+            total[f] += t if same else float("inf")
+            print(f"| {shape[0]}x{shape[1]} | {f[0]} | {f[1] or '-'} | {same} | {t:.4f} | "
+                  f"{m.numel() * 6 / t / 1e6:.0f} |", flush=True)
+    best = min(DY_FORMS, key=lambda f: total[f])
+    print(f"fastest: SR_DIRECT={best[0]} WIDE_MAXNREG={best[1]} ({total[best]:.4f} ms summed)")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "dy_choice.json"), "w") as fh:
+            json.dump({"SR_DIRECT": best[0], "WIDE_MAXNREG": best[1],
+                       "summed_ms": {f"{k[0]},{k[1]}": v for k, v in total.items()}}, fh)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--dy", action="store_true")
     a = ap.parse_args()
+    if a.dy:
+        return dy_main(a.jobs)
     jobs = [(name, shape, c) for name, (shapes, _, _, _, cfgs) in modes().items()
             for shape in shapes[:1] for c in cfgs]
     import multiprocessing as mp

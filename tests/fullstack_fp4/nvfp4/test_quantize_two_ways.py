@@ -99,23 +99,37 @@ def test_x_operands_nearest(dtype, c):
         assert bool((s == 0).any()) and bool(((s > 0) & (s < 8)).any())
 
 
-def test_dy_operands_stochastic_match_philox_draws():
+@pytest.mark.parametrize("codes,direct", [(True, True), (False, True), (False, False)])
+def test_dy_operands_stochastic_match_philox_draws(codes, direct, monkeypatch):
     """dgrad dY (1×16, SR) and wgrad RHT(dYᵀ) (SR), decoded, with quantize_triton's Philox
-    draws for the two seeds."""
+    draws for the two seeds. ``codes=False`` is the linear's own call: decoded operands only,
+    rounded straight to values (``SR_DIRECT``: ``_dec_sr_bits``) or through the nibble. Row 1
+    holds ``-0.0`` (decodes to +0), tiny negatives beside the 37 outlier (round to 0 as ``-0``,
+    or to the first step) and tiny positives."""
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    monkeypatch.setattr(tqd, "SR_DIRECT", direct)
     m = _m(40, 64, 4)
+    m[1, 0], m[1, 1], m[1, 2], m[1, 4] = -0.0, -1e-3, 1e-3, -0.2
     md = m.to(DEV)
-    q = quantize_two_ways(md, amax_two_ways(md), row=RowWay("stochastic", codes=True),
-                          col=ColWay("stochastic", decoded=True, codes=True), seed_row=1234,
+    q = quantize_two_ways(md, amax_two_ways(md), row=RowWay("stochastic", codes=codes),
+                          col=ColWay("stochastic", decoded=True, codes=codes), seed_row=1234,
                           seed_col=987654)
     mt = _col_ref(m)
     rr = quantize_reference(m, rounding="stochastic", rand=sr_uniforms(m.shape, 1234))
     rc = quantize_reference(mt, rounding="stochastic", rand=sr_uniforms(mt.shape, 987654))
     rc.dtype = m.dtype
-    _same_q(q.row_q, rr)
-    _same_bf16(q.row_decoded, decode_to_bf16(rr))
-    _same_q(q.col_q, rc)
-    _same_bf16(q.col_decoded, decode_to_bf16(rc))
+    want_row, want_col = decode_to_bf16(rr), decode_to_bf16(rc)
+    _same_bf16(q.row_decoded, want_row)
+    _same_bf16(q.col_decoded, want_col)
+    if codes:
+        _same_q(q.row_q, rr)
+        _same_q(q.col_q, rc)
+    else:
+        assert q.row_q is None and q.col_q is None
+    # the signed zeros were exercised: -0 where a negative rounded to 0, +0 for the -0.0 input
+    r1 = want_row[1].view(torch.int16)
+    assert int(r1[0]) == 0 and bool((want_row.view(torch.int16) == -32768).any())
 
 
 def test_weight_16x16_codes_and_decoded():
