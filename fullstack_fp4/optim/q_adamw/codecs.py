@@ -312,6 +312,31 @@ def _sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.to(torch.float64)).to(torch.float32)
 
 
+def _fma_rn(a: torch.Tensor, b, c) -> torch.Tensor:
+    """Correctly rounded FP32 ``a · b + c`` (one rounding: the kernel's ``tl.fma``, FFMA).
+
+    In FP64 the product of two FP32 values is exact (48 <= 53 bits), so only the sum rounds;
+    rounding it *to odd* (TwoSum gives the sum's exact error e; if e != 0 and the FP64 result
+    is even, step one ulp toward the exact value) and then to FP32 is the correctly rounded
+    result, as 53 >= 24 + 2 (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums:
+    proved algorithms using rounding to odd", IEEE TC 2008) — subnormal FP32 results included
+    (they keep fewer bits). Plain FP64 rounding then FP32 rounding could round twice. A
+    non-finite sum (inf or NaN in, or an FP64 overflow, impossible from FP32 inputs) is
+    returned as FP64 computed it."""
+    a64 = a.to(torch.float64)
+    p = a64 * torch.as_tensor(b, dtype=torch.float64, device=a.device)
+    c64 = torch.as_tensor(c, dtype=torch.float64, device=a.device).expand_as(p)
+    s = p + c64
+    bb = s - p
+    e = (p - (s - bb)) + (c64 - bb)                  # s + e == p + c exactly (TwoSum)
+    bits = s.view(torch.int64)
+    even = (bits & 1) == 0
+    # e != 0 -> s != 0; toward the exact value: one ulp up in magnitude iff e has s's sign
+    step = torch.where((e > 0) == (s > 0), 1, -1)
+    odd = torch.where(even & (e != 0) & torch.isfinite(s), bits + step, bits)
+    return odd.view(torch.float64).to(torch.float32)
+
+
 def _pad(x: torch.Tensor, npad: int) -> torch.Tensor:
     out = torch.zeros(npad, dtype=torch.float32, device=x.device)
     out[: x.numel()] = x.reshape(-1).to(torch.float32)

@@ -442,15 +442,19 @@ def _vhat(r, mean, floor):
 
 @triton.jit
 def _adam(p, g, m, v, live, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size):
-    """AdamW on one entry, the reference's FP32 order: (p', m', v', sqrt(v'))."""
+    """AdamW on one entry, the reference's FP32 order: (p', m', v', sqrt(v')).
+
+    m' = fma(m, β1, g·(1−β1)), v' = fma(v, β2, g²·(1−β2)), d = fma(sqrt(v'), 1/sqrt(bc2), eps),
+    p' = fma(−step, m'/d, p·decay): each sum one FFMA, rounded once (the reference's
+    codecs._fma_rn); an FMUL + FADD pair rounds twice and is one instruction more."""
     p = p * decay
-    m = m * beta1 + g * omb1
-    v = v * beta2 + (g * g) * omb2
+    m = tl.fma(m, beta1, g * omb1)
+    v = tl.fma(v, beta2, (g * g) * omb2)
     m = tl.where(live, m, 0.0)
     v = tl.where(live, v, 0.0)
     s = tl.sqrt_rn(v)
-    upd = tl.div_rn(m, s * inv_sqrt_bc2 + eps)
-    return p - step_size * upd, m, v, s
+    upd = tl.div_rn(m, tl.fma(s, inv_sqrt_bc2, eps))
+    return tl.fma(-step_size, upd, p), m, v, s
 
 
 @triton.jit
