@@ -214,3 +214,36 @@ def test_fma_rn_is_one_rounding():
     assert r[0].item() == 1 + 2.0 ** -11 + 2.0 ** -23 and r[1].item() == 1 + 2.0 ** -11
     assert r[2].item() == 0.0 and not r[2].signbit() and r[3].signbit()
     assert _fma_rn(torch.tensor([float("inf")]), 1.0, 1.0).isinf().all()
+
+
+def test_decode_is_one_rounding_of_the_exact_value():
+    """decode_exp_avg == fp32(H16 · (q · s / 4) · signs · d) and decode_exp_avg_sq's
+    r̂ + μ == fp32(that + μ), the inner value exact in FP64 (an independent oracle: the
+    Sylvester matrix, not the butterfly) — the inverse RHT is exact and rounds nothing; the
+    chunks span amaxes 1e-30 .. 1e30 so the decode scales do too."""
+    from fullstack_fp4.nvfp4.e2m1 import e2m1_decode, unpack_codes
+    from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS
+    from fullstack_fp4.optim.q_adamw.codecs import CHUNK, REL_FLOOR
+
+    gen = torch.Generator().manual_seed(3)
+    n = 8 * CHUNK
+    x = torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))
+    x *= torch.logspace(-30, 30, 8).repeat_interleave(CHUNK)
+    h = torch.ones(1, 1, dtype=torch.float64)
+    for _ in range(4):
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.tensor(DEFAULT_SIGNS, dtype=torch.float64)
+
+    def exact(st):
+        q = e2m1_decode(unpack_codes(st.codes)).double().view(-1, 16)
+        s = st.block_scale.float().double()[:, None] / 4
+        d = st.chunk_scale.double().repeat_interleave(CHUNK)
+        return ((q * s) @ h * signs).reshape(-1) * d           # h symmetric: rows · h
+
+    st = encode_exp_avg(x, generator=gen)
+    assert torch.equal(decode_exp_avg(st), exact(st).float())
+    sv = encode_exp_avg_sq(x.abs())
+    mu = sv.tile_mean.double().repeat_interleave(32)
+    sh = torch.maximum((exact(sv) + mu).float(), (mu * REL_FLOOR).float())
+    fmax = torch.finfo(torch.float32).max
+    assert torch.equal(decode_exp_avg_sq(sv), torch.clamp(sh * sh, max=fmax))
