@@ -9,6 +9,9 @@ Update (AdamW, decoupled decay, bias correction; t = the parameter's step count)
 
 The step uses the *fresh* FP32 m and v (before re-encoding), like an FP32 AdamW step that
 happens to start from the decoded moments; the quantization error enters the next step only.
+In FP32 each of the four sums is one fused multiply-add (rounded once; ``codecs._fma_rn``, the
+kernel's FFMA), and β1·m̂ enters the first as ``x · (dec · β1)`` with x the exact inverse RHT
+of the decoded block (``codecs._decode_chunked``).
 
 Paths. CUDA FP32 params: one fused Triton launch per parameter (triton_step.py), uniforms for
 stochastic rounding from Philox in the kernel. Otherwise (CPU): ``q_adamw_step_reference``, the
