@@ -80,9 +80,13 @@ unless said otherwise:
 * the RHT's ``× 1/4`` is not applied to the 16 entries: the encoder gets the unscaled butterfly
   and takes its block amax × 1/4 (exactly nvfp4's amax: rounding is monotone) and the element
   factor ``0.25 / (s · dec)``; the decoder takes the block scale × 1/4 (``_quantize_chunked``,
-  ``_dequantize_chunked``). In the subnormal range the new order rounds once where nvfp4's
-  rounds two or three times, and the decode no longer overflows when ``q · s · dec`` exceeds
-  FP32_MAX (it can: 6 · 448 · FP32_MAX / 1536 > FP32_MAX) while ``q · s · dec / 4`` does not;
+  ``_decode_chunked``). In the subnormal range the new order rounds once where nvfp4's
+  rounds two or three times;
+* the decoder applies the chunk scale after the inverse RHT, which is then exact, fused into
+  the consumer's multiply-add (``_decode_chunked``): a decoded value is one rounding of the
+  exact ``H(q) · s · dec / 4`` where nvfp4's order rounds five times (each ``q · s · dec``,
+  then every butterfly stage), and it no longer overflows when ``q · s · dec`` exceeds
+  FP32_MAX (it can: 6 · 448 · FP32_MAX / 1536 > FP32_MAX) while the result does not;
 * the 4/6 criterion is measured in the code domain (``_code_error32``): it can choose
   differently only between candidates whose block errors agree to a few ulps;
 * the stochastic rounding of m reads its fraction off the FP32 bits, which rounds magnitudes
@@ -236,7 +240,7 @@ def _rht16_unscaled(x: torch.Tensor) -> torch.Tensor:
 
 
 def _irht16_unscaled(y: torch.Tensor) -> torch.Tensor:
-    """``inverse_hadamard16`` without its ``× 1/4`` (``_dequantize_chunked`` has it)."""
+    """``inverse_hadamard16`` without its ``× 1/4`` (``_decode_chunked`` has it)."""
     return (_butterfly(y.view(-1, BLOCK), BLOCK) * _signs_on(y.device)).reshape(-1)
 
 
@@ -292,24 +296,57 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     return pack_codes(codes), s.reshape(-1)[b0:b0 + nb].contiguous(), dec.contiguous()
 
 
-def _dequantize_chunked(codes: torch.Tensor, block_scale: torch.Tensor,
-                        chunk_scale: torch.Tensor, phase: int = 0) -> torch.Tensor:
-    """``(q · (fp32(s) / 4)) · d`` per element: the decoded block already carries the inverse
-    RHT's ``× 1/4`` (``_irht16_unscaled`` follows). ``q · s / 4`` is exact (a multiple of 2^-13
-    below 2^10), so each value is the single rounding of ``q · s · d / 4``; nvfp4's order
-    (``((q · s) · d)``, butterfly, ``× 1/4``) gives the same bits unless a value is subnormal,
-    where it rounds twice."""
+def _decode_chunked(codes: torch.Tensor, block_scale: torch.Tensor,
+                    chunk_scale: torch.Tensor, phase: int = 0):
+    """``(x, d)``: the decoded values are ``x · d``, rounded once. ``x`` is the inverse RHT
+    (``_irht16_unscaled``) of ``q · (fp32(s) / 4)``, **exact**: each partial butterfly sum is a
+    partial Hadamard sum of the q's (a multiple of 1/2 below 97: <= 8 bits) times the block's
+    one E4M3 scale over 4 (<= 4 significant bits), so <= 12 bits and far from FP32's limits;
+    ``d`` is each entry's chunk decode scale. The consumer multiplies by ``d`` last, fused with
+    what follows (``decode_exp_avg``: ``x · d``; ``decode_exp_avg_sq``: ``fma(x, d, μ)``; the
+    step: ``fma(x, d · β1, (1 − β1) · g)``, optimizer.q_adamw_step_reference), so a decoded
+    value is one rounding of the exact ``H(q) · s · d / 4``: nvfp4's order rounds each
+    ``q · s · d`` and then every butterfly stage (4 more roundings), and it overflowed when
+    ``q · s · d`` exceeded FP32_MAX (possible: 6 · 448 · FP32_MAX / 1536) while the result did
+    not. The kernel does the same (triton_rows._decode_rows): 16 FMULs per moment and block
+    fewer."""
     q = e2m1_decode(unpack_codes(codes)).view(-1, BLOCK)
     nb = q.shape[0]
     b0 = phase // BLOCK
     d = chunk_scale.repeat_interleave(CHUNK // BLOCK)[b0:b0 + nb]
-    return ((q * (block_scale.to(torch.float32) * 0.25)[:, None]) * d[:, None]).reshape(-1)
+    x = _irht16_unscaled((q * (block_scale.to(torch.float32) * 0.25)[:, None]).reshape(-1))
+    return x, d.repeat_interleave(BLOCK)
 
 
 def _sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     """Correctly rounded FP32 sqrt (the kernel's ``sqrt_rn``). torch's vectorized CPU sqrt is
     off by an ulp at times; sqrt in FP64 then one rounding is exact-to-nearest (53 >= 2·24+2)."""
     return torch.sqrt(x.to(torch.float64)).to(torch.float32)
+
+
+def _fma_rn(a: torch.Tensor, b, c) -> torch.Tensor:
+    """Correctly rounded FP32 ``a · b + c`` (one rounding: the kernel's ``tl.fma``, FFMA).
+
+    In FP64 the product of two FP32 values is exact (48 <= 53 bits), so only the sum rounds;
+    rounding it *to odd* (TwoSum gives the sum's exact error e; if e != 0 and the FP64 result
+    is even, step one ulp toward the exact value) and then to FP32 is the correctly rounded
+    result, as 53 >= 24 + 2 (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums:
+    proved algorithms using rounding to odd", IEEE TC 2008) — subnormal FP32 results included
+    (they keep fewer bits). Plain FP64 rounding then FP32 rounding could round twice. A
+    non-finite sum (inf or NaN in, or an FP64 overflow, impossible from FP32 inputs) is
+    returned as FP64 computed it."""
+    a64 = a.to(torch.float64)
+    p = a64 * torch.as_tensor(b, dtype=torch.float64, device=a.device)
+    c64 = torch.as_tensor(c, dtype=torch.float64, device=a.device).expand_as(p)
+    s = p + c64
+    bb = s - p
+    e = (p - (s - bb)) + (c64 - bb)                  # s + e == p + c exactly (TwoSum)
+    bits = s.view(torch.int64)
+    even = (bits & 1) == 0
+    # e != 0 -> s != 0; toward the exact value: one ulp up in magnitude iff e has s's sign
+    step = torch.where((e > 0) == (s > 0), 1, -1)
+    odd = torch.where(even & (e != 0) & torch.isfinite(s), bits + step, bits)
+    return odd.view(torch.float64).to(torch.float32)
 
 
 def _pad(x: torch.Tensor, npad: int) -> torch.Tensor:
@@ -338,9 +375,16 @@ def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
 
 
 def decode_exp_avg(state: MomentState) -> torch.Tensor:
-    """Flat FP32 first moment of ``state.numel`` entries."""
-    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
-    return _irht16_unscaled(y)[: state.numel]
+    """Flat FP32 first moment of ``state.numel`` entries: ``x · d`` (``_decode_chunked``)."""
+    x, d = decode_exp_avg_parts(state)
+    return x * d
+
+
+def decode_exp_avg_parts(state: MomentState):
+    """``(x, d)`` of ``_decode_chunked`` for the first ``state.numel`` entries: the step fuses
+    ``· d`` into its own multiply-add (optimizer.q_adamw_step_reference, the kernel's _adam)."""
+    x, d = _decode_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
+    return x[: state.numel], d[: state.numel]
 
 
 # ----------------------------------------------------------------------------- second moment
@@ -396,10 +440,10 @@ def decode_exp_avg_sq(state: MomentState, *, guard: str = "relative",
     ``guard``: "relative" (default, ``rel_floor · μ``), and for the measurement only
     "tile_min" (needs ``with_floor=True`` at encode) or "none" (``max(ŝ, 0)``).
     """
-    y = _dequantize_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
-    r = _irht16_unscaled(y).reshape(-1, state.tile)
+    x, d = _decode_chunked(state.codes, state.block_scale, state.chunk_scale, state.phase)
     mean = state.tile_mean.to(torch.float32)[:, None]
-    sh = r + mean
+    # r̂ + μ as one rounding of the exact x · d + μ (the kernel's FFMA, triton_rows._vhat)
+    sh = _fma_rn(x.view(-1, state.tile), d.view(-1, state.tile), mean)
     if guard == "relative":
         sh = torch.maximum(sh, mean * rel_floor)
     elif guard == "tile_min":

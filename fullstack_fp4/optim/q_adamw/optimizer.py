@@ -9,6 +9,9 @@ Update (AdamW, decoupled decay, bias correction; t = the parameter's step count)
 
 The step uses the *fresh* FP32 m and v (before re-encoding), like an FP32 AdamW step that
 happens to start from the decoded moments; the quantization error enters the next step only.
+In FP32 each of the four sums is one fused multiply-add (rounded once; ``codecs._fma_rn``, the
+kernel's FFMA), and β1·m̂ enters the first as ``x · (dec · β1)`` with x the exact inverse RHT
+of the decoded block (``codecs._decode_chunked``).
 
 Paths. CUDA FP32 params: one fused Triton launch per parameter (triton_step.py), uniforms for
 stochastic rounding from Philox in the kernel. Otherwise (CPU): ``q_adamw_step_reference``, the
@@ -62,9 +65,9 @@ from typing import Optional
 
 import torch
 
-from .codecs import (BLOCK, CHUNK, TILE, MomentState, _sqrt_rn, decode_exp_avg,
-                     decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq, num_chunks,
-                     padded_numel)
+from .codecs import (BLOCK, CHUNK, TILE, MomentState, _fma_rn, _sqrt_rn, decode_exp_avg,
+                     decode_exp_avg_parts, decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq,
+                     num_chunks, padded_numel)
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
            "optimizer_state_bytes", "decode_param_state", "encode_param_state", "MODEL_OUT_ATTR",
@@ -151,16 +154,19 @@ def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict,
     h = {k: _f32(v, dev) for k, v in _hyper(lr, beta1, beta2, eps, weight_decay, step,
                                              dev).items()}
     ms, vs = _unpack_state(st, n, phase)
-    m = decode_exp_avg(ms)
+    xm, dm = decode_exp_avg_parts(ms)       # m̂ = xm · dm, xm exact (codecs._decode_chunked)
     v = decode_exp_avg_sq(vs)
     g = g_flat.reshape(-1).to(torch.float32)
     p = p_flat * h["decay"]
-    m = m * h["beta1"] + g * h["omb1"]
-    v = v * h["beta2"] + (g * g) * h["omb2"]
+    # the four sums are fused multiply-adds (one rounding each, _fma_rn): the kernel's
+    # FFMAs, one instruction per entry fewer each than FMUL + FADD (PERF.md "v4"); β1 · m̂ is
+    # xm · (dm · β1), so m̂ itself is never rounded (one FMUL per entry fewer)
+    m = _fma_rn(xm, dm * h["beta1"], g * h["omb1"])
+    v = _fma_rn(v, h["beta2"], (g * g) * h["omb2"])
     s = _sqrt_rn(v)
     # a product, not s / sqrt(bc2): torch may turn a division by a scalar into one anyway
-    upd = m / (s * h["inv_sqrt_bc2"] + h["eps"])
-    p_flat.copy_(p - h["step_size"] * upd)
+    upd = m / _fma_rn(s, h["inv_sqrt_bc2"], h["eps"])
+    p_flat.copy_(_fma_rn(upd, -h["step_size"], p))
     if model_out is not None:
         model_out.view(-1).copy_(p_flat)        # FP32 -> BF16: round to nearest even
     _pack_state(st, encode_exp_avg(m, rand=rand, phase=phase),

@@ -263,32 +263,28 @@ def _dither(u):
 
 
 @triton.jit
-def _nib(w, J: tl.constexpr, s, dec, FAST: tl.constexpr):
-    """Decode nibble J of word w: (q · (s / 4)) · dec (q = ±E2M1 value; code 8 is −0).
+def _nib(w, J: tl.constexpr, s, FAST: tl.constexpr):
+    """Decode nibble J of word w to the exact q · s / 4 (q = ±E2M1 value; code 8 is −0), times
+    2^-8 with FAST; the chunk's decode scale comes after the inverse RHT (_decode_rows).
 
     FAST: the 3 magnitude bits k placed at bits 22-24 of an FP32 word are exactly
     E2M1(k) · 2^-126 (k = 0, 1: subnormals 0, 2^-127; k >= 2: exponent field k >> 1 with the
-    top mantissa bit k & 1) (sm_90 FMUL keeps subnormals: Triton emits mul.f32 without .ftz).
-    The 2^126 is split over the row's factors (_decode_rows passes s · 2^116 — the inverse
-    RHT's 1/4 included — and dec · 2^8): bits · (s · 2^116) = q · s · 2^-10 is exact (q · s is a
-    multiple of 2^-11 below 2^12, so it has <= 23 significant bits, and 2^-21 <= |·| < 2^2:
-    normal), s · 2^116 <= 448 · 2^116 and dec · 2^8 <= 2^125.4 (dec <= FP32_MAX / 1536) stay
-    finite and are exact, so the second product is the single rounding of the real
-    q · s · dec / 4 — the same rounding as (q · (s / 4)) · dec with q · s / 4 exact (the
-    select chain, and the reference): bit-identical, subnormal and overflowing results included. Two shifts,
-    one LOP3 and two FMULs per nibble instead of the select chain and three FMULs."""
+    top mantissa bit k & 1) (sm_90 FMUL keeps subnormals: Triton emits mul.f32 without .ftz),
+    and s · 2^116 (_decode_rows) turns them into q · s · 2^-10 = (q · s / 4) · 2^-8, exact: q · s
+    is a multiple of 2^-10 below 2^12 (<= 22 significant bits), and 2^-20 <= |·| < 2^2 is
+    normal. Two shifts, one LOP3 and one FMUL per nibble instead of the select chain."""
     if FAST:
         if 4 * J <= 22:
             mag = (w << (22 - 4 * J)) & 0x01C00000
         else:
             mag = (w >> (4 * J - 22)) & 0x01C00000
         bits = mag | ((w << (28 - 4 * J)) & -2147483648)
-        return (bits.to(tl.float32, bitcast=True) * s) * dec    # s, dec: · 2^116, · 2^8
+        return bits.to(tl.float32, bitcast=True) * s           # s: · 2^116
     else:
         k = (w >> (4 * J)) & 7
         bits = tl.where(k >= 2, (k + 252) << 22, k * 0x3F000000)
         bits = bits | ((w << (28 - 4 * J)) & -2147483648)
-        return (bits.to(tl.float32, bitcast=True) * s) * dec
+        return bits.to(tl.float32, bitcast=True) * s
 
 
 @triton.jit
@@ -322,28 +318,47 @@ def _pack8(c0, c1, c2, c3, c4, c5, c6, c7):
 # ----------------------------------------------------------------------------- chunk codec
 @triton.jit
 def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.constexpr):
-    """Decoded Hadamard-domain values of each row (16 vectors), before the inverse RHT.
-    ``rows``: the local 16-block index (< 0 before the tensor: phase); ``vrows``: the row on the
-    chunk grid (``rows + phase / 16``)."""
+    """Each row's 16 exact Hadamard-domain products x = q · s / 4 (· 2^-8 with FAST) and the
+    chunk's decode scale ``dec`` that x · dec decodes them with (codecs._decode_chunked; with
+    FAST the consumer takes dec · 2^8: _dec_factor).
+
+    The chunk scale is applied *after* the inverse RHT, inside the consumer's FFMA (_adam:
+    fma(x, dec · β1, g · (1 − β1)); _vhat: fma(x, dec, μ)): the butterfly of x is exact —
+    every partial sum is (a partial Hadamard sum of the q's: a multiple of 1/2, magnitude
+    <= 96, <= 8 bits) times the row's one E4M3 s (<= 4 significant bits) / 4: <= 12 bits,
+    2^-20 <= |·| < 2^6 (FAST) — so each decoded value is one rounding of the exact
+    H(q) · s · dec / 4 (it was one per value and one per butterfly stage), and the 16 FMULs by
+    dec per moment are gone. FAST and the select chain give the same products (x · 2^-8 times
+    dec · 2^8, both exact: dec · 2^8 <= 2^125.4 as dec <= FP32_MAX / 1536).
+    ``rows``: the local 16-block index (< 0 before the tensor: phase); ``vrows``: the row on
+    the chunk grid (``rows + phase / 16``)."""
     wp = codes_ptr.to(tl.pointer_type(tl.int32))
     widx = rows[:, None] * 2 + tl.arange(0, 2)[None, :]
     w0, w1 = tl.split(tl.load(wp + widx, mask=(widx < nrows * 2) & (widx >= 0), other=0))
     live = (rows < nrows) & (rows >= 0)
     s = _e4m3_decode(tl.load(scale_ptr + rows, mask=live, other=0))
     dec = tl.load(cs_ptr + vrows // 64, mask=live, other=0.0)
-    # the inverse RHT's 1/4 goes into s (q · s / 4 stays exact: a multiple of 2^-13 below
-    # 2^10), so each value is the single rounding of q · s · dec / 4 (codecs._dequantize_chunked)
+    # the inverse RHT's 1/4 goes into s (q · s / 4 stays exact: a multiple of 2^-11 below 2^10)
     if FAST:        # and the nibble trick's 2^126: s · 2^-2 · 2^118 = s · 2^116, dec · 2^8 (_nib)
         s = s * 8.307674973655724e+34          # 2^116
-        dec = dec * 256.0
     else:
         s = s * 0.25
-    return (_nib(w0, 0, s, dec, FAST), _nib(w0, 1, s, dec, FAST), _nib(w0, 2, s, dec, FAST),
-            _nib(w0, 3, s, dec, FAST), _nib(w0, 4, s, dec, FAST), _nib(w0, 5, s, dec, FAST),
-            _nib(w0, 6, s, dec, FAST), _nib(w0, 7, s, dec, FAST), _nib(w1, 0, s, dec, FAST),
-            _nib(w1, 1, s, dec, FAST), _nib(w1, 2, s, dec, FAST), _nib(w1, 3, s, dec, FAST),
-            _nib(w1, 4, s, dec, FAST), _nib(w1, 5, s, dec, FAST), _nib(w1, 6, s, dec, FAST),
-            _nib(w1, 7, s, dec, FAST))
+    return (_nib(w0, 0, s, FAST), _nib(w0, 1, s, FAST), _nib(w0, 2, s, FAST),
+            _nib(w0, 3, s, FAST), _nib(w0, 4, s, FAST), _nib(w0, 5, s, FAST),
+            _nib(w0, 6, s, FAST), _nib(w0, 7, s, FAST), _nib(w1, 0, s, FAST),
+            _nib(w1, 1, s, FAST), _nib(w1, 2, s, FAST), _nib(w1, 3, s, FAST),
+            _nib(w1, 4, s, FAST), _nib(w1, 5, s, FAST), _nib(w1, 6, s, FAST),
+            _nib(w1, 7, s, FAST), dec)
+
+
+@triton.jit
+def _dec_factor(d, FAST: tl.constexpr):
+    """A chunk decode scale (or a product of it, rounded unscaled first, so that FAST and the
+    select chain agree) as _decode_rows' products need it: · 2^8 with FAST (exact: d <= 2^125.4)."""
+    if FAST:
+        return d * 256.0
+    else:
+        return d
 
 
 @triton.jit
@@ -435,22 +450,31 @@ def _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
 
 # ----------------------------------------------------------------------------- per element
 @triton.jit
-def _vhat(r, mean, floor):
-    sh = tl.maximum(r + mean, floor)
+def _vhat(x, dec, mean, floor):
+    """v̂ = min(max(x · dec + μ, μ/4)², FP32_MAX) with x · dec + μ one FFMA (codecs.
+    decode_exp_avg_sq): the decoded residual is not rounded on its own."""
+    sh = tl.maximum(tl.fma(x, dec, mean), floor)
     return tl.minimum(sh * sh, FP32_MAX_C)
 
 
 @triton.jit
-def _adam(p, g, m, v, live, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size):
-    """AdamW on one entry, the reference's FP32 order: (p', m', v', sqrt(v'))."""
+def _adam(p, g, xm, fm, v, live, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps,
+          step_size):
+    """AdamW on one entry, the reference's FP32 order: (p', m', v', sqrt(v')).
+
+    m' = fma(xm, fm, g·(1−β1)) with the decoded first moment as its exact inverse RHT xm and
+    the row's factor fm = dec·β1 (_decode_rows), v' = fma(v, β2, g²·(1−β2)),
+    d = fma(sqrt(v'), 1/sqrt(bc2), eps), p' = fma(−step, m'/d, p·decay): each sum one FFMA,
+    rounded once (the reference's codecs._fma_rn); an FMUL + FADD pair rounds twice and is one
+    instruction more."""
     p = p * decay
-    m = m * beta1 + g * omb1
-    v = v * beta2 + (g * g) * omb2
+    m = tl.fma(xm, fm, g * omb1)
+    v = tl.fma(v, beta2, (g * g) * omb2)
     m = tl.where(live, m, 0.0)
     v = tl.where(live, v, 0.0)
     s = tl.sqrt_rn(v)
-    upd = tl.div_rn(m, s * inv_sqrt_bc2 + eps)
-    return p - step_size * upd, m, v, s
+    upd = tl.div_rn(m, tl.fma(s, inv_sqrt_bc2, eps))
+    return tl.fma(-step_size, upd, p), m, v, s
 
 
 @triton.jit

@@ -45,9 +45,9 @@ from fullstack_fp4.nvfp4.triton_launch import launch as launch_kernel
 
 from .codecs import BLOCK, CHUNK, TILE
 # The per-row register arithmetic (one thread = one 16-block) lives in triton_rows.py.
-from .triton_rows import (REL_FLOOR_C, _adam, _decode_rows, _dither, _encode_m, _encode_v,
-                          _hsum16, _irht16, _ld16, _rht16, _st16, _st16_bf16, _store_rows, _u16,
-                          _u8, _vhat)
+from .triton_rows import (REL_FLOOR_C, _adam, _dec_factor, _decode_rows, _dither, _encode_m,
+                          _encode_v, _hsum16, _irht16, _ld16, _rht16, _st16, _st16_bf16,
+                          _store_rows, _u16, _u8, _vhat)
 
 CPP = 1          # chunks per program (one warp = 32 blocks; 2·CPP warps per program)
 FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the select chain
@@ -91,54 +91,56 @@ def q_adamw_kernel(p_ptr, g_ptr,
         p_ptr, rows, n, 0.0)
     g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14, g15 = _ld16(
         g_ptr, rows, n, 0.0)
-    # decode m
-    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _decode_rows(
+    # decode m: the exact inverse RHT of q · s / 4; the chunk scale (times β1) enters in _adam
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, dm = _decode_rows(
         mc_ptr, ms_ptr, mcs_ptr, rows, vrows, nrows, FAST_DEC)
     m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _irht16(
         q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15)
-    # decode v: r̂ + μ floored at μ/4, squared
-    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = _decode_rows(
+    fm = _dec_factor(dm * beta1, FAST_DEC)
+    # decode v: the residual + μ (one FFMA with the chunk scale) floored at μ/4, squared
+    q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, dv = _decode_rows(
         vc_ptr, vs_ptr, vcs_ptr, rows, vrows, nrows, FAST_DEC)
     r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15 = _irht16(
         q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15)
+    dv = _dec_factor(dv, FAST_DEC)
     mb = tl.load(vmean_ptr + rows // 2, mask=(rows < nrows) & (rows >= 0),
                  other=0).to(tl.int32)
     mean = ((mb & 0xFFFF) << 16).to(tl.float32, bitcast=True)
     fl = mean * REL_FLOOR_C
     rem = n - rows * 16                    # entries of the row that are real: j < rem
 
-    p0, m0, v0, s0 = _adam(p0, g0, m0, _vhat(r0, mean, fl), 0 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p1, m1, v1, s1 = _adam(p1, g1, m1, _vhat(r1, mean, fl), 1 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p2, m2, v2, s2 = _adam(p2, g2, m2, _vhat(r2, mean, fl), 2 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p3, m3, v3, s3 = _adam(p3, g3, m3, _vhat(r3, mean, fl), 3 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p4, m4, v4, s4 = _adam(p4, g4, m4, _vhat(r4, mean, fl), 4 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p5, m5, v5, s5 = _adam(p5, g5, m5, _vhat(r5, mean, fl), 5 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p6, m6, v6, s6 = _adam(p6, g6, m6, _vhat(r6, mean, fl), 6 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p7, m7, v7, s7 = _adam(p7, g7, m7, _vhat(r7, mean, fl), 7 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p8, m8, v8, s8 = _adam(p8, g8, m8, _vhat(r8, mean, fl), 8 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p9, m9, v9, s9 = _adam(p9, g9, m9, _vhat(r9, mean, fl), 9 < rem, decay, beta1, omb1,
-                           beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p10, m10, v10, s10 = _adam(p10, g10, m10, _vhat(r10, mean, fl), 10 < rem, decay, beta1,
-                               omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p11, m11, v11, s11 = _adam(p11, g11, m11, _vhat(r11, mean, fl), 11 < rem, decay, beta1,
-                               omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p12, m12, v12, s12 = _adam(p12, g12, m12, _vhat(r12, mean, fl), 12 < rem, decay, beta1,
-                               omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p13, m13, v13, s13 = _adam(p13, g13, m13, _vhat(r13, mean, fl), 13 < rem, decay, beta1,
-                               omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p14, m14, v14, s14 = _adam(p14, g14, m14, _vhat(r14, mean, fl), 14 < rem, decay, beta1,
-                               omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p15, m15, v15, s15 = _adam(p15, g15, m15, _vhat(r15, mean, fl), 15 < rem, decay, beta1,
-                               omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p0, m0, v0, s0 = _adam(p0, g0, m0, fm, _vhat(r0, dv, mean, fl), 0 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p1, m1, v1, s1 = _adam(p1, g1, m1, fm, _vhat(r1, dv, mean, fl), 1 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p2, m2, v2, s2 = _adam(p2, g2, m2, fm, _vhat(r2, dv, mean, fl), 2 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p3, m3, v3, s3 = _adam(p3, g3, m3, fm, _vhat(r3, dv, mean, fl), 3 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p4, m4, v4, s4 = _adam(p4, g4, m4, fm, _vhat(r4, dv, mean, fl), 4 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p5, m5, v5, s5 = _adam(p5, g5, m5, fm, _vhat(r5, dv, mean, fl), 5 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p6, m6, v6, s6 = _adam(p6, g6, m6, fm, _vhat(r6, dv, mean, fl), 6 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p7, m7, v7, s7 = _adam(p7, g7, m7, fm, _vhat(r7, dv, mean, fl), 7 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p8, m8, v8, s8 = _adam(p8, g8, m8, fm, _vhat(r8, dv, mean, fl), 8 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p9, m9, v9, s9 = _adam(p9, g9, m9, fm, _vhat(r9, dv, mean, fl), 9 < rem,
+                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p10, m10, v10, s10 = _adam(p10, g10, m10, fm, _vhat(r10, dv, mean, fl), 10 < rem,
+                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p11, m11, v11, s11 = _adam(p11, g11, m11, fm, _vhat(r11, dv, mean, fl), 11 < rem,
+                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p12, m12, v12, s12 = _adam(p12, g12, m12, fm, _vhat(r12, dv, mean, fl), 12 < rem,
+                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p13, m13, v13, s13 = _adam(p13, g13, m13, fm, _vhat(r13, dv, mean, fl), 13 < rem,
+                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p14, m14, v14, s14 = _adam(p14, g14, m14, fm, _vhat(r14, dv, mean, fl), 14 < rem,
+                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p15, m15, v15, s15 = _adam(p15, g15, m15, fm, _vhat(r15, dv, mean, fl), 15 < rem,
+                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
     _st16(p_ptr, rows, n, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15)
     if HAS_MODEL_OUT:   # the model's BF16 copy, so the wrapper's main -> model copy pass is skipped
         _st16_bf16(mo_ptr, rows, n, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13,

@@ -161,3 +161,89 @@ def test_bytes_per_param_under_budget():
     st_v = encode_exp_avg_sq(torch.zeros(1 << 16))
     assert (st_m.nbytes() + st_v.nbytes()) / (1 << 16) == pytest.approx(
         state_bytes_per_param(1 << 16))
+
+
+def _fma_oracle(a: float, b: float, c: float) -> int:
+    """FP32 bits of RN(a·b + c) from exact rational arithmetic: the nearest of the FP32
+    neighbours of the exact value, ties to the even significand (finite, nonzero results)."""
+    import struct
+    from fractions import Fraction
+
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    x = struct.unpack("<i", struct.pack("<f", float(exact)))[0]   # within an ulp of the result
+
+    def val(bits):
+        return Fraction(struct.unpack("<f", struct.pack("<i", bits))[0])
+    cands = [x - 1, x, x + 1] if exact > 0 else [x + 1, x, x - 1]
+    return min(cands, key=lambda k: (abs(val(k) - exact), k & 1))
+
+
+def test_fma_rn_is_one_rounding():
+    """codecs._fma_rn (the reference's fused multiply-add, the kernel's FFMA) == the correctly
+    rounded a·b + c of an exact rational oracle: on sums that land within 2^-40 relative of an
+    FP32 rounding midpoint (where FP64 then FP32 rounds twice: the naive form is wrong on some,
+    checked), on cancelling sums, and on random operands across 2^±30."""
+    from fullstack_fp4.optim.q_adamw.codecs import _fma_rn
+
+    gen = torch.Generator().manual_seed(5)
+    n = 4000
+    a = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-30, 30, (n,), generator=gen))
+    b = torch.randn(n, generator=gen)
+    c = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-30, 30, (n,), generator=gen))
+    c[: n // 4] = (-(a[: n // 4].double() * b[: n // 4].double())).float()   # cancellation
+    # products x² = 1 + 2^-11 + 2^-24 (x = 1 + 2^-12): an FP32 midpoint; c = ±2^-k tips it
+    k = torch.randint(40, 90, (n // 4,), generator=gen).double()
+    sign = torch.where(torch.rand(n // 4, generator=gen) < 0.5, -1.0, 1.0).double()
+    a[n // 4: n // 2] = 1 + 2.0 ** -12
+    b[n // 4: n // 2] = 1 + 2.0 ** -12
+    c[n // 4: n // 2] = (sign * torch.exp2(-k)).float()
+    r = _fma_rn(a, b, c).view(torch.int32)
+    want = torch.tensor([_fma_oracle(float(x), float(y), float(z))
+                         for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())],
+                        dtype=torch.int32)
+    ok = r != 0        # exact zeros (exact products, first quarter): signed zeros checked below
+    assert torch.equal(r[ok], want[ok])
+    assert (_fma_rn(a[: n // 4], b[: n // 4], c[: n // 4]).abs()
+            <= (a[: n // 4].double() * b[: n // 4].double() * 2.0 ** -24).abs().float()).all()
+    naive = (a.double() * b.double() + c.double()).float().view(torch.int32)
+    assert (naive[ok] != want[ok]).any()      # the double rounding the round-to-odd avoids
+    # hand-computed: (1 + 2^-12)² + 2^-70 rounds up, − 2^-70 down; signed zeros; inf passes
+    x = 1 + 2.0 ** -12
+    r = _fma_rn(torch.tensor([x, x, 0.0, -0.0]), torch.tensor([x, x, 1.0, 1.0]),
+                torch.tensor([2.0 ** -70, -2.0 ** -70, -0.0, -0.0]))
+    assert r[0].item() == 1 + 2.0 ** -11 + 2.0 ** -23 and r[1].item() == 1 + 2.0 ** -11
+    assert r[2].item() == 0.0 and not r[2].signbit() and r[3].signbit()
+    assert _fma_rn(torch.tensor([float("inf")]), 1.0, 1.0).isinf().all()
+
+
+def test_decode_is_one_rounding_of_the_exact_value():
+    """decode_exp_avg == fp32(H16 · (q · s / 4) · signs · d) and decode_exp_avg_sq's
+    r̂ + μ == fp32(that + μ), the inner value exact in FP64 (an independent oracle: the
+    Sylvester matrix, not the butterfly) — the inverse RHT is exact and rounds nothing; the
+    chunks span amaxes 1e-30 .. 1e30 so the decode scales do too."""
+    from fullstack_fp4.nvfp4.e2m1 import e2m1_decode, unpack_codes
+    from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS
+    from fullstack_fp4.optim.q_adamw.codecs import CHUNK, REL_FLOOR
+
+    gen = torch.Generator().manual_seed(3)
+    n = 8 * CHUNK
+    x = torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))
+    x *= torch.logspace(-30, 30, 8).repeat_interleave(CHUNK)
+    h = torch.ones(1, 1, dtype=torch.float64)
+    for _ in range(4):
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.tensor(DEFAULT_SIGNS, dtype=torch.float64)
+
+    def exact(st):
+        q = e2m1_decode(unpack_codes(st.codes)).double().view(-1, 16)
+        s = st.block_scale.float().double()[:, None] / 4
+        d = st.chunk_scale.double().repeat_interleave(CHUNK)
+        return ((q * s) @ h * signs).reshape(-1) * d           # h symmetric: rows · h
+
+    st = encode_exp_avg(x, generator=gen)
+    assert torch.equal(decode_exp_avg(st), exact(st).float())
+    sv = encode_exp_avg_sq(x.abs())
+    mu = sv.tile_mean.double().repeat_interleave(32)
+    sh = torch.maximum((exact(sv) + mu).float(), (mu * REL_FLOOR).float())
+    fmax = torch.finfo(torch.float32).max
+    assert torch.equal(decode_exp_avg_sq(sv), torch.clamp(sh * sh, max=fmax))

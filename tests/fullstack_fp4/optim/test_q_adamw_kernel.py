@@ -190,10 +190,11 @@ def test_rounding_helpers_match_nvfp4_and_torch():
                     reason="checks the kernel's decode in the interpreter")
 @pytest.mark.parametrize("fast", [False, True])
 def test_decode_rows_all_codes_scales_extreme_decs(fast):
-    """_decode_rows (nibble trick with 2^126 and the inverse RHT's 1/4 split over s and dec,
-    or the select chain) == (e2m1(code) · (fp32(s) / 4)) · dec in torch (codecs'
-    _dequantize_chunked): every 4-bit code × every finite E4M3 scale × chunk decode scales from
-    the smallest subnormal to FP32_MAX / 1536 (the largest a chunk can have), subnormal results
+    """_decode_rows (nibble trick with 2^126 and the inverse RHT's 1/4 split over s and the
+    decode factor, or the select chain): the products x are exactly q · fp32(s) / 4 (· 2^-8 with
+    the nibble trick), and x · _dec_factor(dec) == (q · (fp32(s) / 4)) · dec in torch — one
+    rounding — for every 4-bit code × every finite E4M3 scale × chunk decode scales from the
+    smallest subnormal to FP32_MAX / 1536 (the largest a chunk can have), subnormal results
     included; and == nvfp4's order ((q · s) · dec) · 1/4 wherever that stays normal and finite
     (it overflows for q · s · dec > FP32_MAX; the folded order does not)."""
     import triton.language as tl
@@ -201,11 +202,19 @@ def test_decode_rows_all_codes_scales_extreme_decs(fast):
     from fullstack_fp4.nvfp4.e2m1 import e2m1_decode
 
     @triton.jit
-    def k(c_ptr, s_ptr, d_ptr, o_ptr, R: tl.constexpr, FAST: tl.constexpr):
+    def k(c_ptr, s_ptr, d_ptr, o_ptr, x_ptr, R: tl.constexpr, FAST: tl.constexpr):
         rows = tl.arange(0, R)
-        q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15 = ts._decode_rows(
-            c_ptr, s_ptr, d_ptr, rows, rows, R, FAST)
+        q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, d = \
+            ts._decode_rows(c_ptr, s_ptr, d_ptr, rows, rows, R, FAST)
+        d = ts._dec_factor(d, FAST)
         b = o_ptr + rows * 16
+        tl.store(b + 0, q0 * d); tl.store(b + 1, q1 * d); tl.store(b + 2, q2 * d)
+        tl.store(b + 3, q3 * d); tl.store(b + 4, q4 * d); tl.store(b + 5, q5 * d)
+        tl.store(b + 6, q6 * d); tl.store(b + 7, q7 * d); tl.store(b + 8, q8 * d)
+        tl.store(b + 9, q9 * d); tl.store(b + 10, q10 * d); tl.store(b + 11, q11 * d)
+        tl.store(b + 12, q12 * d); tl.store(b + 13, q13 * d); tl.store(b + 14, q14 * d)
+        tl.store(b + 15, q15 * d)
+        b = x_ptr + rows * 16
         tl.store(b + 0, q0); tl.store(b + 1, q1); tl.store(b + 2, q2); tl.store(b + 3, q3)
         tl.store(b + 4, q4); tl.store(b + 5, q5); tl.store(b + 6, q6); tl.store(b + 7, q7)
         tl.store(b + 8, q8); tl.store(b + 9, q9); tl.store(b + 10, q10); tl.store(b + 11, q11)
@@ -223,12 +232,16 @@ def test_decode_rows_all_codes_scales_extreme_decs(fast):
                              fmax / 2688, fmax / 1536, 1.5e35])
     dec = dec.clamp(max=fmax / 1536)
     out = torch.empty(R * 16)
-    k[(1,)](codes, sc, dec, out, R=R, FAST=fast)
+    xs = torch.empty(R * 16)
+    k[(1,)](codes, sc, dec, out, xs, R=R, FAST=fast)
     q = e2m1_decode(torch.stack([codes & 15, codes >> 4], -1).reshape(-1)).view(R, 16)
     sf = sc.view(torch.float8_e4m3fn).float()[:, None]
+    x64 = q.double() * sf.double() / 4                             # exact
+    assert torch.equal(xs.view(R, 16).double() * (256.0 if fast else 1.0), x64)
     d = dec.repeat_interleave(64)[:, None]
     ref = (q * (sf * 0.25)) * d
     assert torch.equal(out.view(R, 16).view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(ref, (x64 * d.double()).float())            # one rounding of the exact
     assert (ref.abs() < 2.0 ** -126).any() and (ref != 0).any()
     old = ((q * sf) * d) * 0.25
     normal = (old.abs() >= 2.0 ** -126) & torch.isfinite(old)

@@ -223,7 +223,7 @@ def test_q_adamw_hook_runs_the_codecs_once_per_group():
         tel = TelemetryCollector(interval=1, opt_chunks=2)
         tel.begin_step(holder, 1, optimizer=opt)
         calls = collections.Counter()
-        orig = {f: getattr(codecs, f) for f in ("_quantize_chunked", "_dequantize_chunked")}
+        orig = {f: getattr(codecs, f) for f in ("_quantize_chunked", "_decode_chunked")}
         try:
             for f, fn in orig.items():
                 setattr(codecs, f, (lambda fn, f: lambda *a, **k: (calls.update([f]), fn(*a, **k))[1])(fn, f))
