@@ -27,4 +27,10 @@ case "${1:-sweep}" in
     TAILN=34 run profile_linear 90 python3 scripts/gpu/run_with_dy_choice.py \
       "$OUT/dy_choice.json" scripts/gpu/profile_linear_device.py
     ;;
+  final2)   # final's budget after the machine was taken back mid-call: no linear bench
+    OUT="$OUT" TAILN=14 run q_adamw 150 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10
+    OUT="$OUT" TAILN=10 run dy_forms 70 python3 scripts/gpu/sweep_two_ways.py --dy --jobs 3
+    TAILN=34 run profile_linear 190 python3 scripts/gpu/run_with_dy_choice.py \
+      "$OUT/dy_choice.json" scripts/gpu/profile_linear_device.py
+    ;;
 esac

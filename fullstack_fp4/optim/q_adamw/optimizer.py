@@ -409,11 +409,22 @@ def _kernel_views(st: dict) -> dict:
     return d
 
 
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """Storage bytes of ``t``; a tensor subclass that flattens into inner tensors (torchao's
+    low-bit optimizer states: an FP32-shaped wrapper around codes and scales) counts its inner
+    tensors, not the wrapper's nominal dtype."""
+    if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor in ``opt.state`` except ``step`` (works for any torch optimizer)."""
+    """Bytes of every tensor in ``opt.state`` except ``step`` (works for any torch optimizer,
+    and for states held in tensor subclasses: :func:`_tensor_bytes`)."""
     total = 0
     for st in opt.state.values():
         for k, t in st.items():
             if k != "step" and torch.is_tensor(t):
-                total += t.numel() * t.element_size()
+                total += _tensor_bytes(t)
     return total

@@ -229,3 +229,35 @@ def test_model_param_out_that_does_not_fit_is_refused():
     setattr(p, MODEL_OUT_ATTR, torch.zeros(32 * 64 - 1, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=MODEL_OUT_ATTR):
         QAdamW([p], lr=1e-2, min_numel=1).step()
+
+
+class _Packed4bit(torch.Tensor):
+    """A minimal FP32-shaped wrapper around 4-bit codes and per-128 scales, the way torchao
+    holds AdamW4bit's states (``__tensor_flatten__`` names the inner tensors)."""
+
+    @staticmethod
+    def __new__(cls, codes, scale, shape):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32)
+
+    def __init__(self, codes, scale, shape):
+        self.codes, self.scale = codes, scale
+
+    def __tensor_flatten__(self):
+        return ["codes", "scale"], None
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(func)
+
+
+def test_state_bytes_count_a_subclass_by_its_inner_tensors():
+    """Hand count: 1024 entries as 512 code bytes + 8 FP32 scales = 544 B per state, not the
+    wrapper's nominal 4096 (the bench reported torchao's 4-bit states as 8 B/param so)."""
+    from fullstack_fp4.optim import optimizer_state_bytes
+    p = torch.nn.Parameter(torch.zeros(1024))
+    opt = torch.optim.SGD([p], lr=0.1)
+    mk = lambda: _Packed4bit(torch.zeros(512, dtype=torch.uint8), torch.zeros(8), (1024,))  # noqa: E731
+    opt.state[p] = {"step": torch.tensor(3.0), "exp_avg": mk(), "exp_avg_sq": mk()}
+    assert optimizer_state_bytes(opt) == 2 * (512 + 8 * 4)
+    opt.state[p] = {"exp_avg": torch.zeros(1024), "step": torch.tensor(1.0)}
+    assert optimizer_state_bytes(opt) == 4096
