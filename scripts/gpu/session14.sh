@@ -6,6 +6,8 @@
 #   bash scripts/gpu/session14.sh final   # Q-AdamW's bench (torchao's AdamW4bit/8bit beside it:
 #       carry the torchao wheel in .whl); dY's rounding form against its register cap
 #       (sweep_two_ways.py --dy), then the linear bench + profile with the fastest form
+#   bash scripts/gpu/session14.sh tests   # not yet run: the fused-linear and two-way GPU tests in
+#       full (cold Triton compiles: ~400 s), then the linear bench after L.1/L.4 if time is left
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -26,6 +28,13 @@ case "${1:-sweep}" in
       "$OUT/dy_choice.json" scripts/bench_nvfp4_linear.py
     TAILN=34 run profile_linear 90 python3 scripts/gpu/run_with_dy_choice.py \
       "$OUT/dy_choice.json" scripts/gpu/profile_linear_device.py
+    ;;
+  tests)
+    TAILN=12 run pytest_gpu 420 python3 -m pytest -q -p no:cacheprovider --tb=short \
+      tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py \
+      tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_sr_stream.py
+    mkdir -p "$OUT/linear"
+    OUT="$OUT/linear" TAILN=8 run linear 170 python3 scripts/bench_nvfp4_linear.py
     ;;
   final2)   # final's budget after the machine was taken back mid-call: no linear bench
     OUT="$OUT" TAILN=14 run q_adamw 150 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10
