@@ -20,3 +20,20 @@ def median_ms(fn, iters: int = 20, warmup: int = 5) -> float:
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(z))
     return sorted(ts)[len(ts) // 2]
+
+
+def capture_graph(fn, calls: int = 1) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, after one eager call (compiles,
+    allocator warm-up) and one on a side stream (what capture needs first)."""
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return g

@@ -44,6 +44,8 @@ import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import capture_graph  # noqa: E402
 
 M = N = 8192
 MIN_B = 2.0 + 0.5 + 1.0 / 16      # bytes / element, single read
@@ -145,16 +147,7 @@ def bench(fn, warmup=25, rep=200):
 def bench_graph(fn):
     """Median device time of ``fn``'s kernels: captured once in a CUDA graph, each replay timed
     with CUDA events after do_bench's L2 flush (no host launch overhead in the number)."""
-    fn()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench(g.replay)
+    return bench(capture_graph(fn).replay)
 
 
 def same(a, b):

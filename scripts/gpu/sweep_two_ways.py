@@ -36,6 +36,8 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _timing import capture_graph  # noqa: E402
 
 T = 8192
 CODES = 0.5 + 1 / 16           # bytes an element of packed codes + E4M3 scales
@@ -113,17 +115,8 @@ def compile_one(job):
 
 
 def graph_ms(fn, n=20, reps=7):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
+    """Device ms per call: median over ``reps`` replays of a graph of ``n`` calls."""
+    g = capture_graph(fn, n)
     ts = []
     for _ in range(reps):
         a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
