@@ -40,7 +40,8 @@ uniforms; on the H200 the calls were most of dY's quantize time). Counters below
 through ``_philox10`` (the same rounds as ``tl.randint4x``), larger ones through
 ``tl.randint4x`` on int64 (``I64``, chosen on the host with the offsets' width).
 
-**Layout.** A program owns 16 tokens × ``16·NB`` channels (NB = 32: 512 channels, 4 warps).
+**Layout.** A program owns 16 tokens × ``16·NB`` channels (NB = 32: 512 channels, 4 warps;
+dY's call NB = 64 on 8 warps, :func:`_config`).
 Each token row is held in triton_quantize's "eo" form: four ``[NB, 4]`` tensors, elements
 ``2q, 2q+1`` (low half) and ``8+2q, 9+2q`` (high half) of each block, read as int32 words of
 two BF16. The 16 rows are 16-tuples, so the lane of ``(block, q)`` holds its four channels for
@@ -121,7 +122,8 @@ def _interpreter() -> bool:
 # straight to its decoded value (``_dec_sr_bits``: 12% fewer SASS instructions to the first
 # EXIT than through the nibble, sm_90, triton 3.6) and the register cap its launch gets (the
 # direct form compiles to 184 registers, 1 CTA of 8 warps an SM; capped at 128 it spills 64 B
-# a thread). Measured against each other on the H200: BENCHMARKS.md §L.
+# a thread). On the H200 (BENCHMARKS.md §L.4), 8192 × 3072 / × 8192: nibble form 0.0995 /
+# 0.2565 ms, direct uncapped 0.1080 / 0.2834, direct capped at 128 0.0944 / 0.2428.
 SR_DIRECT = True
 WIDE_MAXNREG = 128
 
