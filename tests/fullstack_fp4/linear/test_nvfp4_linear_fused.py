@@ -1,8 +1,8 @@
 """The NVFP4 linear's GPU path (fused operands) gives the reference composition's y, dX, dW bit for bit.
 
 Oracle: each operand quantized by ``quantize_reference`` (RHT operands: ``hadamard16`` of the
-zero-padded transpose), stochastic rounding fed the uniforms of the PyTorch stream ``sr_stream.sr_uniforms`` for the
-seeds the path must draw (``torch.randint(0, 2**31 - 1, (1,), generator=g)``, dY's first, then
+zero-padded transpose), stochastic rounding fed the uniforms of the PyTorch stream
+``sr_stream.sr_uniforms`` for the seeds the path must draw (``torch.randint(0, 2**31 - 1, (1,), generator=g)``, dY's first, then
 RHT(dYᵀ)'s: what ``quantize_triton`` draws on the composed path), multiplied by
 ``nvfp4_matmul`` / ``nvfp4_matmul_nt`` with the same operand layouts, on the device the path
 runs on. On CPU that GEMM is an FP32 ``torch.mm`` of the same values in the same layouts; on a
