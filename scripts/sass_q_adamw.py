@@ -14,15 +14,11 @@ image's triton first on PYTHONPATH to count for 3.6.
 from __future__ import annotations
 
 import argparse
-import collections
-import hashlib
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _sass  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,16 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--u8", action="store_true")
     ap.add_argument("--rounds", type=int, default=10)
     a = ap.parse_args(argv)
-    os.environ.pop("TRITON_INTERPRET", None)
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    gate = _sass.gate()
     import torch
-    import triton
-    import triton_compile_gate as gate
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    gate._install_recorder()
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
     from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _init_state, _kernel_views
     from fullstack_fp4.optim.q_adamw.triton_step import launch
@@ -53,33 +41,14 @@ def main(argv=None) -> int:
            model_out=torch.empty(n, dtype=torch.bfloat16) if a.model_out else None,
            u8=a.u8, rounds=a.rounds, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     (job,) = gate.build_jobs()
-    src = ASTSource(fn=job["fn"], signature=job["signature"], constexprs=job["constexprs"],
-                    attrs=job["attrs"])
-    k = triton.compile(src, target=GPUTarget(*gate.TARGET), options=job["options"])
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                             "cuobjdump")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(k.asm["cubin"])
-        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
-        res = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True,
-                             text=True).stdout
+    r = _sass.count(job)
     if a.sass:
         with open(a.sass, "w") as f:
-            f.write(sass)
-    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
-    main_path = ops[:ops.index("EXIT") + 1] if "EXIT" in ops else ops
-    regs = re.search(r"REG:(\d+)", res)
-    stack = re.search(r"STACK:(\d+)", res)
-    log = gate._ptxas_verbose(k.asm["ptx"])
-    _, spills = gate._regs_spills(log)
-    top = collections.Counter(o.split(".")[0] for o in main_path).most_common(16)
-    print(f"triton {triton.__version__}: SASS main path {len(main_path)} per 16 entries "
-          f"({len(main_path) / 16:.1f}/entry), total {len(ops)}, regs "
-          f"{regs.group(1) if regs else '?'}, stack {stack.group(1) if stack else '?'}, "
-          f"spills {spills}, sha1 {hashlib.sha1(sass.encode()).hexdigest()[:12]}")
-    print("  " + " ".join(f"{o}:{c}" for o, c in top))
+            f.write(r["sass"])
+    print(f"triton {r['triton']}: SASS main path {r['main']} per 16 entries "
+          f"({r['main'] / 16:.1f}/entry), total {r['total']}, regs {r['regs']}, "
+          f"stack {r['stack']}, spills {r['spills']}, sha1 {r['sha1']}")
+    print("  " + " ".join(f"{o}:{c}" for o, c in r["top"]))
     return 0
 
 

@@ -8,7 +8,7 @@ and so the number of CTAs that fit an SM do. What this sweeps, per kernel and pe
 * NB (blocks per program) with ``num_warps = NB / 8`` (the layout's one lane per thread):
   8/1, 16/2, 32/4 (the default), 64/8;
 * a register cap (``maxnreg``) where the default's registers limit the resident warps
-  (sm_90 compiles on the CPU, tests/triton_compile_gate.py: dY 128 regs → 96 spills 96 B;
+  (sm_90 compiles on the CPU, scripts/sass_two_ways.py: dY 128 regs → 96 spills 96 B;
   x 106 → 96 without spills; W 219 → 128 spills 236 B).
 
 Every configuration is first checked bit for bit against the default configuration's outputs
@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from _timing import capture_graph  # noqa: E402
+from _timing import capture_graph, median_ms  # noqa: E402
 
 T = 8192
 CODES = 0.5 + 1 / 16           # bytes an element of packed codes + E4M3 scales
@@ -101,31 +101,38 @@ def _input(shape):
     return m
 
 
-def compile_one(job):
-    """Worker: compile (by running once) one (mode, shape, config)."""
-    name, shape, (nb, nw, mr) = job
+def apply(setting):
+    """``("launch", NB, warps, maxnreg)``: :func:`configure`; ``("dy", SR_DIRECT, cap)``:
+    :func:`dy_form`."""
+    (configure if setting[0] == "launch" else dy_form)(*setting[1:])
+
+
+def warm(job):
+    """Worker: compile (by running once) one ``(mode, shape, setting)``."""
+    name, shape, setting = job
     os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/tc")
-    configure(nb, nw, mr)
+    apply(setting)
     m = _input(shape)
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    cfg = {"obs": tqd.amax_two_ways(m)}
-    call(name, m, cfg)
+    call(name, m, {"obs": tqd.amax_two_ways(m)})
     torch.cuda.synchronize()
     return job
 
 
+def warm_all(jobs, procs):
+    """Compile every job in ``procs`` spawned processes (they fill the shared Triton cache)."""
+    import multiprocessing as mp
+    with ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as ex:
+        list(ex.map(warm, jobs))
+
+
+def same(got, ref) -> bool:
+    return len(got) == len(ref) and all(torch.equal(x, y) for x, y in zip(got, ref))
+
+
 def graph_ms(fn, n=20, reps=7):
     """Device ms per call: median over ``reps`` replays of a graph of ``n`` calls."""
-    g = capture_graph(fn, n)
-    ts = []
-    for _ in range(reps):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        z.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(z) / n)
-    return sorted(ts)[len(ts) // 2]
+    return median_ms(capture_graph(fn, n).replay, iters=reps, warmup=1) / n
 
 
 DY_FORMS = [(False, None), (True, None), (True, 128)]     # (SR_DIRECT, WIDE_MAXNREG)
@@ -139,22 +146,9 @@ def dy_form(direct, cap):
     tqd.SR_DIRECT, tqd.WIDE_MAXNREG = direct, cap
 
 
-def compile_dy(job):
-    shape, (direct, cap) = job
-    os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/tc")
-    dy_form(direct, cap)
-    m = _input(shape)
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    call(DY_NAME, m, {"obs": tqd.amax_two_ways(m)})
-    torch.cuda.synchronize()
-    return job
-
-
 def dy_main(jobs):
     import json
-    import multiprocessing as mp
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
-        list(ex.map(compile_dy, [((T, 3072), f) for f in DY_FORMS]))
+    warm_all([(DY_NAME, (T, 3072), ("dy",) + f) for f in DY_FORMS], jobs)
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     total = {f: 0.0 for f in DY_FORMS}
     print("| dY call, shape | SR_DIRECT | maxnreg | bits = nibble form | ms | GB/s |")
@@ -166,11 +160,10 @@ def dy_main(jobs):
         ref = [o.clone() for o in call(DY_NAME, m, cfg)]
         for f in DY_FORMS:
             dy_form(*f)
-            got = call(DY_NAME, m, cfg)
-            same = len(got) == len(ref) and all(torch.equal(x, y) for x, y in zip(got, ref))
+            ok = same(call(DY_NAME, m, cfg), ref)
             t = graph_ms(lambda: call(DY_NAME, m, cfg))
-            total[f] += t if same else float("inf")
-            print(f"| {shape[0]}x{shape[1]} | {f[0]} | {f[1] or '-'} | {same} | {t:.4f} | "
+            total[f] += t if ok else float("inf")
+            print(f"| {shape[0]}x{shape[1]} | {f[0]} | {f[1] or '-'} | {ok} | {t:.4f} | "
                   f"{m.numel() * 6 / t / 1e6:.0f} |", flush=True)
     best = min(DY_FORMS, key=lambda f: total[f])
     print(f"fastest: SR_DIRECT={best[0]} WIDE_MAXNREG={best[1]} ({total[best]:.4f} ms summed)")
@@ -188,12 +181,9 @@ def main():
     a = ap.parse_args()
     if a.dy:
         return dy_main(a.jobs)
-    jobs = [(name, shape, c) for name, (shapes, _, _, _, cfgs) in modes().items()
+    jobs = [(name, shape, ("launch",) + c) for name, (shapes, _, _, _, cfgs) in modes().items()
             for shape in shapes[:1] for c in cfgs]
-    import multiprocessing as mp
-    with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn")) as ex:
-        for j in ex.map(compile_one, jobs):
-            pass
+    warm_all(jobs, a.jobs)
     print(f"compiled {len(jobs)} variants", flush=True)
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     print("| kernel | shape | NB/warps | maxnreg | bits = default | ms | GB/s | copy ms | / copy |")
@@ -209,15 +199,14 @@ def main():
             for nb, nw, mr in cfgs:
                 configure(nb, nw, mr)
                 try:
-                    got = call(name, m, cfg)
-                    same = len(got) == len(ref) and all(torch.equal(x, y) for x, y in zip(got, ref))
+                    ok = same(call(name, m, cfg), ref)
                     t = graph_ms(lambda: call(name, m, cfg))
                 except Exception as e:   # noqa: BLE001 -- report the variant, go on
                     print(f"| {name} | {shape[0]}x{shape[1]} | {nb}/{nw} | {mr} | ERROR "
                           f"{type(e).__name__}: {str(e)[:80]} | | | | |", flush=True)
                     continue
                 gbs = m.numel() * (2 + wbytes) / t / 1e6
-                print(f"| {name} | {shape[0]}x{shape[1]} | {nb}/{nw} | {mr or '-'} | {same} | "
+                print(f"| {name} | {shape[0]}x{shape[1]} | {nb}/{nw} | {mr or '-'} | {ok} | "
                       f"{t:.4f} | {gbs:.0f} | {t_copy:.4f} | {t / t_copy:.2f} |", flush=True)
 
 
