@@ -22,6 +22,8 @@ Choices that keep it exact on GPU and in the interpreter alike:
 import triton
 import triton.language as tl
 
+from fullstack_fp4.nvfp4.triton_quantize_jit import _neg_where  # -0 where the code's sign says so
+
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a plain global is invisible to compiled kernels
 
 
@@ -110,7 +112,7 @@ def qdq_apply(x, s, f, u, STOCHASTIC: tl.constexpr):
         m = e2m1_stochastic(a, u)
     else:
         m = e2m1_nearest(a)
-    return tl.where(y < 0, -m, m) * s
+    return _neg_where(y < 0, m) * s
 
 
 @triton.jit
@@ -123,7 +125,7 @@ def qdq_codes(x, s, f):
     m = e2m1_nearest(tl.abs(y))
     neg = y < 0
     mag = tl.where(m < 2.0, m * 2.0, tl.where(m < 6.0, m + 2.0, 7.0)).to(tl.int32)
-    return tl.where(neg, -m, m) * s, tl.where(neg, mag | 8, mag)
+    return _neg_where(neg, m) * s, tl.where(neg, mag | 8, mag)
 
 
 @triton.jit

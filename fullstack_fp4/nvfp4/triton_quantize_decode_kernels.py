@@ -134,7 +134,8 @@ def _dec_rne_bits(x, f, s_val):
     BF16 is the top 16 bits); ``-0`` where a negative ``x·f`` rounds to 0, as the code's decode."""
     y = x * f
     r = _e2m1_rne_val(tl.minimum(tl.abs(y), 6.0)) * s_val
-    return tl.where(y < 0.0, -r, r).to(tl.int32, bitcast=True)
+    # the sign as a bit: triton 3.6's unary minus gives +0 for -(+0) (triton_quantize_jit._neg_where)
+    return r.to(tl.int32, bitcast=True) | tl.where(y < 0.0, -2147483648, 0)
 
 
 @triton.jit

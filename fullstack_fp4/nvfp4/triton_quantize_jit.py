@@ -29,6 +29,16 @@ INV6 = tl.constexpr(0.1666666716337204)  # fp32(1/6) = torch.reciprocal(6.0), ex
 
 # ----------------------------------------------------------------------------- jit helpers
 @triton.jit
+def _neg_where(neg, m):
+    """``-m`` where ``neg``, else ``m``, by flipping the sign bit, so ``+0`` becomes ``-0``.
+    A select between ``-m`` and ``m`` does not: the GPU image's triton 3.6 lowers a float's
+    unary minus to ``0 - m``, which is ``+0`` for ``m = +0`` (triton 3.9's compiler and its
+    interpreter negate the sign bit), and a negative value that rounds to 0 must decode to
+    ``-0`` like its code (tests/fullstack_fp4/test_triton_signed_zero_lint.py)."""
+    return (m.to(tl.int32, bitcast=True) ^ tl.where(neg, -2147483648, 0)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _e4m3_rne(v):
     """RNE of FP32 ``v`` in [0, 448] to E4M3: returns (value as FP32, E4M3 bit pattern int32)."""
     bits = v.to(tl.int32, bitcast=True)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
-from fullstack_fp4.nvfp4.triton_quantize_jit import FP32_MAX, INV6, _e2m1_code, _e4m3_rne
+from fullstack_fp4.nvfp4.triton_quantize_jit import FP32_MAX, INV6, _e2m1_code, _e4m3_rne, _neg_where
 
 __all__ = ["quantize_decode", "decoded_matmul", "decoded_matmul_unscaled", "abs_max", "split2",
            "sym_two_term", "cross_two_term_axpy"]
@@ -64,7 +64,7 @@ def _qdq_kernel(x_ptr, out_ptr, amax_ptr, scale_ptr, ts_ptr, R, NBLK, sxr, sxk, 
     f = tl.minimum(tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * dec), FP32_MAX)
     y = tl.minimum(tl.maximum(x * f[:, :, None], -6.0), 6.0)
     _, r = _e2m1_code(y, y, False)
-    val = tl.where(y < 0.0, -r, r) * s_val[:, :, None]              # exact, fits BF16
+    val = _neg_where(y < 0.0, r) * s_val[:, :, None]                 # exact, fits BF16
     tl.store(out_ptr + rows * sor + cols * sok, val.to(tl.bfloat16), mask=mask)
 
 
