@@ -11,8 +11,8 @@ import triton.language as tl
 from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
 
 from .triton_quantize_jit import (INV6, MAGIC, NAN_BITS, _bf16w_to_f32, _candidate_fast,
-                                  _e2m1_rne_val, _nib_rne, _nib_sr, _philox10, _sr_u8,
-                                  _tensor_scales)
+                                  _e2m1_rne_val, _neg_where, _nib_rne, _nib_sr, _philox10,
+                                  _sr_u8, _tensor_scales)
 
 
 
@@ -134,8 +134,8 @@ def _dec_rne_bits(x, f, s_val):
     BF16 is the top 16 bits); ``-0`` where a negative ``x·f`` rounds to 0, as the code's decode."""
     y = x * f
     r = _e2m1_rne_val(tl.minimum(tl.abs(y), 6.0)) * s_val
-    # the sign as a bit: triton 3.6's unary minus gives +0 for -(+0) (triton_quantize_jit._neg_where)
-    return r.to(tl.int32, bitcast=True) | tl.where(y < 0.0, -2147483648, 0)
+    # a true negation: triton 3.6's unary minus gives +0 for -(+0) (triton_quantize_jit._neg_where)
+    return _neg_where(y < 0.0, r).to(tl.int32, bitcast=True)
 
 
 @triton.jit

@@ -30,12 +30,14 @@ INV6 = tl.constexpr(0.1666666716337204)  # fp32(1/6) = torch.reciprocal(6.0), ex
 # ----------------------------------------------------------------------------- jit helpers
 @triton.jit
 def _neg_where(neg, m):
-    """``-m`` where ``neg``, else ``m``, by flipping the sign bit, so ``+0`` becomes ``-0``.
-    A select between ``-m`` and ``m`` does not: the GPU image's triton 3.6 lowers a float's
-    unary minus to ``0 - m``, which is ``+0`` for ``m = +0`` (triton 3.9's compiler and its
-    interpreter negate the sign bit), and a negative value that rounds to 0 must decode to
-    ``-0`` like its code (tests/fullstack_fp4/test_triton_signed_zero_lint.py)."""
-    return (m.to(tl.int32, bitcast=True) ^ tl.where(neg, -2147483648, 0)).to(tl.float32, bitcast=True)
+    """``-m`` where ``neg``, else ``m``, as a true negation, so ``+0`` becomes ``-0``.
+    A select between ``-m`` and ``m`` does not do that: the GPU image's triton 3.6 lowers a
+    float's unary minus to ``0 - m``, which is ``+0`` for ``m = +0`` (triton 3.9's compiler and
+    its interpreter negate), and a negative value that rounds to 0 must decode to ``-0`` like its
+    code. ``m * -1.0`` is exact in IEEE arithmetic, and LLVM turns it into ``fneg`` (PTX
+    ``neg.f32``), which costs what ``0 - m`` did: the same SASS count for the two-way kernels
+    (tests/fullstack_fp4/test_triton_signed_zero.py reads the IR)."""
+    return tl.where(neg, m * -1.0, m)
 
 
 @triton.jit

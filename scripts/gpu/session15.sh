@@ -11,6 +11,9 @@
 #       can the split remove at all (rank 256 of 512)? Three seeds x {bf16, nvfp4_linear,
 #       lora_svd realigned every 50, lora_svd rank 256}, 12 runs on the GPU at once; beside them
 #       the GPU tests that session 15 fixed (signed zeros of the decoded operands)
+#   bash scripts/gpu/session15.sh rank    # issue 4, after `lora`: the rank's dose-response at the
+#       default interval: three seeds x {bf16, nvfp4_linear, lora_svd rank 128, lora_svd rank 64},
+#       12 runs at once; beside them the same GPU tests, their summary line kept
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -39,5 +42,20 @@ case "${1:-tests}" in
       for a in "$d"/*/; do [ -f "$a/metrics.jsonl" ] && mkdir -p "$OUT/$b/$(basename "$a")" \
         && cp "$a/metrics.jsonl" "$OUT/$b/$(basename "$a")/"; done; done
     for f in "$OUT"/abl_*.md; do echo "== $f"; grep -i 'val\|arm\|gap' "$f" | head -8; done
+    ;;
+  rank)   # few files come back from a call: keep one table per run and the test log
+    ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 --time-budget 440"
+    for sd in 1234 4321 99; do
+      timeout 470 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 --out "/tmp/abl_rank128_$sd" \
+        --set "train.seed=$sd" fp4.lora_svd.rank=128 >/dev/null 2>&1 &
+      timeout 470 $ABL --arms lora_svd --jobs 1 --out "/tmp/abl_rank64_$sd" \
+        --set "train.seed=$sd" >/dev/null 2>&1 &
+    done
+    timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=line -n 4 \
+      tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/optim/test_triton_ns.py \
+      >"$OUT/pytest_gpu.txt" 2>&1; tail -3 "$OUT/pytest_gpu.txt"
+    wait
+    for d in /tmp/abl_rank128_* /tmp/abl_rank64_*; do cp "$d/ablation.md" "$OUT/$(basename "$d").md"
+      echo "== $d"; grep '^| ' "$d/ablation.md" | grep -v '^| arm\|^| ---'; done
     ;;
 esac
