@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
-from fullstack_fp4.nvfp4.triton_quantize_jit import FP32_MAX, INV6, _e2m1_code, _e4m3_rne, _neg_where
+from fullstack_fp4.nvfp4.triton_quantize_jit import (FP32_MAX, INV6, _e2m1_code, _e4m3_rne,
+                                                    _neg_where)
 
 __all__ = ["quantize_decode", "decoded_matmul", "decoded_matmul_unscaled", "abs_max", "split2",
            "sym_two_term", "cross_two_term_axpy"]

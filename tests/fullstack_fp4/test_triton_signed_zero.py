@@ -22,7 +22,8 @@ import fullstack_fp4
 PKG = Path(fullstack_fp4.__file__).parent
 GPU_IMAGE_TRITON = PKG.parent / ".venv" / "triton-gpu-image"   # Makefile: GPU_TRITON
 # tl.where(<cond>, -name, name) with the same name on both sides
-PATTERN = re.compile(r"tl\.where\([^,()]*(?:\([^()]*\))?[^,()]*,\s*-\s*([A-Za-z_]\w*)\s*,\s*\1\s*\)")
+PATTERN = re.compile(r"tl\.where\([^,()]*(?:\([^()]*\))?[^,()]*,"
+                     r"\s*-\s*([A-Za-z_]\w*)\s*,\s*\1\s*\)")
 
 
 def _kernel_files():
@@ -44,7 +45,7 @@ def test_no_kernel_negates_by_unary_minus_in_a_select():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.lstrip().startswith("#") and PATTERN.search(line):
                 hits.append(f"{path.relative_to(PKG)}:{n}: {line.strip()}")
-    assert not hits, "use triton_quantize_jit._neg_where (sign bit), not tl.where(c, -x, x):\n" \
+    assert not hits, "use triton_quantize_jit._neg_where, not tl.where(c, -x, x):\n" \
         + "\n".join(hits)
 
 
