@@ -1,6 +1,9 @@
 # Sourced first by the device-call scripts (the GPU machine has no network): install the carried
 # cp312 wheels (.whl/, from ../shared/tools/device-wheels.sh) into /tmp/site and put them and the
 # repository on PYTHONPATH; unbuffered logs; a Triton cache that lives as long as the machine.
+# Scripts that stamp a commit (ablation.py) read `git rev-parse HEAD` of the device copy, whose git
+# metadata can lag the carried working tree (run66/run67 named b69f063 for 2aace4a's tree): pass
+# FULLSTACK_COMMIT=<rev> on the call's command line.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
