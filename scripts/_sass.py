@@ -10,6 +10,7 @@ not timings. Run with the GPU image's triton first on PYTHONPATH to count for 3.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import os
 import re
@@ -20,8 +21,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@functools.cache
 def gate():
-    """tests/triton_compile_gate.py with its recorder installed (launches recorded, not run)."""
+    """tests/triton_compile_gate.py with its recorder installed (launches recorded, not run);
+    set up once, however many kernels a script counts."""
     os.environ.pop("TRITON_INTERPRET", None)
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.join(ROOT, "tests"))

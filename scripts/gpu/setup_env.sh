@@ -9,9 +9,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
 
 # run NAME LIMIT CMD...: one step of a device call — CMD under `timeout LIMIT`, its output (less
-# warnings) kept as $OUT/NAME.txt and its last ${TAILN:-40} lines shown.
+# Python's and torch's warning lines) kept as $OUT/NAME.txt and its last ${TAILN:-40} lines shown.
+# Only the warning lines go: a case-blind "warn" also dropped pytest's "N passed, M warnings" (run66).
 run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
-        timeout "$limit" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/$name.txt" | tail -${TAILN:-40}; }
+        timeout "$limit" "$@" 2>&1 | grep -v -E 'Warning:|warnings\.warn\(' | tee "$OUT/$name.txt" \
+          | tail -${TAILN:-40}; }
 
 # keep_ablation DIR: scripts/ablation.py's table, JSON, plot and each arm's metrics.jsonl into $OUT.
 keep_ablation() { cp "$1"/ablation.md "$1"/ablation.json "$1"/*.png "$OUT"/ 2>/dev/null

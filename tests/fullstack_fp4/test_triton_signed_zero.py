@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import fullstack_fp4
+from tests.test_triton_compile_sm90 import GPU_IMAGE_TRITON, _compiler_available
 
 PKG = Path(fullstack_fp4.__file__).parent
-GPU_IMAGE_TRITON = PKG.parent / ".venv" / "triton-gpu-image"   # Makefile: GPU_TRITON
 # tl.where(<cond>, -name, name) with the same name on both sides
 PATTERN = re.compile(r"tl\.where\([^,()]*(?:\([^()]*\))?[^,()]*,"
                      r"\s*-\s*([A-Za-z_]\w*)\s*,\s*\1\s*\)")
@@ -82,21 +82,13 @@ for fn in (helper, unary_minus):
 """
 
 
-def _compiler_available() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
-        return os.path.exists(get_ptxas(90).path)
-    except Exception:  # noqa: BLE001
-        return False
-
-
 @pytest.mark.skipif(not _compiler_available(), reason="triton's NVIDIA backend / ptxas missing")
 def test_neg_where_is_a_true_negation_with_the_gpu_images_triton(tmp_path):
-    if not (GPU_IMAGE_TRITON / "triton").is_dir():
+    if not os.path.isdir(os.path.join(GPU_IMAGE_TRITON, "triton")):
         pytest.skip(f"the GPU image's triton is not installed in {GPU_IMAGE_TRITON} (make install)")
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(GPU_IMAGE_TRITON), str(PKG.parent),
+    env["PYTHONPATH"] = os.pathsep.join([GPU_IMAGE_TRITON, str(PKG.parent),
                                          env.get("PYTHONPATH", "")])
     probe = tmp_path / "neg_probe.py"   # triton.jit reads a kernel's source from its file
     probe.write_text(_PROBE)
