@@ -1,4 +1,5 @@
-"""scripts/compare_compile_gate.py: the variants whose registers or spills differ, hand-built reports."""
+"""scripts/compare_compile_gate.py: the variants whose registers or spills differ (hand-built
+reports)."""
 import json
 import os
 import sys
