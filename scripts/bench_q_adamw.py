@@ -10,9 +10,9 @@ and a phased tensor, 3 steps; a config that differs is reported and not timed), 
 over the same ~1e9 parameters as the kernel rows, all in this one process; prints a table
 sorted by time with the ratio to torch fused AdamW (timed too) and the best configuration to
 set as ``triton_step.CPP`` / ``FAST_DEC`` (and ``maxnreg``). Default list: 5 likely configs
-(~5 min of compiles) plus two Philox-path options (``rounds=7``; ``u8``: 8-bit uniforms, one
-Philox call per block — SR bias bound 2^-8 instead of 2^-16 of a step; these change the
-uniforms, so their check only covers the rest of the kernel); ``--sweep-all`` 24 configs;
+(~5 min of compiles) plus Philox-path options (``rounds=7``; ``u8=False``: 16-bit uniforms
+from two Philox calls per block — SR bias bound 2^-16 instead of the default's 2^-9 of a
+step), each also checked on its Philox path (``kernel_uniforms``); ``--sweep-all`` 24 configs;
 ``--sweep-configs 'cpp,maxnreg,fast_dec[,u8,rounds];…'`` a chosen few.
 
 1. Correctness first: on a small tensor (n = 100_003, odd on purpose) the fused Triton kernel
@@ -48,16 +48,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fullstack_fp4.optim import QAdamW, optimizer_state_bytes  # noqa: E402
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
-from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _init_state,  # noqa: E402
-                                                   _kernel_views, q_adamw_step_reference)
+from fullstack_fp4.optim.q_adamw.optimizer import (  # noqa: E402
+    _hyper, _init_state, _kernel_views, kernel_uniforms, q_adamw_step_reference)
 from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
 
 SHAPES = ((3072, 3072), (3072, 8192), (8192, 3072))
 
 
-def correctness(n=100_003, steps=3, phase=0, model_out=False, **launch_kw):
+def correctness(n=100_003, steps=3, phase=0, model_out=False, philox=False, **launch_kw):
     """Kernel vs reference, same uniforms; ``model_out``: the variant that also writes the BF16
-    model param (checked against ``p.to(bfloat16)``, torch's CUDA cast)."""
+    model param (checked against ``p.to(bfloat16)``, torch's CUDA cast); ``philox``: the kernel
+    draws its own uniforms (the path QAdamW runs) and the reference gets the same stream from
+    ``kernel_uniforms`` (PyTorch Philox)."""
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     npad = padded_numel(n)
@@ -69,11 +71,16 @@ def correctness(n=100_003, steps=3, phase=0, model_out=False, **launch_kw):
     for t in range(1, steps + 1):
         g = torch.randn(n, device=dev, generator=gen) * torch.exp(
             2 * torch.randn(n, device=dev, generator=gen))
-        u = torch.rand(npad, device=dev, generator=gen)
+        if philox:
+            u = kernel_uniforms(1000 + t, npad, 5, u8=launch_kw.get("u8", True),
+                                rounds=launch_kw.get("rounds", 10), device=dev)
+        else:
+            u = torch.rand(npad, device=dev, generator=gen)
         q_adamw_step_reference(p, g, st, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.01, step=t, rand=u, phase=phase)
-        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=5,
-               model_out=bf16, **launch_kw, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
+        launch(p2, g, _kernel_views(st2), n, npad, seed=1000 + t, rand=None if philox else u,
+               phase=phase, row0=5, model_out=bf16, **launch_kw,
+               **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
         if model_out:
             out["model_out_mismatches"] = out.get("model_out_mismatches", 0) + int(
                 (bf16.view(torch.int16) != p2.to(torch.bfloat16).view(torch.int16)).sum())
@@ -129,6 +136,9 @@ def kernel_rows(args, gd, res):
     for cpp in args.cpp:
         variants.append((f"kernel (thread per block, cpp={cpp}, {2 * cpp} warps)",
                          lambda *a, _c=cpp, **k: launch(*a, cpp=_c, **k)))
+    if args.u16_row:    # the default before session 16: two Philox calls a block, 16-bit uniforms
+        variants.append(("kernel cpp=1, 16-bit uniforms (u8=False)",
+                         lambda *a, **k: launch(*a, cpp=1, u8=False, **k)))
     for name, fn in variants:
         try:
             med, ts = time_kernel(fn, params, states, args.steps)
@@ -176,10 +186,10 @@ SWEEP = [dict(cpp=1, maxnreg=0, fast_dec=False),                     # v1 as mea
          dict(cpp=2, maxnreg=0, fast_dec=True),
          dict(cpp=1, maxnreg=128, fast_dec=True),
          dict(cpp=2, maxnreg=128, fast_dec=True),
-         # Philox-path options (change the SR uniforms, not checkable bit for bit: the check
-         # runs with explicit uniforms): 7 rounds; 8-bit uniforms from one call per block
+         # Philox-path options (the check's philox case draws the same stream in PyTorch):
+         # 7 rounds; 16-bit uniforms from two calls per block (the default before session 16)
          dict(cpp=1, maxnreg=None, fast_dec=True, rounds=7),
-         dict(cpp=1, maxnreg=None, fast_dec=True, u8=True, rounds=7)]
+         dict(cpp=1, maxnreg=None, fast_dec=True, u8=False)]
 SWEEP_ALL = [dict(cpp=c, maxnreg=r, fast_dec=f) for c in (1, 2, 4) for r in (0, 168, 128, 96)
              for f in (True, False)]
 
@@ -214,7 +224,8 @@ def sweep(args, gd, res):
         name = ", ".join(f"{k}={v}" for k, v in kw.items())
         try:
             # n divisible by 16 like the timed 3b matrices: one specialization fewer to compile
-            chk = [correctness(n=100_000, **kw), correctness(n=70_000, phase=448, **kw)]
+            chk = [correctness(n=100_000, **kw), correctness(n=70_000, phase=448, **kw),
+                   correctness(n=70_000, phase=448, philox=True, **kw)]
         except Exception as e:  # noqa: BLE001 - e.g. a register cap the compiler refuses
             print(f"{name}: FAILED to run ({type(e).__name__}: {str(e)[:200]})", flush=True)
             continue
@@ -236,7 +247,7 @@ def sweep(args, gd, res):
     for r in timed + [r for r in rows if not r.get("exact")]:
         ms = f"{r['ms']:.2f} | {r['x_fused']:.2f}" if r.get("exact") else "– | –"
         print(f"| {r['cpp']} | {2 * r['cpp']} | {r['maxnreg']} | {r['fast_dec']} | "
-              f"{r.get('u8', False)} | {r.get('rounds', 10)} | {r['exact']} | {ms} |")
+              f"{r.get('u8', True)} | {r.get('rounds', 10)} | {r['exact']} | {ms} |")
     if timed:
         b = timed[0]
         print(f"\nbest: {', '.join(f'{k}={b[k]}' for k in b if k not in ('exact', 'ms', 'all_ms', 'x_fused'))}"
@@ -268,6 +279,8 @@ def main():
     ap.add_argument("--cpp", type=int, nargs="*", default=[1, 2],
                     help="chunks per program for the kernel-only rows")
     ap.add_argument("--no-kernel-rows", action="store_true")
+    ap.add_argument("--u16-row", action="store_true",
+                    help="also a kernel row with 16-bit uniforms from two Philox calls a block")
     ap.add_argument("--sweep", action="store_true",
                     help="check + time kernel configurations (see the docstring), then stop")
     ap.add_argument("--sweep-all", action="store_true", help="--sweep over every combination")
@@ -279,12 +292,15 @@ def main():
            "correctness_phased": correctness(n=70_001, phase=448),
            "correctness_model_out": correctness(model_out=True),
            "correctness_model_out_phased": correctness(n=70_001, phase=448, model_out=True),
+           "correctness_philox": correctness(n=70_001, phase=448, philox=True),
            "rows": []}
     print("correctness (kernel vs reference, same uniforms):", res["correctness"])
     print("correctness, a distributed-optimizer piece (grid phase 448):",
           res["correctness_phased"])
     print("correctness with the BF16 model-param write (model_out vs p.to(bfloat16)):",
           res["correctness_model_out"], res["correctness_model_out_phased"])
+    print("correctness of the Philox path (the kernel's own uniforms vs kernel_uniforms):",
+          res["correctness_philox"])
     if args.sweep:
         sweep(args, gd, res)
         out = os.environ.get("OUT")

@@ -91,7 +91,8 @@ unless said otherwise:
   differently only between candidates whose block errors agree to a few ulps;
 * the stochastic rounding of m reads its fraction off the FP32 bits, which rounds magnitudes
   below 1 (in units of the block scale) to 2^-23 first (``sr_codes``): its bias bound becomes
-  (2^-16 + 2^-23) of an E2M1 step with the kernel's 16-bit uniforms (was 2^-16).
+  (2^-9 + 2^-23) of an E2M1 step with the kernel's 8-bit centred uniforms
+  (``optimizer.kernel_uniforms``).
 """
 
 from __future__ import annotations
@@ -213,8 +214,9 @@ def sr_codes(yq: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     so it is also zero on average over the values), and nothing at all for ``|yq| >= 1`` or for
     values already on 2^-23 (every FP32 >= 0.5 but those in [0.5, 1) with the last bit set).
     With exact uniforms the rounding of the pre-rounded value is unbiased; with the kernel's
-    16-bit Philox uniforms P(up) = ceil(frac · 2^16) / 2^16, so the bias of one rounding is
-    at most (2^-16 + 2^-23) of one E2M1 step (it was 2^-16)."""
+    8-bit centred Philox uniforms (k + ½) / 2^8, P(up) = round(frac · 2^8) / 2^8 (ties down),
+    so the bias of one rounding is at most (2^-9 + 2^-23) of one E2M1 step (2^-16 + 2^-23
+    with the 16-bit option, ``launch(u8=False)``)."""
     a = yq.abs()
     x = torch.maximum(a, a * 0.5 + 0.5)      # a * 0.5 + 0.5: the kernel's FFMA (a * 0.5 is exact
     # unless a < 2^-125, where the sum rounds to 0.5 either way)

@@ -70,7 +70,7 @@ from .codecs import (BLOCK, CHUNK, TILE, MomentState, _fma_rn, _sqrt_rn, decode_
                      num_chunks, padded_numel)
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
-           "optimizer_state_bytes", "decode_param_state", "encode_param_state", "MODEL_OUT_ATTR",
+           "kernel_uniforms", "optimizer_state_bytes", "decode_param_state", "encode_param_state", "MODEL_OUT_ATTR",
            "MODEL_WRITTEN_ATTR", "model_out_of", "model_param_written"]
 
 PLACE_ATTR = "q_adamw_place"
@@ -248,6 +248,42 @@ def placement_of(p: torch.Tensor, index: int) -> Placement:
 def _seed(seed: int, index: int, step: int) -> int:
     # Distinct, deterministic 31-bit seed per (parameter, step): a resume redraws the same bits.
     return (seed * 1_000_003 + index * 7_919 + step * 104_729) % (2 ** 31 - 1)
+
+
+def kernel_uniforms(seed: int, npad: int, row0: int = 0, *, u8: bool = True, rounds: int = 10,
+                    device=None) -> torch.Tensor:
+    """The first moment's stochastic-rounding uniforms that the fused kernel draws from Philox
+    (``launch`` without ``rand``), in plain PyTorch: ``npad`` FP32 uniforms for the piece whose
+    first 16-block is block ``row0`` of the whole tensor. ``q_adamw_step_reference(...,
+    rand=kernel_uniforms(...))`` then computes the kernel's Philox-path step bit for bit (tests;
+    the GPU check of scripts/bench_q_adamw.py).
+
+    Row (16-block) ``r`` of the whole tensor draws ``Philox4x32(counter = (2r, 0, 0, 0), key =
+    seed's two 32-bit words, rounds)`` (``tl.randint4x(seed, 2r, rounds)``):
+
+    * ``u8`` (the default): entry ``j`` of the row takes byte ``j % 4`` (low byte first) of word
+      ``j // 4`` as ``u = (byte + ½) / 2^8``;
+    * otherwise two calls (counters ``2r`` and ``2r + 1``, words 0-3 and 4-7): entry ``j`` takes
+      16-bit half ``j % 2`` (low half first) of word ``j // 2`` as ``u = half / 2^16``.
+
+    Both grids are exact in FP32, so ``floor(u · 2^22)`` is the kernel's integer dither."""
+    from fullstack_fp4.nvfp4.sr_stream import philox4x32_10
+
+    if npad % BLOCK:
+        raise ValueError(f"kernel_uniforms: npad={npad} is not a multiple of {BLOCK}")
+    r = torch.arange(row0, row0 + npad // BLOCK, dtype=torch.int64, device=device)
+    k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    if u8:
+        words = torch.stack(philox4x32_10(2 * r, torch.zeros_like(r), k0, k1, rounds=rounds),
+                            -1)                                         # [rows, 4]
+        parts = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], -1)
+        u = (parts.double() + 0.5) / 256.0
+    else:
+        words = torch.cat([torch.stack(philox4x32_10(2 * r + i, torch.zeros_like(r), k0, k1,
+                                                     rounds=rounds), -1) for i in (0, 1)], -1)
+        parts = torch.stack([words & 0xFFFF, words >> 16], -1)          # [rows, 8, 2]
+        u = parts.double() / 65536.0
+    return u.reshape(-1).float()
 
 
 # Where a param's gradient may sit instead of `.grad` (megatron-core's name in its precision-

@@ -489,11 +489,14 @@ def _u16(r):
 
 @triton.jit
 def _u8(r):
-    """Dithers of the four uniforms k / 2^8, k = the bytes of a uint32: ((0xFF − k) << 14) | 0x3FFF."""
+    """Dithers (``_sr_code``) of the four centred uniforms (k + ½) / 2^8, k = the bytes of a
+    uint32 (byte 0 first): 0x3FFFFF − (k << 14 | 0x2000) = ((0xFF − k) << 14) | 0x1FFF, one
+    shift and one LOP3 each — the NVFP4 linear's stream definition (nvfp4.sr_stream: 8 bits an
+    element, as Blackwell's ``cvt.rs`` spends; the ½ makes the bias two-sided, ≤ 2^-9 step)."""
     nr = ~r
-    a = ((nr << 14) & 0x3FC000) | 0x3FFF
-    b = ((nr << 6) & 0x3FC000) | 0x3FFF
-    c = ((nr >> 2) & 0x3FC000) | 0x3FFF
-    d = ((nr >> 10) & 0x3FC000) | 0x3FFF
+    a = ((nr << 14) & 0x3FC000) | 0x1FFF
+    b = ((nr << 6) & 0x3FC000) | 0x1FFF
+    c = ((nr >> 2) & 0x3FC000) | 0x1FFF
+    d = ((nr >> 10) & 0x3FC000) | 0x1FFF
     return (a.to(tl.int32, bitcast=True), b.to(tl.int32, bitcast=True),
             c.to(tl.int32, bitcast=True), d.to(tl.int32, bitcast=True))

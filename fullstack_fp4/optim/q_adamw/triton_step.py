@@ -17,9 +17,12 @@ It computes exactly what ``optimizer.q_adamw_step_reference`` computes, operatio
 in FP32 (IEEE ``div_rn``/``sqrt_rn``, launched with ``enable_fp_fusion=False`` so no FMA
 contraction; every sum is the reference's fixed halving tree), so given the same uniforms
 (``rand``) the two agree bit for bit. Without ``rand`` the stochastic-rounding uniforms come from
-Philox (``tl.randint4x``) seeded per (step, parameter): one Philox call gives 8 uniforms of 16
-bits (u = k / 2^16, used as the integer dither 0x3FFFFF − (k << 6): triton_rows._sr_code; the
-rounding's bias is then at most (2^-16 + 2^-23) of one E2M1 step, codecs.sr_codes).
+Philox (``tl.randint4x``) seeded per (step, parameter): one Philox call per 16-block gives its
+16 uniforms of 8 bits, u = (k + ½) / 2^8 — the NVFP4 linear's definition (nvfp4/sr_stream.py:
+8 random bits an element, what Blackwell's ``cvt.rs`` E2M1 conversion spends), used as the
+integer dither of triton_rows._sr_code; the rounding's bias is then at most (2^-9 + 2^-23) of
+one E2M1 step (codecs.sr_codes). ``optimizer.kernel_uniforms`` computes the same uniforms in
+PyTorch, so the Philox path is checked bit for bit against the reference too.
 
 Rounding without comparison ladders, exact in IEEE FP32 (so the interpreter and the GPU agree):
 E2M1 and E4M3 round-to-nearest-even is one add of a power of two M picked from the exponent
@@ -156,7 +159,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
         u12, u13, u14, u15 = _dither(u12), _dither(u13), _dither(u14), _dither(u15)
     else:
         off = ((rows + row0) * 2).to(tl.int32)
-        if U8:      # one Philox call per row: 16 uniforms of 8 bits (SR bias <= 2^-8 step)
+        if U8:      # one Philox call per row: 16 uniforms of 8 bits (SR bias <= 2^-9 step)
             k0, k1, k2, k3 = tl.randint4x(seed, off, ROUNDS)
             u0, u1, u2, u3 = _u8(k0)
             u4, u5, u6, u7 = _u8(k1)
@@ -207,7 +210,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
 
 def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2,
            eps, step_size, rand=None, cpp=None, phase=0, row0=0, fast_dec=None, maxnreg=None,
-           u8=False, rounds=10, model_out=None):
+           u8=True, rounds=10, model_out=None):
     """Run the fused step in place on the flat FP32 ``p_flat`` and the state tensors ``st``.
 
     ``st``: dict of the optimizer's state tensors (codes uint8, scales uint8 = E4M3 bits, chunk
@@ -216,11 +219,12 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     (codecs.num_chunks; a multiple of the 32-tile here); ``row0``: the piece's first 16-block
     in the whole tensor (Philox counter base). ``fast_dec``: the nibble decode variant
     (default ``FAST_DEC``; both are bit-identical); ``maxnreg``: register cap per thread (GPU
-    only; None = ``MAXNREG``, 0 = Triton's choice). ``u8`` / ``rounds`` (Philox path only, i.e. ``rand`` None):
-    8-bit uniforms from one Philox call per 16-block instead of 16-bit ones from two (SR bias
-    bound 2^-8 instead of 2^-16 of an E2M1 step), and Philox rounds (10 = Triton's default;
-    7 passes BigCrush per Salmon et al. 2011) — speed options for the sweep, not defaults.
-    ``scripts/bench_q_adamw.py --sweep`` times the combinations.
+    only; None = ``MAXNREG``, 0 = Triton's choice). ``u8`` / ``rounds`` (Philox path only, i.e.
+    ``rand`` None): 8-bit centred uniforms from one Philox call per 16-block (the default; SR
+    bias bound 2^-9 of an E2M1 step) or, ``u8=False``, 16-bit ones from two calls (2^-16; 56
+    more SASS instructions per 16 entries, PERF.md "v5"), and Philox rounds (10 = Triton's and
+    cuRAND's default; 7 passes BigCrush per Salmon et al. 2011, a sweep option).
+    ``optimizer.kernel_uniforms(seed, npad, row0, u8=, rounds=)`` gives the uniforms each draws.
 
     ``model_out``: a contiguous BF16 tensor of ``n`` entries (the model parameter, or the
     slice of it that ``p_flat`` is the main shard of), or None. Given, the kernel also stores

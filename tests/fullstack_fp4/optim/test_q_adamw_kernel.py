@@ -49,6 +49,60 @@ def test_kernel_matches_reference_bit_for_bit(n, phase, fast_dec):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                     reason="needs the Triton interpreter or a GPU")
+@pytest.mark.parametrize("u8,rounds", [(True, 10), (False, 7)])
+def test_philox_path_matches_reference_with_kernel_uniforms(u8, rounds):
+    """The default path draws its uniforms from Philox in the kernel (no ``rand``):
+    ``kernel_uniforms`` (PyTorch Philox, an independent implementation of the stream) handed to
+    the reference gives the same params and states bit for bit — for a piece that starts at row
+    3 of its tensor (the counter is the whole tensor's row) on a shifted chunk grid. The
+    reference with torch.rand uniforms must differ (the check can fail)."""
+    dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" \
+        else "cpu"
+    from fullstack_fp4.optim.q_adamw.optimizer import kernel_uniforms
+    from fullstack_fp4.optim.q_adamw.triton_step import launch
+    n, phase, row0, seed = 2048 + 33, 960, 3, 0x1234567
+    gen = torch.Generator().manual_seed(7)
+    npad = padded_numel(n)
+    p = torch.randn(n, generator=gen).to(dev)
+    st = _init_state(n, dev, phase)
+    p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
+    p3, st3 = p.clone(), {k: v.clone() for k, v in st.items()}
+    for t in range(1, 3):
+        g = (torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))).to(dev)
+        u = kernel_uniforms(seed + t, npad, row0, u8=u8, rounds=rounds, device=dev)
+        q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+                               weight_decay=0.01, step=t, rand=u, phase=phase)
+        q_adamw_step_reference(p3, g, st3, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+                               weight_decay=0.01, step=t, phase=phase,
+                               rand=torch.rand(npad, generator=gen).to(dev))
+        launch(p2, g, _kernel_views(st2), n, npad, seed=seed + t, phase=phase, row0=row0,
+               u8=u8, rounds=rounds, **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
+        assert torch.equal(p, p2), t
+        for k in st:
+            assert torch.equal(st[k], st2[k]), (t, k)
+    assert not torch.equal(st["exp_avg_codes"], st3["exp_avg_codes"])
+
+
+def test_kernel_uniforms_layout():
+    """Hand-checked layout of ``kernel_uniforms``: row r's bytes (8-bit) / halves (16-bit) of
+    Philox(counter 2r[+1]) in order, and a piece at row0 is the whole tensor's stream sliced."""
+    from fullstack_fp4.nvfp4.sr_stream import philox4x32_10
+    from fullstack_fp4.optim.q_adamw.optimizer import kernel_uniforms
+    seed = (5 << 32) | 77
+    whole = kernel_uniforms(seed, 64)
+    assert torch.equal(kernel_uniforms(seed, 32, row0=2), whole[32:])
+    w = [int(x) for x in philox4x32_10(torch.tensor([2]), torch.tensor([0]), 77, 5)]
+    want = [((w[j // 4] >> (8 * (j % 4))) & 255) + 0.5 for j in range(16)]
+    assert whole[16:32].tolist() == [x / 256 for x in want]
+    w = [int(x) for c in (6, 7) for x in philox4x32_10(torch.tensor([c]), torch.tensor([0]), 77, 5)]
+    want = [(w[j // 2] >> (16 * (j % 2))) & 0xFFFF for j in range(16)]
+    assert kernel_uniforms(seed, 64, u8=False)[48:].tolist() == [x / 65536 for x in want]
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kernel_uniforms(seed, 40)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="needs the Triton interpreter or a GPU")
 @pytest.mark.parametrize("n,phase", [(1500, 0), (2048 + 33, 960)])
 def test_kernel_model_out_is_the_bf16_cast_of_p(n, phase):
     """``model_out``: the kernel also writes p_new.to(bfloat16) bit for bit, into exactly the n
@@ -324,8 +378,8 @@ def _sr_oracle(a, u):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="checks the kernel's rounding helpers in the interpreter")
 def test_sr_code_and_dithers_exhaustive_thresholds():
-    """_sr_code with every dither source (FP32 uniforms via _dither, 16-bit and 8-bit Philox
-    halves via _u16/_u8) == the threshold rule on u = K / 2^22: on every a whose fraction is at
+    """_sr_code with every dither source (FP32 uniforms via _dither, 16-bit Philox halves via
+    _u16, centred 8-bit bytes via _u8) == the threshold rule on u = K / 2^22: on every a whose fraction is at
     a threshold of the uniform grid (u = frac exactly, and one step of u either side), on the
     2^-23 rounding ties below 1, on tiny and subnormal a, and on random a; and codecs.sr_codes
     (the reference) == the same oracle, signs included."""
@@ -377,8 +431,9 @@ def test_sr_code_and_dithers_exhaustive_thresholds():
     assert torch.equal(o[0], _sr_oracle(a, u).long())
     assert torch.equal(o[1], _sr_oracle(a, (kk.double() / 2.0 ** 16).float()).long())
     assert torch.equal(o[2], _sr_oracle(a, (k2.double() / 2.0 ** 16).float()).long())
-    assert torch.equal(o[3], _sr_oracle(a, ((kk & 255).double() / 256).float()).long())
-    assert torch.equal(o[4], _sr_oracle(a, ((k2 >> 8).double() / 256).float()).long())
+    # 8-bit: the centred grid (k + ½) / 2^8 of the linear's stream (nvfp4.sr_stream)
+    assert torch.equal(o[3], _sr_oracle(a, (((kk & 255).double() + 0.5) / 256).float()).long())
+    assert torch.equal(o[4], _sr_oracle(a, (((k2 >> 8).double() + 0.5) / 256).float()).long())
     # the reference, signed (negative values get bit 3, -0.0 does not)
     y = torch.where(torch.arange(N) % 2 == 0, a, -a)
     y[8] = -0.0
