@@ -1,5 +1,7 @@
-"""QAttnCoreAttention inside a tiny megatron-core GPTModel on CPU (forward + backward)."""
+"""QAttnCoreAttention inside a tiny megatron-core GPTModel (forward + backward): on the CPU with
+the Triton interpreter; on a GPU the Triton cases run there (compiled kernels need CUDA tensors)."""
 
+import os
 
 import pytest
 import torch
@@ -18,6 +20,14 @@ def parallel():
         parallel_state.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(123, inference_rng_tracker=True)
     yield
+
+
+def _triton_device() -> str:
+    """Where the Triton-backend cases run: the GPU when there is one and the interpreter is off
+    (a compiled kernel refuses CPU tensors), else the CPU under the interpreter."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "cuda"
+    return "cpu"
 
 
 def _model():
@@ -42,14 +52,15 @@ def test_gpt_forward_backward_uses_q_attn(parallel, backend):
     on CPU): megatron's own [s, b, h, d] q, k, v views go in, gradients reach the QKV weight."""
     from fullstack_fp4.integration.q_attn_core_attention import QAttnCoreAttention
     torch.manual_seed(0)
-    model = _model()
+    dev = _triton_device() if backend == "triton" else "cpu"
+    model = _model().to(dev)
     cores = [m for m in model.modules() if isinstance(m, QAttnCoreAttention)]
     assert len(cores) == 2
     for core in cores:
         core.backend = backend
-    tokens = torch.randint(0, 64, (2, 48))
-    pos = torch.arange(48).unsqueeze(0).expand(2, -1)
-    labels = torch.randint(0, 64, (2, 48))
+    tokens = torch.randint(0, 64, (2, 48)).to(dev)
+    pos = torch.arange(48).unsqueeze(0).expand(2, -1).to(dev)
+    labels = torch.randint(0, 64, (2, 48)).to(dev)
     loss = model(tokens, pos, None, labels=labels).mean()
     assert torch.isfinite(loss)
     loss.backward()
@@ -80,13 +91,13 @@ def test_core_attention_matches_q_attention_and_refuses(parallel):
         core(q, k, v, None, attn_mask_type=AttnMaskType.padding)
 
 
-def _megatron_qkv(s, b, groups, heads_per_group, d, seed=0):
+def _megatron_qkv(s, b, groups, heads_per_group, d, seed=0, device="cpu"):
     """``(mixed, query, key, value)`` as megatron's ``get_query_key_value_tensors`` builds them:
     a leaf ``[s, b, groups, (heads_per_group + 2)·d]`` (the QKV projection output), split along
     the last dim; query reshaped to ``[s, b, heads, d]``, key / value strided views."""
     g = torch.Generator().manual_seed(seed)
     mixed = torch.randn(s, b, groups, (heads_per_group + 2) * d, generator=g)
-    mixed = mixed.to(torch.bfloat16).requires_grad_()
+    mixed = mixed.to(torch.bfloat16).to(device).requires_grad_()
     query, key, value = torch.split(mixed, [heads_per_group * d, d, d], dim=3)
     return mixed, query.reshape(s, b, groups * heads_per_group, d), key, value
 
@@ -101,7 +112,8 @@ def test_core_attention_megatron_layout_without_copies(parallel, monkeypatch):
     from fullstack_fp4.attention import q_attention, triton_bwd, triton_fwd, triton_prologue
     from fullstack_fp4.attention.layout import owns_its_storage
     from fullstack_fp4.integration.q_attn_core_attention import QAttnCoreAttention
-    core = [m for m in _model().modules() if isinstance(m, QAttnCoreAttention)][0]
+    dev = _triton_device()
+    core = [m for m in _model().to(dev).modules() if isinstance(m, QAttnCoreAttention)][0]
     core.backend = "triton"
     seen = {}
 
@@ -119,13 +131,13 @@ def test_core_attention_megatron_layout_without_copies(parallel, monkeypatch):
     spy(triton_bwd, "attention_backward", lambda a, out: seen.update(do_in=a[0], grads=out))
 
     s, b, d = 32, 2, 64
-    mixed, query, key, value = _megatron_qkv(s, b, 2, 2, d)       # 4 heads, 2 groups
+    mixed, query, key, value = _megatron_qkv(s, b, 2, 2, d, device=dev)   # 4 heads, 2 groups
     grads = {}
     for name, x in (("q", query), ("k", key), ("v", value)):
         x.register_hook(lambda g, name=name: grads.__setitem__(name, g))
     out = core(query, key, value, None)
     out.register_hook(lambda g: grads.__setitem__("out", g))
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
     out.backward(dout)
 
     assert [x.data_ptr() for x in seen["prologue_in"]] == [query.data_ptr(), key.data_ptr()]
