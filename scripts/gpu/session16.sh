@@ -7,6 +7,9 @@
 #       and Q-AdamW's kernel tests with the Philox-path check (kernel_uniforms); then the
 #       Q-AdamW bench: its correctness block (now also the Philox path) and the step beside
 #       torch fused AdamW and torchao, with a kernel row on the old 16-bit uniforms
+#   bash scripts/gpu/session16.sh all     # test_core_attention.py's Triton cases, which run70 ran
+#       on CPU tensors (fixed: CUDA when there is a GPU), then every test under tests/fullstack_fp4
+#       on the GPU (12 processes; -v so a time-out still leaves each finished test's verdict)
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -16,5 +19,12 @@ case "${1:-tests}" in
       tests/fullstack_fp4/attention tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
       tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/optim/test_triton_ns.py
     TAILN=30 run q_adamw 240 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 --u16-row
+    ;;
+  all)
+    TAILN=4 run pytest_core_attention 150 python3 -m pytest -q -p no:cacheprovider --tb=short -n 3 \
+      tests/fullstack_fp4/attention/test_core_attention.py
+    TAILN=25 run pytest_fullstack_fp4 400 python3 -m pytest -v -p no:cacheprovider --tb=line -n 12 \
+      -rfE tests/fullstack_fp4
+    grep -c " PASSED " "$OUT/pytest_fullstack_fp4.txt"; grep -E " (FAILED|ERROR) " "$OUT/pytest_fullstack_fp4.txt" | head -40
     ;;
 esac
