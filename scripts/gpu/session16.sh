@@ -10,6 +10,8 @@
 #   bash scripts/gpu/session16.sh all     # test_core_attention.py's Triton cases, which run70 ran
 #       on CPU tensors (fixed: CUDA when there is a GPU), then every test under tests/fullstack_fp4
 #       on the GPU (12 processes; -v so a time-out still leaves each finished test's verdict)
+#   bash scripts/gpu/session16.sh failing # the 25 tests that failed or errored in `all` (run71,
+#       listed in scripts/gpu/session16_failing.txt), with their tracebacks
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -26,5 +28,9 @@ case "${1:-tests}" in
     TAILN=25 run pytest_fullstack_fp4 400 python3 -m pytest -v -p no:cacheprovider --tb=line -n 12 \
       -rfE tests/fullstack_fp4
     grep -c " PASSED " "$OUT/pytest_fullstack_fp4.txt"; grep -E " (FAILED|ERROR) " "$OUT/pytest_fullstack_fp4.txt" | head -40
+    ;;
+  failing)
+    TAILN=40 run pytest_failing 330 python3 -m pytest -q -p no:cacheprovider --tb=short -n 8 -rfE \
+      $(cat scripts/gpu/session16_failing.txt)
     ;;
 esac
