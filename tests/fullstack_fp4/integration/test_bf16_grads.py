@@ -64,6 +64,9 @@ def _steps(tr, n=STEPS):
 _dist = pytest.fixture(scope="module", autouse=True)(helpers.in_process_megatron)
 
 
+@helpers.cpu_path_oracle(
+    "on CUDA the grad norm of the BF16 buffer (vector_norm with FP32 accumulation) sums in "
+    "another order than the FP32 buffer's: run72, step 3, 8.0587519 against 8.0587509")
 @pytest.mark.parametrize("layout", list(DISTOPT))
 def test_steps_bit_identical_to_fp32_grad_buffer(layout):
     ref, bf = _trainer(True, DISTOPT[layout]), _trainer(False, DISTOPT[layout])

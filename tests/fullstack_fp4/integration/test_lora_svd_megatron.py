@@ -57,6 +57,8 @@ def _fixed_batch_loss(trainer, exact):
 
 
 # ----------------------------------------------------------------------- layers and init
+@helpers.cpu_path_oracle("the dense reference model is initialised and compared on the CPU "
+                         "(run72: a CPU tensor met the model the Trainer put on cuda:0)")
 def test_layers_factors_and_initial_split():
     from fullstack_fp4.integration.lora_svd_layers import (LoRASVDColumnParallelLinear,
                                                            LoRASVDRowParallelLinear)

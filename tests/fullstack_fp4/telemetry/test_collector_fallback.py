@@ -110,14 +110,14 @@ def test_telemetry_on_tiny_gpt_and_forced_fallback(gpt):
     mods = dict(gpt.model.named_modules())
     layer = next(m for n, m in mods.items() if n.endswith(qkv))
     assert isinstance(layer, NVFP4ColumnParallelLinear) and layer.fp4_fallback_bf16
-    x = torch.randn(8, 2, layer.weight.shape[1])
+    x = torch.randn(8, 2, layer.weight.shape[1]).to(layer.weight)    # the model's device
     y, _ = layer(x)
     ref = F.linear(x, layer.weight, layer.bias)
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)  # plain high-precision GEMM
     # a module not switched still runs NVFP4 (differs from F.linear)
     proj = next(m for n, m in mods.items() if n.endswith("layers.0.self_attention.linear_proj"))
     assert isinstance(proj, NVFP4RowParallelLinear)
-    xp = torch.randn(8, 2, proj.weight.shape[1])
+    xp = torch.randn(8, 2, proj.weight.shape[1]).to(proj.weight)
     assert not torch.allclose(proj(xp)[0], F.linear(xp, proj.weight))
     # telemetry skips modules in fallback
     tel.begin_step(gpt.model, 2)

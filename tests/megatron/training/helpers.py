@@ -107,6 +107,17 @@ def read_quant_records(logdir: str) -> dict[int, dict]:
     return out
 
 
+def cpu_path_oracle(why: str):
+    """Skip marker for a test whose oracle is the CPU path's exact arithmetic: on a machine with
+    a GPU the Trainer builds the model there (megatron.training.initialize), where the same
+    quantities are computed by other kernels, equal only up to rounding (``why`` says which).
+    CI runs these on its CPU; the GPU side of the same property is checked where ``why`` says."""
+    import pytest
+    import torch
+
+    return pytest.mark.skipif(torch.cuda.is_available(), reason=f"CPU-path oracle: {why}")
+
+
 def spawn_gloo(target, runs, timeout: float = 300) -> None:
     """In-process multi-rank runs: for each ``(world, args)`` of ``runs``, ``world`` spawned
     processes ``target(rank, world, init, *args)`` sharing a fresh rendezvous ``init`` (a
@@ -116,7 +127,11 @@ def spawn_gloo(target, runs, timeout: float = 300) -> None:
     A file rendezvous, not a TCP port: a port found free here is only reserved once rank 0's
     store binds it, seconds later (the workers import megatron first), and meanwhile the other
     runs' gloo connections take ephemeral ports from the same range. (A CI run failed in a
-    worker's init_process_group; its message was cut off, this race is the likely cause.)"""
+    worker's init_process_group; its message was cut off, this race is the likely cause.)
+
+    The workers are CPU processes on any machine: CUDA is hidden from them
+    (``CUDA_VISIBLE_DEVICES=""``), else on a one-GPU machine rank 1 would ask for ``cuda:1``
+    (megatron.training.initialize picks the GPU when there is one; run72)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -125,9 +140,17 @@ def spawn_gloo(target, runs, timeout: float = 300) -> None:
     for i, (world, args) in enumerate(runs):
         init = "file://" + os.path.join(rendezvous, f"run{i}")
         procs += [ctx.Process(target=target, args=(r, world, init, *args)) for r in range(world)]
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
-        for p in procs:
-            p.start()
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""       # read by each spawned child at start
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            if hidden is None:
+                del os.environ["CUDA_VISIBLE_DEVICES"]
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = hidden
         for p in procs:
             p.join(timeout=timeout)
             assert p.exitcode == 0, f"worker exit code {p.exitcode}"
