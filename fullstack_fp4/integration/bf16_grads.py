@@ -13,7 +13,9 @@ params into the optimizer (TE FusedAdam); here only its gradient half is taken:
 - grad norm, clipping, zero-count and zero_grad read that attribute, as megatron-core does with
   `use_decoupled_grad=True`. The norm accumulates each tensor in FP32
   (``vector_norm(g, dtype=float32)``), so it is the FP32-buffer run's norm for the same values
-  (megatron-core's fallback `multi_tensor_l2norm` without apex would take a BF16 norm per tensor).
+  up to the order of the FP32 sum: the same bits on the CPU, the last bits can differ on CUDA
+  (BENCHMARKS.md §N.1). megatron-core's fallback `multi_tensor_l2norm` without apex would take a
+  BF16 norm per tensor.
   Clipping scales the BF16 grads in place: FP32 product, one rounding to BF16.
 - `QAdamW` reads ``decoupled_grad`` when set (`grad_of`) and converts to FP32 on load: a BF16
   value is exact in FP32, so given the same BF16 values the step is bit for bit the FP32-grad
