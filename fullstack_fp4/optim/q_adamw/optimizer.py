@@ -70,8 +70,8 @@ from .codecs import (BLOCK, CHUNK, TILE, MomentState, _fma_rn, _sqrt_rn, decode_
                      num_chunks, padded_numel)
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
-           "kernel_uniforms", "optimizer_state_bytes", "decode_param_state", "encode_param_state", "MODEL_OUT_ATTR",
-           "MODEL_WRITTEN_ATTR", "model_out_of", "model_param_written"]
+           "kernel_uniforms", "optimizer_state_bytes", "decode_param_state", "encode_param_state",
+           "MODEL_OUT_ATTR", "MODEL_WRITTEN_ATTR", "model_out_of", "model_param_written"]
 
 PLACE_ATTR = "q_adamw_place"
 

@@ -230,7 +230,8 @@ def test_realignment_keeps_w_loss_and_applies_the_moment_policy(precision):
         assert torch.equal(s1["step"], st_l1[n]["step"]) and torch.equal(sr["step"], st_res[n]["step"])
         # the new split is orthonormal again (L2 stored in the parameter dtype)
         g2 = m.lora_l2.float().T @ m.lora_l2.float()
-        torch.testing.assert_close(g2, torch.eye(g2.shape[0]), rtol=0, atol=2e-2)
+        torch.testing.assert_close(g2, torch.eye(g2.shape[0], device=g2.device), rtol=0,
+                                   atol=2e-2)
     # loss continuity: unquantized forward identical up to rounding; the NVFP4 forward changes
     # only by the different quantization of the new W_res
     after_exact, after_q = _fixed_batch_loss(t, True), _fixed_batch_loss(t, False)

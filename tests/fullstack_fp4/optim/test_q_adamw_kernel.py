@@ -94,7 +94,8 @@ def test_kernel_uniforms_layout():
     w = [int(x) for x in philox4x32_10(torch.tensor([2]), torch.tensor([0]), 77, 5)]
     want = [((w[j // 4] >> (8 * (j % 4))) & 255) + 0.5 for j in range(16)]
     assert whole[16:32].tolist() == [x / 256 for x in want]
-    w = [int(x) for c in (6, 7) for x in philox4x32_10(torch.tensor([c]), torch.tensor([0]), 77, 5)]
+    w = [int(x) for c in (6, 7)
+         for x in philox4x32_10(torch.tensor([c]), torch.tensor([0]), 77, 5)]
     want = [(w[j // 2] >> (16 * (j % 2))) & 0xFFFF for j in range(16)]
     assert kernel_uniforms(seed, 64, u8=False)[48:].tolist() == [x / 65536 for x in want]
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -379,10 +380,10 @@ def _sr_oracle(a, u):
                     reason="checks the kernel's rounding helpers in the interpreter")
 def test_sr_code_and_dithers_exhaustive_thresholds():
     """_sr_code with every dither source (FP32 uniforms via _dither, 16-bit Philox halves via
-    _u16, centred 8-bit bytes via _u8) == the threshold rule on u = K / 2^22: on every a whose fraction is at
-    a threshold of the uniform grid (u = frac exactly, and one step of u either side), on the
-    2^-23 rounding ties below 1, on tiny and subnormal a, and on random a; and codecs.sr_codes
-    (the reference) == the same oracle, signs included."""
+    _u16, centred 8-bit bytes via _u8) == the threshold rule on u = K / 2^22: on every a whose
+    fraction is at a threshold of the uniform grid (u = frac exactly, and one step of u either
+    side), on the 2^-23 rounding ties below 1, on tiny and subnormal a, and on random a; and
+    codecs.sr_codes (the reference) == the same oracle, signs included."""
     import triton.language as tl
 
     from fullstack_fp4.optim.q_adamw.codecs import sr_codes
