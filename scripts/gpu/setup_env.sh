@@ -19,3 +19,12 @@ run() { name=$1; limit=$2; shift 2; echo "===== $name ($(date +%T))"
 keep_ablation() { cp "$1"/ablation.md "$1"/ablation.json "$1"/*.png "$OUT"/ 2>/dev/null
   for d in "$1"/*/; do a=$(basename "$d")
     [ -f "$d/metrics.jsonl" ] && mkdir -p "$OUT/$a" && cp "$d/metrics.jsonl" "$OUT/$a/"; done; return 0; }
+
+# gpu_pytest NAME LIMIT PYTEST_ARGS...: pytest under `run`, ending *before* LIMIT with its summary
+# and tracebacks: a run cut by `timeout` prints neither (run71, run72 lost them). The image's
+# pytest-timeout (2.5.0) stops the session between tests after 3/5 of LIMIT (--session-timeout;
+# with xdist too, checked here: it still prints the FAILURES section and the summary) and any
+# one test after LIMIT/4 (--timeout), so the run ends by ~0.85 LIMIT.
+gpu_pytest() { name=$1; limit=$2; shift 2
+  run "$name" "$limit" python3 -m pytest -p no:cacheprovider --tb=short -rfE \
+    --timeout $((limit / 4)) --session-timeout $((limit * 3 / 5)) "$@"; }
