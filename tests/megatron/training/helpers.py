@@ -110,8 +110,8 @@ def read_quant_records(logdir: str) -> dict[int, dict]:
 def cpu_path_oracle(why: str):
     """Skip marker for a test whose oracle is the CPU path's exact arithmetic: on a machine with
     a GPU the Trainer builds the model there (megatron.training.initialize), where the same
-    quantities are computed by other kernels, equal only up to rounding (``why`` says which).
-    CI runs these on its CPU; the GPU side of the same property is checked where ``why`` says."""
+    quantities come from other kernels (equal only up to rounding) or another initialisation
+    path; ``why`` says which. CI runs these on its CPU."""
     import pytest
     import torch
 
