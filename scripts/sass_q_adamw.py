@@ -7,8 +7,9 @@ CPP_C=1, FAST_DEC, divisibility-16 args, maxnreg = ``triton_step.MAXNREG``) exac
 div_rn / sqrt_rn slow-path subroutines sit after it) = per thread = per 16 entries.
 These are static counts, not timings.
 
-``python scripts/sass_q_adamw.py [--sass PATH] [--model-out] [--rand]``; run with the GPU
-image's triton first on PYTHONPATH to count for 3.6.
+``python scripts/sass_q_adamw.py [--sass PATH] [--model-out] [--rand] [--u16] [--rounds N]``
+(``--u16``: the 16-bit uniforms of ``launch(u8=False)``, the default before PERF.md "v5");
+run with the GPU image's triton first on PYTHONPATH to count for 3.6.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sass", default=None, help="write the SASS listing here")
     ap.add_argument("--model-out", action="store_true")
     ap.add_argument("--rand", action="store_true", help="the HAS_U variant (uniforms given)")
-    ap.add_argument("--u8", action="store_true")
+    ap.add_argument("--u16", action="store_true",
+                    help="16-bit uniforms from two Philox calls a block (launch(u8=False))")
     ap.add_argument("--rounds", type=int, default=10)
     a = ap.parse_args(argv)
     gate = _sass.gate()
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     launch(torch.randn(n), torch.randn(n), _kernel_views(_init_state(n, "cpu")), n,
            padded_numel(n), seed=11, rand=torch.rand(n) if a.rand else None,
            model_out=torch.empty(n, dtype=torch.bfloat16) if a.model_out else None,
-           u8=a.u8, rounds=a.rounds, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+           u8=not a.u16, rounds=a.rounds, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     (job,) = gate.build_jobs()
     r = _sass.count(job)
     if a.sass:
