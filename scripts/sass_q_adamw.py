@@ -7,7 +7,8 @@ CPP_C=1, FAST_DEC, divisibility-16 args, maxnreg = ``triton_step.MAXNREG``) exac
 div_rn / sqrt_rn slow-path subroutines sit after it) = per thread = per 16 entries.
 These are static counts, not timings.
 
-``python scripts/sass_q_adamw.py [--sass PATH] [--model-out] [--rand] [--u16] [--rounds N]``
+``python scripts/sass_q_adamw.py [--sass PATH] [--model-out] [--rand] [--u16] [--rounds N]
+[--fast-div]``
 (``--u16``: the 16-bit uniforms of ``launch(u8=False)``, the default before PERF.md "v5");
 run with the GPU image's triton first on PYTHONPATH to count for 3.6.
 """
@@ -30,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--u16", action="store_true",
                     help="16-bit uniforms from two Philox calls a block (launch(u8=False))")
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--fast-div", action="store_true",
+                    help="Adam's m'/d as m' * rcp.approx(d) (launch(fast_div=True))")
     a = ap.parse_args(argv)
     gate = _sass.gate()
     import torch
@@ -41,7 +44,7 @@ def main(argv=None) -> int:
     launch(torch.randn(n), torch.randn(n), _kernel_views(_init_state(n, "cpu")), n,
            padded_numel(n), seed=11, rand=torch.rand(n) if a.rand else None,
            model_out=torch.empty(n, dtype=torch.bfloat16) if a.model_out else None,
-           u8=not a.u16, rounds=a.rounds, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+           u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     (job,) = gate.build_jobs()
     r = _sass.count(job)
     if a.sass:

@@ -305,21 +305,23 @@ def run_scenarios():
     from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _init_state, _kernel_views
     from fullstack_fp4.optim.q_adamw.triton_step import launch
     # model_out: the fused BF16 model-param write (megatron's Float16 / distributed optimizer)
+    # fd: the approximate update division (launch(fast_div=), QAdamW(approx_division=))
     rows = (product(dict(n=(4096, 1000), gdt=(torch.float32, torch.bfloat16), rand=(False, True),
-                         mo=(False, True)))
-            if full else [dict(n=4096, gdt=torch.float32, rand=False, mo=False),
-                          dict(n=1000, gdt=torch.bfloat16, rand=True, mo=False),
-                          dict(n=4096, gdt=torch.float32, rand=False, mo=True),
-                          dict(n=4096, gdt=torch.bfloat16, rand=False, mo=True)])
+                         mo=(False, True), fd=(False, True)))
+            if full else [dict(n=4096, gdt=torch.float32, rand=False, mo=False, fd=False),
+                          dict(n=1000, gdt=torch.bfloat16, rand=True, mo=False, fd=False),
+                          dict(n=4096, gdt=torch.float32, rand=False, mo=True, fd=True),
+                          dict(n=4096, gdt=torch.bfloat16, rand=False, mo=True, fd=False)])
     for r in rows:
         n = r["n"]
         p = torch.randn(n)
         st = _kernel_views(_init_state(n, "cpu"))
         rand = torch.rand(padded_numel(n)) if r["rand"] else None
         mo = torch.empty(n, dtype=torch.bfloat16) if r["mo"] else None
-        _scenario(f"q_adamw n={n} grad={r['gdt']} rand={r['rand']} model_out={r['mo']}")
+        _scenario(f"q_adamw n={n} grad={r['gdt']} rand={r['rand']} model_out={r['mo']} "
+                  f"fast_div={r['fd']}")
         launch(p, torch.randn(n, dtype=r["gdt"]), st, n, padded_numel(n), seed=11,
-               rand=rand, model_out=mo, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+               rand=rand, model_out=mo, fast_div=r["fd"], **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     # the model_out write with the integer RNE instead of the hardware cast (BF16_HW_CVT=False)
     import fullstack_fp4.optim.q_adamw.triton_step as q_step
     hw_cvt, q_step.BF16_HW_CVT = q_step.BF16_HW_CVT, False

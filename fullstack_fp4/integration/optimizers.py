@@ -393,7 +393,7 @@ def _q_adamw(groups, cfg) -> QAdamW:
     o = cfg.optimizer
     return _over_groups(QAdamW, groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                         weight_decay=o.weight_decay, min_numel=o.q_adamw.min_numel,
-                        seed=cfg.train.seed)
+                        seed=cfg.train.seed, approx_division=o.q_adamw.approx_division)
 
 
 def place_distributed_shards(wrapper, model_chunks) -> list[str]:

@@ -59,6 +59,7 @@ class TrainConfig:
 @dataclass
 class QAdamWConfig:
     min_numel: int = 4096  # parameters smaller than this keep FP32 moments
+    approx_division: bool = False  # GPU kernel: the update's m/d as m * rcp.approx(d) (faster; p within 2^-22 of the update, states unchanged; fullstack_fp4/optim/q_adamw/PERF.md "v6")
 
 
 @dataclass

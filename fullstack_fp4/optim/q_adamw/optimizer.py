@@ -51,6 +51,18 @@ e.g. a checkpoint load's ``copy_``, bumps the version; fullstack_fp4/integration
 model_param_write.py). FP32-moment parameters (``full_numel < min_numel``) do not write it:
 the wrapper's copy does, as before.
 
+Division (``approx_division``, default off). The kernel can compute the update's ``m / d``
+(``d = sqrt(v)/sqrt(1−β2^t) + eps``) as ``m · rcp.approx(d)``: the SFU's reciprocal (≤ 1 ulp)
+and one multiply in place of the IEEE division's ~10 instructions and slow-path branch
+(triton_rows._adam; PERF.md "v6" has the counts and times). It moves the update ``m/d`` by at
+most 2^-22 of itself (IEEE: 2^-24), far below the 4-bit moments' own error; ``m``, ``v`` and
+``sqrt(v)`` — everything the states are encoded from — keep the reference's bits, so the
+states stay bit for bit the reference's and only ``p`` differs, by at most ``lr_t·|m/d|·2^-22``
+plus a rounding of ``p`` per step. apex builds the kernel behind its ``FusedAdam``
+(``amp_C``'s multi_tensor_adam; megatron-core's ``Adam`` when Transformer Engine is absent) with
+nvcc ``--use_fast_math``, i.e. approximate division and square root. The CPU reference has no
+such instruction and always divides in IEEE, so the option changes only the GPU path.
+
 State (per quantized parameter; integer dtypes so ``Optimizer.load_state_dict`` — which casts
 floating-point state to the parameter's dtype — leaves the bits alone):
 ``exp_avg_codes`` uint8, ``exp_avg_scales`` uint8 (E4M3 bits), ``exp_avg_chunk_scales`` int32
@@ -329,7 +341,7 @@ class QAdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, *, min_numel: int = 4096, seed: int = 0,
-                 use_kernel: Optional[bool] = None):
+                 use_kernel: Optional[bool] = None, approx_division: bool = False):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("lr, eps and weight_decay must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -338,6 +350,9 @@ class QAdamW(torch.optim.Optimizer):
                         min_numel=min_numel, seed=seed)
         super().__init__(params, defaults)
         self.use_kernel = use_kernel  # None: the kernel for CUDA FP32 params
+        # the kernel's m'/d as m' · rcp.approx(d): faster, p' within 2^-22 of the update
+        # (module docstring "Division"); the CPU reference always divides in IEEE
+        self.approx_division = bool(approx_division)
 
     def _kernel_ok(self, p: torch.Tensor) -> bool:
         if self.use_kernel is False:
@@ -385,7 +400,7 @@ class QAdamW(torch.optim.Optimizer):
                     launch(p.view(-1), grad.reshape(-1).contiguous(), _kernel_views(st), n,
                            padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
                            model_out=None if out is None else out.view(-1),
-                           **_hyper(lr, b1, b2, eps, wd, t, p.device))
+                           fast_div=self.approx_division, **_hyper(lr, b1, b2, eps, wd, t, p.device))
                 else:
                     # the whole tensor's uniform stream, sliced at this piece
                     gen = torch.Generator(device=p.device).manual_seed(seed)

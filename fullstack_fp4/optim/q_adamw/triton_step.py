@@ -64,6 +64,9 @@ MAXNREG = 128
 # interpreter needs, PERF.md); False: the integer RNE on the GPU too (same values, NaN payload
 # 0x7FC0). The interpreter always runs the integer form (its cast does not round to even).
 BF16_HW_CVT = True
+# Adam's m'/d as m' · rcp.approx(d) (triton_rows._adam): p' within 2^-22 of the update of the
+# IEEE division's, states bit for bit the same (PERF.md "v6"). Compiled kernels only.
+FAST_DIV = False
 # triton.jit picks interpreter or compiler at import; the register cap is a compiler option only
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
@@ -77,7 +80,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
                    decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
                    HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr,
                    U8: tl.constexpr, ROUNDS: tl.constexpr, HAS_MODEL_OUT: tl.constexpr,
-                   BF16_HW: tl.constexpr):
+                   BF16_HW: tl.constexpr, FAST_DIV: tl.constexpr):
     # mo_ptr (last, so the default variant's other arguments keep their places): the BF16
     # model parameter (as int16), written only with HAS_MODEL_OUT.
     R: tl.constexpr = CPP_C * 64          # rows (16-blocks) per program
@@ -112,38 +115,38 @@ def q_adamw_kernel(p_ptr, g_ptr,
     fl = mean * REL_FLOOR_C
     rem = n - rows * 16                    # entries of the row that are real: j < rem
 
-    p0, m0, v0, s0 = _adam(p0, g0, m0, fm, _vhat(r0, dv, mean, fl), 0 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p1, m1, v1, s1 = _adam(p1, g1, m1, fm, _vhat(r1, dv, mean, fl), 1 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p2, m2, v2, s2 = _adam(p2, g2, m2, fm, _vhat(r2, dv, mean, fl), 2 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p3, m3, v3, s3 = _adam(p3, g3, m3, fm, _vhat(r3, dv, mean, fl), 3 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p4, m4, v4, s4 = _adam(p4, g4, m4, fm, _vhat(r4, dv, mean, fl), 4 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p5, m5, v5, s5 = _adam(p5, g5, m5, fm, _vhat(r5, dv, mean, fl), 5 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p6, m6, v6, s6 = _adam(p6, g6, m6, fm, _vhat(r6, dv, mean, fl), 6 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p7, m7, v7, s7 = _adam(p7, g7, m7, fm, _vhat(r7, dv, mean, fl), 7 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p8, m8, v8, s8 = _adam(p8, g8, m8, fm, _vhat(r8, dv, mean, fl), 8 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p9, m9, v9, s9 = _adam(p9, g9, m9, fm, _vhat(r9, dv, mean, fl), 9 < rem,
-                           decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p10, m10, v10, s10 = _adam(p10, g10, m10, fm, _vhat(r10, dv, mean, fl), 10 < rem,
-                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p11, m11, v11, s11 = _adam(p11, g11, m11, fm, _vhat(r11, dv, mean, fl), 11 < rem,
-                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p12, m12, v12, s12 = _adam(p12, g12, m12, fm, _vhat(r12, dv, mean, fl), 12 < rem,
-                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p13, m13, v13, s13 = _adam(p13, g13, m13, fm, _vhat(r13, dv, mean, fl), 13 < rem,
-                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p14, m14, v14, s14 = _adam(p14, g14, m14, fm, _vhat(r14, dv, mean, fl), 14 < rem,
-                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
-    p15, m15, v15, s15 = _adam(p15, g15, m15, fm, _vhat(r15, dv, mean, fl), 15 < rem,
-                               decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size)
+    p0, m0, v0, s0 = _adam(p0, g0, m0, fm, _vhat(r0, dv, mean, fl), 0 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p1, m1, v1, s1 = _adam(p1, g1, m1, fm, _vhat(r1, dv, mean, fl), 1 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p2, m2, v2, s2 = _adam(p2, g2, m2, fm, _vhat(r2, dv, mean, fl), 2 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p3, m3, v3, s3 = _adam(p3, g3, m3, fm, _vhat(r3, dv, mean, fl), 3 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p4, m4, v4, s4 = _adam(p4, g4, m4, fm, _vhat(r4, dv, mean, fl), 4 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p5, m5, v5, s5 = _adam(p5, g5, m5, fm, _vhat(r5, dv, mean, fl), 5 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p6, m6, v6, s6 = _adam(p6, g6, m6, fm, _vhat(r6, dv, mean, fl), 6 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p7, m7, v7, s7 = _adam(p7, g7, m7, fm, _vhat(r7, dv, mean, fl), 7 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p8, m8, v8, s8 = _adam(p8, g8, m8, fm, _vhat(r8, dv, mean, fl), 8 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p9, m9, v9, s9 = _adam(p9, g9, m9, fm, _vhat(r9, dv, mean, fl), 9 < rem, decay,
+                           beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p10, m10, v10, s10 = _adam(p10, g10, m10, fm, _vhat(r10, dv, mean, fl), 10 < rem, decay,
+                               beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p11, m11, v11, s11 = _adam(p11, g11, m11, fm, _vhat(r11, dv, mean, fl), 11 < rem, decay,
+                               beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p12, m12, v12, s12 = _adam(p12, g12, m12, fm, _vhat(r12, dv, mean, fl), 12 < rem, decay,
+                               beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p13, m13, v13, s13 = _adam(p13, g13, m13, fm, _vhat(r13, dv, mean, fl), 13 < rem, decay,
+                               beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p14, m14, v14, s14 = _adam(p14, g14, m14, fm, _vhat(r14, dv, mean, fl), 14 < rem, decay,
+                               beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
+    p15, m15, v15, s15 = _adam(p15, g15, m15, fm, _vhat(r15, dv, mean, fl), 15 < rem, decay,
+                               beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, FAST_DIV)
     _st16(p_ptr, rows, n, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15)
     if HAS_MODEL_OUT:   # the model's BF16 copy, so the wrapper's main -> model copy pass is skipped
         _st16_bf16(mo_ptr, rows, n, p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13,
@@ -210,7 +213,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
 
 def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2,
            eps, step_size, rand=None, cpp=None, phase=0, row0=0, fast_dec=None, maxnreg=None,
-           u8=True, rounds=10, model_out=None):
+           u8=True, rounds=10, model_out=None, fast_div=None):
     """Run the fused step in place on the flat FP32 ``p_flat`` and the state tensors ``st``.
 
     ``st``: dict of the optimizer's state tensors (codes uint8, scales uint8 = E4M3 bits, chunk
@@ -251,6 +254,7 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
         decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo,
         HAS_U=rand is not None, CPP_C=cpp, FAST_DEC=bool(fast_dec), U8=bool(u8), ROUNDS=rounds,
         HAS_MODEL_OUT=model_out is not None, BF16_HW=BF16_HW_CVT and not _INTERPRET,
+        FAST_DIV=bool(FAST_DIV if fast_div is None else fast_div) and not _INTERPRET,
         num_warps=2 * cpp,
         enable_fp_fusion=False, **extra)
 

@@ -83,6 +83,46 @@ def test_philox_path_matches_reference_with_kernel_uniforms(u8, rounds):
     assert not torch.equal(st["exp_avg_codes"], st3["exp_avg_codes"])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="rcp.approx exists only in the compiled kernel (the interpreter divides "
+                           "with div_rn)")
+def test_approx_division_moves_only_p_within_its_bound():
+    """``fast_div``: the update m'/d as m' · rcp.approx(d). m', v' and sqrt(v') do not depend on
+    the division, so the states must stay the reference's bit for bit; p' may move by the
+    update's extra error, |u|·2^-22 (rcp ≤ 1 ulp, the product's ½ ulp, the IEEE quotient's ½
+    ulp), plus the two FMAs' roundings of p'. Each step starts from the reference's p (the bound is
+    per step). Some p' must differ: the approximate path is really compiled in."""
+    from fullstack_fp4.optim.q_adamw.triton_step import launch
+    n, phase, lr, wd = 2048 + 33, 960, 1e-2, 0.01
+    gen = torch.Generator().manual_seed(11)
+    npad = padded_numel(n)
+    p = torch.randn(n, generator=gen).cuda()
+    st = _init_state(n, "cuda", phase)
+    st2 = {k: v.clone() for k, v in st.items()}
+    differ = 0
+    for t in range(1, 4):
+        g = torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))
+        g[100:140] = 0.0
+        g[7] = 1e15
+        g, u = g.cuda(), torch.rand(npad, generator=gen).cuda()
+        p_old, p2 = p.clone(), p.clone()
+        q_adamw_step_reference(p, g, st, lr=lr, beta1=0.9, beta2=0.999, eps=1e-8,
+                               weight_decay=wd, step=t, rand=u, phase=phase)
+        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
+               fast_div=True, **_hyper(lr, 0.9, 0.999, 1e-8, wd, t, "cuda"))
+        for k in st:
+            assert torch.equal(st[k], st2[k]), (t, k)
+        # |p' − p·decay| = lr_t·|u| up to one rounding: doubled in the bound for that
+        step_u = (p.double() - p_old.double() * (1 - lr * wd)).abs()
+        ulp = (torch.nextafter(p.abs(), torch.full_like(p, float("inf"))) - p.abs()).double()
+        diff = (p2.double() - p.double()).abs()
+        # two FMA roundings, of p' and of the kernel's p' (up to a binade above): 2 ulp
+        excess = diff - (step_u * 2.0 ** -21 + 2 * ulp)
+        assert (excess <= 0).all(), (t, float(excess.max()))
+        differ += int((diff > 0).sum())
+    assert differ > 0
+
+
 def test_kernel_uniforms_layout():
     """Hand-checked layout of ``kernel_uniforms``: row r's bytes (8-bit) / halves (16-bit) of
     Philox(counter 2r[+1]) in order, and a piece at row0 is the whole tensor's stream sliced."""

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Device calls of session 17 (one nvidia-h200; carry .whl, made by
+# `bash ../shared/tools/device-wheels.sh megatron-core==0.16.1 torchao==0.18.0 pytest-xdist execnet`).
+# Each mode is one call; pass FULLSTACK_COMMIT=<rev> on the command line.
+#   bash scripts/gpu/session17.sh qadamw  # Q-AdamW's approximate update division (PERF.md "v6"):
+#       its GPU test (states bit for bit, p' within the bound) beside the bench: correctness
+#       block first (IEEE paths bit for bit; approx path within its bound), then kernel rows
+#       and QAdamW rows with and without it beside torch fused AdamW and torchao
+#   bash scripts/gpu/session17.sh tests   # every test under tests/fullstack_fp4 on the GPU
+#       (gpu_pytest: ends with its summary and tracebacks before the call's limit)
+set -u
+source scripts/gpu/setup_env.sh
+export OMP_NUM_THREADS=1
+case "${1:-qadamw}" in
+  qadamw)
+    # the test compiles its own variant (n = 2081) while the bench compiles its first ones
+    TAILN=6 run pytest_fast_div 200 python3 -m pytest -q -p no:cacheprovider --tb=short \
+      tests/fullstack_fp4/optim/test_q_adamw_kernel.py -k "approx_division or bit_for_bit" &
+    TAILN=40 run q_adamw 480 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 --fast-div-rows
+    wait
+    ;;
+  tests)
+    TAILN=30 gpu_pytest pytest_fullstack_fp4 540 -q -n 12 tests/fullstack_fp4
+    ;;
+esac
