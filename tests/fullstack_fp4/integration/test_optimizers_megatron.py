@@ -130,7 +130,7 @@ def test_qkv_permutation_matches_megatron_attention():
     w = attn.linear_qkv.weight.detach()
     perm, sizes = qkv_row_permutation(ng, hpg, hd)
     wq, wk, wv = torch.split(w[perm], sizes)
-    x = torch.randn(5, 2, c.hidden_size)
+    x = torch.randn(5, 2, c.hidden_size, device=w.device)  # the trainer's device (CUDA on a GPU)
     with torch.no_grad():
         q, k, v = attn.get_query_key_value_tensors(x)
     torch.testing.assert_close(q.reshape(5, 2, -1), x @ wq.T, rtol=1e-5, atol=1e-5)

@@ -27,9 +27,13 @@ TINY = [
 
 
 def env() -> dict:
+    """The runs' environment. CUDA is hidden (``CUDA_VISIBLE_DEVICES=""``): these are CPU runs by
+    design — a 1-process and a 2-process run are compared at CPU reduction orders, and on a
+    one-GPU machine rank 1 of a torchrun would ask for ``cuda:1`` (run75: "invalid device
+    ordinal"). The GPU paths have their own tests and scripts/gpu/."""
     e = dict(os.environ)
     e.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
-             PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""))
+             PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""), CUDA_VISIBLE_DEVICES="")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         e.pop(k, None)
     return e
