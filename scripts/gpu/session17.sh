@@ -8,6 +8,9 @@
 #       and QAdamW rows with and without it beside torch fused AdamW and torchao
 #   bash scripts/gpu/session17.sh tests   # every test under tests/fullstack_fp4 on the GPU
 #       (gpu_pytest: ends with its summary and tracebacks before the call's limit)
+#   bash scripts/gpu/session17.sh recheck # run75's three failures after their fixes (the
+#       telemetry one alone: did it time out on 12 workers' compiles?), then a sweep of the
+#       register cap / chunks per program with the approximate division
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -18,6 +21,14 @@ case "${1:-qadamw}" in
       tests/fullstack_fp4/optim/test_q_adamw_kernel.py -k "approx_division or bit_for_bit" &
     TAILN=40 run q_adamw 480 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 --fast-div-rows
     wait
+    ;;
+  recheck)
+    TAILN=12 gpu_pytest pytest_recheck 300 -v -n 3 \
+      tests/fullstack_fp4/integration/test_optimizers_megatron.py::test_qkv_permutation_matches_megatron_attention \
+      tests/fullstack_fp4/integration/test_orthogonal_tp.py::test_tensor_parallel_orthogonal_matches_one_process \
+      tests/fullstack_fp4/telemetry/test_collector_fallback.py
+    TAILN=16 run q_adamw_sweep 240 python3 scripts/bench_q_adamw.py --sweep --steps 10 \
+      --sweep-configs '1,128,1,1,10,1;1,96,1,1,10,1;1,112,1,1,10,1;2,128,1,1,10,1;1,none,1,1,10,1'
     ;;
   tests)
     TAILN=30 gpu_pytest pytest_fullstack_fp4 540 -q -n 12 tests/fullstack_fp4
