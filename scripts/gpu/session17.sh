@@ -11,6 +11,7 @@
 #   bash scripts/gpu/session17.sh recheck # run75's three failures after their fixes (the
 #       telemetry one alone: did it time out on 12 workers' compiles?), then a sweep of the
 #       register cap / chunks per program with the approximate division
+#   bash scripts/gpu/session17.sh telemetry # the telemetry test that timed out, alone
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -29,6 +30,10 @@ case "${1:-qadamw}" in
       tests/fullstack_fp4/telemetry/test_collector_fallback.py
     TAILN=16 run q_adamw_sweep 240 python3 scripts/bench_q_adamw.py --sweep --steps 10 \
       --sweep-configs '1,128,1,1,10,1;1,96,1,1,10,1;1,112,1,1,10,1;2,128,1,1,10,1;1,none,1,1,10,1'
+    ;;
+  telemetry)   # run75/run76's time-out alone, with the time a cold Triton cache needs
+    TAILN=12 run pytest_telemetry 500 python3 -m pytest -v -p no:cacheprovider --tb=short \
+      --timeout 450 --durations=5 tests/fullstack_fp4/telemetry/test_collector_fallback.py
     ;;
   tests)
     TAILN=30 gpu_pytest pytest_fullstack_fp4 540 -q -n 12 tests/fullstack_fp4
