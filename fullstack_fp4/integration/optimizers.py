@@ -7,7 +7,8 @@ stay megatron-core's. `convert_optimizer` then replaces the wrapper's inner torc
 
 - `q_adamw`: `QAdamW` over the *same* param-group dicts (megatron's `lr_mult`/`wd_mult`
   and the trainer's per-step `lr` / `weight_decay` keep working), `min_numel` from
-  `optimizer.q_adamw.min_numel`, seed `train.seed`.
+  `optimizer.q_adamw.min_numel`, `approx_division` from `optimizer.q_adamw.approx_division`,
+  seed `train.seed`.
 - `muon | q_muon | root | q_root`: a `SplitOptimizer` (one inner optimizer that dispatches
   by parameter) holding Muon/Root for the 2-D transformer-layer matrices (`linear_qkv`,
   `linear_proj`, `linear_fc1`, `linear_fc2` weights) and megatron's AdamW (torch AdamW with

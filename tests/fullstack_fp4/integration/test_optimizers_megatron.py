@@ -75,6 +75,22 @@ _dist = pytest.fixture(scope="module", autouse=True)(helpers.in_process_megatron
 
 
 # ----------------------------------------------------------------------------- q_adamw
+@pytest.mark.parametrize("name", ["q_adamw", "q_root"])
+def test_approx_division_key_reaches_qadamw(name):
+    """optimizer.q_adamw.approx_division reaches the QAdamW the trainer builds (q_adamw's inner
+    optimizer; q_root's QAdamW for the non-matrix params), off by default."""
+    def qadamws(tr):
+        inner = tr.optimizer.optimizer
+        return [o for o in (inner.subs if isinstance(inner, SplitOptimizer) else [inner])
+                if isinstance(o, QAdamW)]
+
+    for value in (None, "true", "false"):
+        extra = [] if value is None else [f"optimizer.q_adamw.approx_division={value}"]
+        found = qadamws(_trainer(name, extra=extra))
+        assert found, "no QAdamW in the trainer's optimizer"
+        assert all(o.approx_division is (value == "true") for o in found), value
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_q_adamw_step_equals_direct_q_adamw(precision):
     tr = _trainer("q_adamw", precision)

@@ -123,6 +123,26 @@ def test_approx_division_moves_only_p_within_its_bound():
     assert differ > 0
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's path")
+def test_approx_division_under_the_interpreter_is_the_ieee_step():
+    """The interpreter cannot run rcp.approx (inline PTX): launch(fast_div=True) must fall back
+    to div_rn there, i.e. give the reference's step bit for bit, not fail."""
+    from fullstack_fp4.optim.q_adamw.triton_step import launch
+    n = 1500
+    gen = torch.Generator().manual_seed(5)
+    p = torch.randn(n, generator=gen)
+    st = _init_state(n, "cpu")
+    p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
+    g = torch.randn(n, generator=gen)
+    u = torch.rand(padded_numel(n), generator=gen)
+    q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+                           weight_decay=0.01, step=1, rand=u)
+    launch(p2, g, _kernel_views(st2), n, padded_numel(n), seed=1, rand=u, fast_div=True,
+           **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu"))
+    assert torch.equal(p, p2)
+    assert all(torch.equal(st[k], st2[k]) for k in st)
+
+
 def test_kernel_uniforms_layout():
     """Hand-checked layout of ``kernel_uniforms``: row r's bytes (8-bit) / halves (16-bit) of
     Philox(counter 2r[+1]) in order, and a piece at row0 is the whole tensor's stream sliced."""
