@@ -7,7 +7,9 @@
 #       block first (IEEE paths bit for bit; approx path within its bound), then kernel rows
 #       and QAdamW rows with and without it beside torch fused AdamW and torchao
 #   bash scripts/gpu/session17.sh tests   # every test under tests/fullstack_fp4 on the GPU
-#       (gpu_pytest: ends with its summary and tracebacks before the call's limit)
+#       (gpu_pytest: ends with its summary and tracebacks before the call's limit; LIMIT=S and
+#       PER_TEST=S on the command line set the call's and each test's limit; -v keeps every
+#       finished test's verdict even if the call is cut)
 #   bash scripts/gpu/session17.sh recheck # run75's three failures after their fixes (the
 #       telemetry one alone: did it time out on 12 workers' compiles?), then a sweep of the
 #       register cap / chunks per program with the approximate division
@@ -36,6 +38,8 @@ case "${1:-qadamw}" in
       --timeout 450 --durations=5 tests/fullstack_fp4/telemetry/test_collector_fallback.py
     ;;
   tests)
-    TAILN=30 gpu_pytest pytest_fullstack_fp4 540 -q -n 12 tests/fullstack_fp4
+    TAILN=30 PER_TEST=${PER_TEST:-} gpu_pytest pytest_fullstack_fp4 ${LIMIT:-540} -v -n 12 \
+      tests/fullstack_fp4
+    grep -c " PASSED " "$OUT/pytest_fullstack_fp4.txt"
     ;;
 esac

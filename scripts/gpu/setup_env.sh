@@ -24,7 +24,9 @@ keep_ablation() { cp "$1"/ablation.md "$1"/ablation.json "$1"/*.png "$OUT"/ 2>/d
 # and tracebacks: a run cut by `timeout` prints neither (run71, run72 lost them). The image's
 # pytest-timeout (2.5.0) stops the session between tests after 3/5 of LIMIT (--session-timeout;
 # with xdist too, checked here: it still prints the FAILURES section and the summary) and any
-# one test after LIMIT/4 (--timeout), so the run ends by ~0.85 LIMIT.
+# one test after LIMIT/4 (--timeout; PER_TEST=S overrides it: a test that compiles many Triton
+# kernels on a cold cache needs ~130 s alone, more beside 11 other workers, run77), so the run
+# ends by ~0.85 LIMIT.
 gpu_pytest() { name=$1; limit=$2; shift 2
   run "$name" "$limit" python3 -m pytest -p no:cacheprovider --tb=short -rfE \
-    --timeout $((limit / 4)) --session-timeout $((limit * 3 / 5)) "$@"; }
+    --timeout ${PER_TEST:-$((limit / 4))} --session-timeout $((limit * 3 / 5)) "$@"; }
