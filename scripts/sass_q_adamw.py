@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     launch(torch.randn(n), torch.randn(n), _kernel_views(_init_state(n, "cpu")), n,
            padded_numel(n), seed=11, rand=torch.rand(n) if a.rand else None,
            model_out=torch.empty(n, dtype=torch.bfloat16) if a.model_out else None,
-           u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+           u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div,
+           **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     (job,) = gate.build_jobs()
     r = _sass.count(job)
     if a.sass:

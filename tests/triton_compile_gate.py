@@ -321,7 +321,8 @@ def run_scenarios():
         _scenario(f"q_adamw n={n} grad={r['gdt']} rand={r['rand']} model_out={r['mo']} "
                   f"fast_div={r['fd']}")
         launch(p, torch.randn(n, dtype=r["gdt"]), st, n, padded_numel(n), seed=11,
-               rand=rand, model_out=mo, fast_div=r["fd"], **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+               rand=rand, model_out=mo, fast_div=r["fd"],
+               **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     # the model_out write with the integer RNE instead of the hardware cast (BF16_HW_CVT=False)
     import fullstack_fp4.optim.q_adamw.triton_step as q_step
     hw_cvt, q_step.BF16_HW_CVT = q_step.BF16_HW_CVT, False

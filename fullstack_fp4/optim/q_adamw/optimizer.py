@@ -400,7 +400,8 @@ class QAdamW(torch.optim.Optimizer):
                     launch(p.view(-1), grad.reshape(-1).contiguous(), _kernel_views(st), n,
                            padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
                            model_out=None if out is None else out.view(-1),
-                           fast_div=self.approx_division, **_hyper(lr, b1, b2, eps, wd, t, p.device))
+                           fast_div=self.approx_division,
+                           **_hyper(lr, b1, b2, eps, wd, t, p.device))
                 else:
                     # the whole tensor's uniform stream, sliced at this piece
                     gen = torch.Generator(device=p.device).manual_seed(seed)

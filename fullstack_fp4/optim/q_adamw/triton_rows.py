@@ -471,7 +471,8 @@ def _adam(p, g, xm, fm, v, live, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, 
     FAST_DIV (compiled kernels only): m'/d as m' · rcp.approx(d) — MUFU.RCP (≤ 1 ulp) and one
     FMUL instead of IEEE div_rn's ~10 executed instructions and slow-path branch. Only p'
     changes (relative error of the update ≤ 2^-22 against div_rn's 2^-24); m', v' and
-    sqrt(v') — everything the states are encoded from — stay the reference's bits. PERF.md "v6"."""
+    sqrt(v') — everything the states are encoded from — stay the reference's bits.
+    PERF.md "v6"."""
     p = p * decay
     m = tl.fma(xm, fm, g * omb1)
     v = tl.fma(v, beta2, (g * g) * omb2)

@@ -16,11 +16,12 @@ place of megatron's separate main -> model copy pass (read 4 B + write 2 B per p
 It computes exactly what ``optimizer.q_adamw_step_reference`` computes, operation for operation
 in FP32 (IEEE ``div_rn``/``sqrt_rn``, launched with ``enable_fp_fusion=False`` so no FMA
 contraction; every sum is the reference's fixed halving tree), so given the same uniforms
-(``rand``) the two agree bit for bit. Without ``rand`` the stochastic-rounding uniforms come from
-Philox (``tl.randint4x``) seeded per (step, parameter): one Philox call per 16-block gives its
-16 uniforms of 8 bits, u = (k + ½) / 2^8 — the NVFP4 linear's definition (nvfp4/sr_stream.py:
-8 random bits an element, what Blackwell's ``cvt.rs`` E2M1 conversion spends), used as the
-integer dither of triton_rows._sr_code; the rounding's bias is then at most (2^-9 + 2^-23) of
+(``rand``) the two agree bit for bit (with ``launch(fast_div=True)``, an option off by default,
+the states still do and p' agrees within a bound: PERF.md "v6"). Without ``rand`` the
+stochastic-rounding uniforms come from Philox (``tl.randint4x``) seeded per (step, parameter):
+one Philox call per 16-block gives its 16 uniforms of 8 bits, u = (k + ½) / 2^8 — the NVFP4
+linear's definition (nvfp4/sr_stream.py: 8 random bits an element, what Blackwell's ``cvt.rs``
+E2M1 conversion spends), used as the integer dither of triton_rows._sr_code; the rounding's bias is then at most (2^-9 + 2^-23) of
 one E2M1 step (codecs.sr_codes). ``optimizer.kernel_uniforms`` computes the same uniforms in
 PyTorch, so the Philox path is checked bit for bit against the reference too.
 
@@ -235,6 +236,11 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     the megatron
     wrapper's main -> model param copy, fused (the HAS_MODEL_OUT variant; without it the
     kernel compiles exactly as before).
+
+    ``fast_div`` (default ``FAST_DIV``, off; compiled kernels only, the interpreter always
+    divides with div_rn): the update's m'/d as m' · rcp.approx(d) (triton_rows._adam). The
+    states stay the reference's bit for bit; p' moves by at most 2^-22 of the step's update
+    plus a rounding of p' (PERF.md "v6").
     """
     if phase % TILE or not 0 <= phase < CHUNK:
         raise ValueError(f"kernel chunk phase {phase} must be a multiple of {TILE} in [0, {CHUNK})")
