@@ -21,9 +21,10 @@ the states still do and p' agrees within a bound: PERF.md "v6"). Without ``rand`
 stochastic-rounding uniforms come from Philox (``tl.randint4x``) seeded per (step, parameter):
 one Philox call per 16-block gives its 16 uniforms of 8 bits, u = (k + ½) / 2^8 — the NVFP4
 linear's definition (nvfp4/sr_stream.py: 8 random bits an element, what Blackwell's ``cvt.rs``
-E2M1 conversion spends), used as the integer dither of triton_rows._sr_code; the rounding's
-bias is then at most (2^-9 + 2^-23) of one E2M1 step (codecs.sr_codes). ``optimizer.kernel_uniforms`` computes the same uniforms in
-PyTorch, so the Philox path is checked bit for bit against the reference too.
+E2M1 conversion spends), used as the integer dither of triton_rows._sr_code; the rounding's bias
+is then at most (2^-9 + 2^-23) of one E2M1 step (codecs.sr_codes). ``optimizer.kernel_uniforms``
+computes the same uniforms in PyTorch, so the Philox path is checked bit for bit against the
+reference too.
 
 Rounding without comparison ladders, exact in IEEE FP32 (so the interpreter and the GPU agree):
 E2M1 and E4M3 round-to-nearest-even is one add of a power of two M picked from the exponent
