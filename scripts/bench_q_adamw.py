@@ -3,6 +3,7 @@
     python scripts/bench_q_adamw.py [--params 1.0e9] [--steps 10] [--grad-dtype fp32|bf16]
     python scripts/bench_q_adamw.py --sweep [--params 1.0e9]   # kernel configurations only
     python scripts/bench_q_adamw.py --fast-div-rows   # + rows with the approximate division
+    python scripts/bench_q_adamw.py --flat-row        # + all params as one tensor, one launch
 
 ``--fast-div-rows``: kernel rows and a ``QAdamW(approx_division=True)`` row whose update divides
 as ``m · rcp.approx(d)`` (PERF.md "v6"), checked first: states bit for bit the reference's, p'
@@ -185,8 +186,32 @@ def kernel_rows(args, gd, res):
                "eff_GBps_at_14.4B": gbs, "state_bytes_per_param": float("nan")}
         res["rows"].append(row)
         print(row)
+    if args.flat_row:
+        flat_rows(args, params, n, res)
     model_write_rows(args, params, states, n, res)
     del params, states
+    torch.cuda.empty_cache()
+
+
+def flat_rows(args, params, n, res):
+    """The same entries as one flat tensor, stepped by one launch: what a multi-tensor launch
+    could save at most. Per parameter, a launch ends with a partly filled last wave of programs
+    (some SMs idle) and the next launch starts only after it; ~51 launches here. The row's
+    difference to the per-parameter row bounds that overhead (the same kernel, the same work)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    g = torch.cat([p.grad.reshape(-1) for p in params])
+    st = _kernel_views(_init_state(flat.numel(), "cuda"))
+    for name, kw in (("kernel cpp=1, one launch over all params as one flat tensor", {}),
+                     ("the same, approx division", {"fast_div": True})):
+        fp = torch.nn.Parameter(flat)
+        fp.grad = g
+        med, ts = time_kernel(lambda *a, _kw=kw, **k: launch(*a, **_kw, **k), [fp], [st],
+                              args.steps)
+        row = {"optimizer": name, "params": n, "ms_per_step": med, "all_ms": ts,
+               "state_bytes_per_param": float("nan")}
+        res["rows"].append(row)
+        print(row)
+    del flat, g, st
     torch.cuda.empty_cache()
 
 
@@ -319,6 +344,8 @@ def main():
     ap.add_argument("--no-kernel-rows", action="store_true")
     ap.add_argument("--u16-row", action="store_true",
                     help="also a kernel row with 16-bit uniforms from two Philox calls a block")
+    ap.add_argument("--flat-row", action="store_true",
+                    help="also the kernel over all params as one flat tensor, one launch")
     ap.add_argument("--fast-div-rows", action="store_true",
                     help="also kernel and QAdamW rows with the approximate update division")
     ap.add_argument("--sweep", action="store_true",
