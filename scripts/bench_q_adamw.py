@@ -4,6 +4,7 @@
     python scripts/bench_q_adamw.py --sweep [--params 1.0e9]   # kernel configurations only
     python scripts/bench_q_adamw.py --fast-div-rows   # + rows with the approximate division
     python scripts/bench_q_adamw.py --flat-row        # + all params as one tensor, one launch
+    python scripts/bench_q_adamw.py --multi-rows      # + one multi-tensor launch (triton_multi)
 
 ``--fast-div-rows``: kernel rows and a ``QAdamW(approx_division=True)`` row whose update divides
 as ``m · rcp.approx(d)`` (PERF.md "v6"), checked first: states bit for bit the reference's, p'
@@ -188,6 +189,8 @@ def kernel_rows(args, gd, res):
         print(row)
     if args.flat_row:
         flat_rows(args, params, n, res)
+    if args.multi_rows:
+        multi_rows(args, params, states, n, res)
     model_write_rows(args, params, states, n, res)
     del params, states
     torch.cuda.empty_cache()
@@ -213,6 +216,38 @@ def flat_rows(args, params, n, res):
         print(row)
     del flat, g, st
     torch.cuda.empty_cache()
+
+
+def multi_rows(args, params, states, n, res):
+    """The same parameters and states stepped by one multi-tensor launch (triton_multi.py), with
+    the IEEE and the approximate division: what batching the ~51 launches saves in practice
+    (the flat row is the bound; the table lookups cost ~90 instructions per 16 entries)."""
+    from fullstack_fp4.optim.q_adamw.triton_multi import Item, batchable, launch_multi
+    items = [Item(p.data.view(-1), p.grad.view(-1), st, p.numel(), padded_numel(p.numel()), 0,
+                  0, i) for i, (p, st) in enumerate(zip(params, states))]
+    assert all(batchable(it) for it in items)
+    for name, kw in (("kernel cpp=1, one multi-tensor launch over all params, sub=1",
+                      {"sub": 1}),
+                     ("the same, sub=4", {"sub": 4}),
+                     ("the same, sub=1, approx division", {"sub": 1, "fast_div": True}),
+                     ("the same, sub=4, approx division", {"sub": 4, "fast_div": True})):
+        def one(t, _kw=kw):
+            launch_multi(items, t=t, **_kw, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
+        for t in range(1, 4):
+            one(t)
+        torch.cuda.synchronize()
+        ts = []
+        for t in range(4, 4 + args.steps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            one(t)
+            b.record()
+            torch.cuda.synchronize()
+            ts.append(a.elapsed_time(b))
+        row = {"optimizer": name, "params": n, "ms_per_step": statistics.median(ts),
+               "all_ms": ts, "state_bytes_per_param": float("nan")}
+        res["rows"].append(row)
+        print(row)
 
 
 def model_write_rows(args, params, states, n, res):
@@ -346,6 +381,8 @@ def main():
                     help="also a kernel row with 16-bit uniforms from two Philox calls a block")
     ap.add_argument("--flat-row", action="store_true",
                     help="also the kernel over all params as one flat tensor, one launch")
+    ap.add_argument("--multi-rows", action="store_true",
+                    help="also kernel and QAdamW rows with one multi-tensor launch a step")
     ap.add_argument("--fast-div-rows", action="store_true",
                     help="also kernel and QAdamW rows with the approximate update division")
     ap.add_argument("--sweep", action="store_true",
@@ -390,6 +427,12 @@ def main():
     if args.fast_div_rows:
         makers.append(("QAdamW (fused Triton, approx_division=True)",
                        lambda ps: QAdamW(ps, lr=1e-3, approx_division=True)))
+    if args.multi_rows:
+        makers.append(("QAdamW (fused Triton, multi_tensor=True)",
+                       lambda ps: QAdamW(ps, lr=1e-3, multi_tensor=True)))
+        makers.append(("QAdamW (fused Triton, multi_tensor=True, approx_division=True)",
+                       lambda ps: QAdamW(ps, lr=1e-3, multi_tensor=True,
+                                         approx_division=True)))
     makers.append(("torch AdamW(fused=True)",
                    lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)))
     try:

@@ -8,7 +8,7 @@ div_rn / sqrt_rn slow-path subroutines sit after it) = per thread = per 16 entri
 These are static counts, not timings.
 
 ``python scripts/sass_q_adamw.py [--sass PATH] [--model-out] [--rand] [--u16] [--rounds N]
-[--fast-div]``
+[--fast-div] [--multi]``
 (``--u16``: the 16-bit uniforms of ``launch(u8=False)``, the default before PERF.md "v5");
 run with the GPU image's triton first on PYTHONPATH to count for 3.6.
 """
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--fast-div", action="store_true",
                     help="Adam's m'/d as m' * rcp.approx(d) (launch(fast_div=True))")
+    ap.add_argument("--multi", action="store_true",
+                    help="the multi-tensor kernel (triton_multi.launch_multi) over two params")
     a = ap.parse_args(argv)
     gate = _sass.gate()
     import torch
@@ -41,11 +43,19 @@ def main(argv=None) -> int:
     from fullstack_fp4.optim.q_adamw.triton_step import launch
 
     n = 4096
-    launch(torch.randn(n), torch.randn(n), _kernel_views(_init_state(n, "cpu")), n,
-           padded_numel(n), seed=11, rand=torch.rand(n) if a.rand else None,
-           model_out=torch.empty(n, dtype=torch.bfloat16) if a.model_out else None,
-           u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div,
-           **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+    hyper = _hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu")
+    if a.multi:
+        from fullstack_fp4.optim.q_adamw.triton_multi import Item, launch_multi
+        items = [Item(torch.randn(k), torch.randn(k), _kernel_views(_init_state(k, "cpu")), k,
+                      padded_numel(k), 0, 0, 5,
+                      torch.empty(k, dtype=torch.bfloat16).view(torch.int16)
+                      if a.model_out else None) for k in (n, n // 2)]
+        launch_multi(items, t=3, u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div, **hyper)
+    else:
+        launch(torch.randn(n), torch.randn(n), _kernel_views(_init_state(n, "cpu")), n,
+               padded_numel(n), seed=11, rand=torch.rand(n) if a.rand else None,
+               model_out=torch.empty(n, dtype=torch.bfloat16) if a.model_out else None,
+               u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div, **hyper)
     (job,) = gate.build_jobs()
     r = _sass.count(job)
     if a.sass:

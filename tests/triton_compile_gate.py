@@ -333,6 +333,15 @@ def run_scenarios():
                **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     finally:
         q_step.BF16_HW_CVT = hw_cvt
+    # the multi-tensor launch (triton_multi.py): parameters found through a table
+    from fullstack_fp4.optim.q_adamw.triton_multi import Item, launch_multi
+    for gdt, mo, fd in ((torch.float32, False, False), (torch.bfloat16, True, True)):
+        items = [Item(torch.randn(n), torch.randn(n, dtype=gdt),
+                      _kernel_views(_init_state(n, "cpu")), n, padded_numel(n), 0, 0, 5 + n,
+                      torch.empty(n, dtype=torch.bfloat16).view(torch.int16) if mo else None)
+                 for n in (4096, 2048)]
+        _scenario(f"q_adamw multi-tensor grad={gdt} model_out={mo} fast_div={fd}")
+        launch_multi(items, t=3, fast_div=fd, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     # superseded kernel variants kept for scripts/bench_q_adamw.py (same launch signature)
     import fullstack_fp4.optim.q_adamw as qa
     for mod in sorted(m.name for m in pkgutil.iter_modules(qa.__path__)):
@@ -431,7 +440,7 @@ def _ptxas_verbose(ptx: str) -> str:
 
 
 _JOBS: list = []
-_COST = {"q_adamw_kernel": 40, "_quantize_two_ways_kernel": 30, "_quantize_kernel": 6,
+_COST = {"q_adamw_kernel": 40, "q_adamw_multi_kernel": 45, "_quantize_two_ways_kernel": 30, "_quantize_kernel": 6,
          "_dkdv_kernel": 4, "_dq_kernel": 3, "_dq_ds_kernel": 2}  # rough s
 
 

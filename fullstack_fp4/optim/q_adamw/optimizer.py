@@ -341,7 +341,8 @@ class QAdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, *, min_numel: int = 4096, seed: int = 0,
-                 use_kernel: Optional[bool] = None, approx_division: bool = False):
+                 use_kernel: Optional[bool] = None, approx_division: bool = False,
+                 multi_tensor: bool = False):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("lr, eps and weight_decay must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -353,11 +354,19 @@ class QAdamW(torch.optim.Optimizer):
         # the kernel's m'/d as m' · rcp.approx(d): faster, p' within 2^-22 of the update
         # (module docstring "Division"); the CPU reference always divides in IEEE
         self.approx_division = bool(approx_division)
+        # the kernel's parameters of a group stepped by one launch (triton_multi.py), each bit
+        # for bit as its own launch steps it (module docstring "Paths")
+        self.multi_tensor = bool(multi_tensor)
 
     def _kernel_ok(self, p: torch.Tensor) -> bool:
+        """The fused kernel for CUDA FP32 params; ``use_kernel=True`` also runs it on CPU
+        params under the Triton interpreter (``TRITON_INTERPRET=1``: the tests)."""
         if self.use_kernel is False:
             return False
-        return p.is_cuda and p.dtype == torch.float32 and p.is_contiguous()
+        if not (p.dtype == torch.float32 and p.is_contiguous()):
+            return False
+        from .triton_step import _INTERPRET
+        return p.is_cuda or (self.use_kernel is True and _INTERPRET)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -368,6 +377,7 @@ class QAdamW(torch.optim.Optimizer):
         index = -1
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            batches: dict = {}   # multi_tensor: (t, grad dtype, model_out?) -> [(p, Item)]
             for p in group["params"]:
                 index += 1
                 grad = grad_of(p)
@@ -396,8 +406,17 @@ class QAdamW(torch.optim.Optimizer):
                 n = p.numel()
                 out = model_out_of(p)
                 if self._kernel_ok(p):
+                    from .triton_multi import Item, batchable, seed_base
                     from .triton_step import launch
-                    launch(p.view(-1), grad.reshape(-1).contiguous(), _kernel_views(st), n,
+                    g_flat = grad.reshape(-1).contiguous()
+                    item = Item(p.view(-1), g_flat, _kernel_views(st), n, padded_numel(n), cph,
+                                pl.offset // BLOCK, seed_base(group["seed"], pl.key),
+                                None if out is None else out.view(-1).view(torch.int16))
+                    if self.multi_tensor and batchable(item):
+                        batches.setdefault((t, g_flat.dtype, out is not None), []).append(
+                            (p, item))
+                        continue            # stepped below, with the group's other params
+                    launch(p.view(-1), g_flat, _kernel_views(st), n,
                            padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
                            model_out=None if out is None else out.view(-1),
                            fast_div=self.approx_division,
@@ -421,6 +440,13 @@ class QAdamW(torch.optim.Optimizer):
                     # both paths write p through .data / a pointer, which leaves p's version
                     # counter alone: any later in-place write to p invalidates this record
                     setattr(p, MODEL_WRITTEN_ATTR, p._version)
+            for (t, _, has_out), members in batches.items():
+                from .triton_multi import launch_multi
+                launch_multi([it for _, it in members], t=t, fast_div=self.approx_division,
+                             **_hyper(lr, b1, b2, eps, wd, t, members[0][0].device))
+                if has_out:
+                    for p, _ in members:
+                        setattr(p, MODEL_WRITTEN_ATTR, p._version)
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:

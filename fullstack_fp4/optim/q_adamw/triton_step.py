@@ -85,8 +85,22 @@ def q_adamw_kernel(p_ptr, g_ptr,
                    BF16_HW: tl.constexpr, FAST_DIV: tl.constexpr):
     # mo_ptr (last, so the default variant's other arguments keep their places): the BF16
     # model parameter (as int16), written only with HAS_MODEL_OUT.
+    _step_program(tl.program_id(0).to(tl.int64), p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
+                  vc_ptr, vs_ptr, vcs_ptr, vmean_ptr, u_ptr, n, npad, seed, ph_rows, row0,
+                  decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
+                  HAS_U, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW, FAST_DIV)
+
+
+@triton.jit
+def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vcs_ptr,
+                  vmean_ptr, u_ptr, n, npad, seed, ph_rows, row0,
+                  decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
+                  HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr,
+                  U8: tl.constexpr, ROUNDS: tl.constexpr, HAS_MODEL_OUT: tl.constexpr,
+                  BF16_HW: tl.constexpr, FAST_DIV: tl.constexpr):
+    """One program's step: CPP_C chunks (64 · CPP_C rows) of one tensor, program ``pid`` of
+    that tensor's grid (q_adamw_kernel: one tensor per launch; q_adamw_multi_kernel: many)."""
     R: tl.constexpr = CPP_C * 64          # rows (16-blocks) per program
-    pid = tl.program_id(0).to(tl.int64)
     # Rows on the chunk grid; the tensor starts ph_rows (= phase / 16, even) rows into it, so
     # rows < 0 are outside (masked, zero); row0: this piece's first row in the whole tensor
     # (the Philox counter).
