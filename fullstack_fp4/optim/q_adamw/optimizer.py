@@ -14,7 +14,10 @@ kernel's FFMA), and β1·m̂ enters the first as ``x · (dec · β1)`` with x th
 of the decoded block (``codecs._decode_chunked``).
 
 Paths. CUDA FP32 params: one fused Triton launch per parameter (triton_step.py), uniforms for
-stochastic rounding from Philox in the kernel. Otherwise (CPU): ``q_adamw_step_reference``, the
+stochastic rounding from Philox in the kernel; with ``multi_tensor=True`` one launch for all of
+a param group's parameters at one step count (triton_multi.py: each parameter computed bit for
+bit as its own launch computes it; parameters it cannot address — ``numel`` not a multiple of
+16, a tensor off a 16-byte boundary — keep their own launch). Otherwise (CPU): ``q_adamw_step_reference``, the
 pure-PyTorch oracle, with uniforms from a ``torch.Generator``. Both seed their uniforms from
 ``(seed, parameter index, step)``: no RNG state to checkpoint, so a resumed run draws the same
 bits as an uninterrupted one (``state_dict`` round trips are bit-exact).
