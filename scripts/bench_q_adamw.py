@@ -147,6 +147,12 @@ def time_kernel(fn, params, states, steps, outs=None):
             extra = {"model_out": outs[i]} if outs is not None else {}
             fn(p.data.view(-1), p.grad.view(-1), st, n, padded_numel(n), seed=t, **extra,
                **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
+    return time_steps(one, steps)
+
+
+def time_steps(one, steps):
+    """``one(t)`` for t = 1..3 (warm-up), then ``steps`` more each timed with CUDA events:
+    (median ms, all ms)."""
     for t in range(1, 4):
         one(t)
     torch.cuda.synchronize()
@@ -233,18 +239,8 @@ def multi_rows(args, params, states, n, res):
                      ("the same, sub=4, approx division", {"sub": 4, "fast_div": True})):
         def one(t, _kw=kw):
             launch_multi(items, t=t, **_kw, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
-        for t in range(1, 4):
-            one(t)
-        torch.cuda.synchronize()
-        ts = []
-        for t in range(4, 4 + args.steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            one(t)
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b))
-        row = {"optimizer": name, "params": n, "ms_per_step": statistics.median(ts),
+        med, ts = time_steps(one, args.steps)
+        row = {"optimizer": name, "params": n, "ms_per_step": med,
                "all_ms": ts, "state_bytes_per_param": float("nan")}
         res["rows"].append(row)
         print(row)
@@ -261,19 +257,9 @@ def multi_rows(args, params, states, n, res):
                 launch(p.data.view(-1), p.grad.view(-1), st, k, padded_numel(k), seed=t,
                        **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
         main.wait_stream(side)
-    for t in range(1, 4):
-        two_streams(t)
-    torch.cuda.synchronize()
-    ts = []
-    for t in range(4, 4 + args.steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        two_streams(t)
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
+    med, ts = time_steps(two_streams, args.steps)
     row = {"optimizer": "kernel cpp=1, per-parameter launches on two alternating streams",
-           "params": n, "ms_per_step": statistics.median(ts), "all_ms": ts,
+           "params": n, "ms_per_step": med, "all_ms": ts,
            "state_bytes_per_param": float("nan")}
     res["rows"].append(row)
     print(row)
