@@ -91,13 +91,20 @@ def q_adamw_multi_kernel(tab_ptr, prog_ptr, p_base, g_base, mc_base, ms_base, mc
     seed = tl.where(seed >= 2147483647, seed - 2147483647, seed).to(tl.int32)
     # this program's SUB consecutive programs of the parameter's own grid, one after another
     # (the lookups above are paid once for SUB of them), the last one's cut at the grid's end
-    nsub = (ph_rows * 16 + npad + (1024 * CPP_C - 1)) // (1024 * CPP_C)
-    k0 = (pid - tl.load(row + 15)) * SUB
-    for k in range(k0, tl.minimum(k0 + SUB, nsub)):
-        _step_program(k, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
+    if SUB == 1:    # no loop: a loop keeps the pointers live across its body (spills)
+        _step_program(pid - tl.load(row + 15), p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
                       vc_ptr, vs_ptr, vcs_ptr, vmean_ptr, p_ptr, n, npad, seed, ph_rows, row0,
                       decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
                       False, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW, FAST_DIV)
+    else:
+        nsub = (ph_rows * 16 + npad + (1024 * CPP_C - 1)) // (1024 * CPP_C)
+        k0 = (pid - tl.load(row + 15)) * SUB
+        for k in range(k0, tl.minimum(k0 + SUB, nsub)):
+            _step_program(k, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
+                          vc_ptr, vs_ptr, vcs_ptr, vmean_ptr, p_ptr, n, npad, seed, ph_rows,
+                          row0, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
+                          mo_ptr, False, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW,
+                          FAST_DIV)
 
 
 class Item(NamedTuple):
