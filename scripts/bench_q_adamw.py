@@ -5,6 +5,7 @@
     python scripts/bench_q_adamw.py --fast-div-rows   # + rows with the approximate division
     python scripts/bench_q_adamw.py --flat-row        # + all params as one tensor, one launch
     python scripts/bench_q_adamw.py --multi-rows      # + one multi-tensor launch (triton_multi)
+    python scripts/bench_q_adamw.py --streams-rows    # + QAdamW(launch_streams=1, 3) rows
 
 ``--fast-div-rows``: kernel rows and a ``QAdamW(approx_division=True)`` row whose update divides
 as ``m · rcp.approx(d)`` (PERF.md "v6"), checked first: states bit for bit the reference's, p'
@@ -48,6 +49,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -150,9 +152,11 @@ def time_kernel(fn, params, states, steps, outs=None):
     return time_steps(one, steps)
 
 
-def time_steps(one, steps):
+def time_steps(one, steps, host=None):
     """``one(t)`` for t = 1..3 (warm-up), then ``steps`` more each timed with CUDA events:
-    (median ms, all ms)."""
+    (median ms, all ms). Each step starts on an idle GPU (synchronized before), as after
+    megatron's grad-norm ``.item()``, so host time the GPU waits for is in the figure.
+    ``host``: a list that gets each timed step's host (Python + launch) ms."""
     for t in range(1, 4):
         one(t)
     torch.cuda.synchronize()
@@ -160,10 +164,14 @@ def time_steps(one, steps):
     for t in range(4, 4 + steps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
+        h0 = time.perf_counter()
         one(t)
+        h1 = time.perf_counter()
         b.record()
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(b))
+        if host is not None:
+            host.append((h1 - h0) * 1e3)
     return statistics.median(ts), ts
 
 
@@ -375,19 +383,8 @@ def sweep(args, gd, res):
     torch.cuda.empty_cache()
 
 
-def time_opt(opt, steps):
-    for _ in range(3):
-        opt.step()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        opt.step()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts), ts
+def time_opt(opt, steps, host=None):
+    return time_steps(lambda t: opt.step(), steps, host)
 
 
 def main():
@@ -404,6 +401,8 @@ def main():
                     help="also the kernel over all params as one flat tensor, one launch")
     ap.add_argument("--multi-rows", action="store_true",
                     help="also kernel and QAdamW rows with one multi-tensor launch a step")
+    ap.add_argument("--streams-rows", action="store_true",
+                    help="also QAdamW rows with launch_streams 1 and 3 (the default is 2)")
     ap.add_argument("--fast-div-rows", action="store_true",
                     help="also kernel and QAdamW rows with the approximate update division")
     ap.add_argument("--sweep", action="store_true",
@@ -445,9 +444,17 @@ def main():
         kernel_rows(args, gd, res)
 
     makers = [("QAdamW (fused Triton)", lambda ps: QAdamW(ps, lr=1e-3))]
+    if args.streams_rows:   # the default launch_streams is 2
+        makers.append(("QAdamW (fused Triton, launch_streams=1)",
+                       lambda ps: QAdamW(ps, lr=1e-3, launch_streams=1)))
+        makers.append(("QAdamW (fused Triton, launch_streams=3)",
+                       lambda ps: QAdamW(ps, lr=1e-3, launch_streams=3)))
     if args.fast_div_rows:
         makers.append(("QAdamW (fused Triton, approx_division=True)",
                        lambda ps: QAdamW(ps, lr=1e-3, approx_division=True)))
+    if args.fast_div_rows and args.streams_rows:
+        makers.append(("QAdamW (fused Triton, approx_division=True, launch_streams=1)",
+                       lambda ps: QAdamW(ps, lr=1e-3, approx_division=True, launch_streams=1)))
     if args.multi_rows:
         makers.append(("QAdamW (fused Triton, multi_tensor=True)",
                        lambda ps: QAdamW(ps, lr=1e-3, multi_tensor=True)))
@@ -470,7 +477,8 @@ def main():
         params, n = make_params(args.params, gd)
         try:
             opt = mk(params)
-            med, ts = time_opt(opt, args.steps)
+            host = []
+            med, ts = time_opt(opt, args.steps, host)
         except Exception as e:  # noqa: BLE001 - a peer that fails here is reported, not fatal
             if not name.startswith("torchao"):
                 raise
@@ -479,6 +487,7 @@ def main():
             torch.cuda.empty_cache()
             continue
         row = {"optimizer": name, "params": n, "ms_per_step": med, "all_ms": ts,
+               "host_ms": statistics.median(host),
                "state_bytes_per_param": optimizer_state_bytes(opt) / n,
                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
         res["rows"].append(row)
@@ -489,13 +498,15 @@ def main():
 
     base = next(r for r in res["rows"] if r["optimizer"].startswith("torch AdamW"))
     print(f"\n{res['device']}, {base['params'] / 1e9:.3f}B params, grads {args.grad_dtype}\n")
-    print("| optimizer | ms/step (median) | × torch fused | state B/param | GB/s at 14.4 B/param |")
-    print("|---|---|---|---|---|")
+    print("| optimizer | ms/step (median) | × torch fused | state B/param | GB/s at 14.4 B/param "
+          "| host ms/step |")
+    print("|---|---|---|---|---|---|")
     for r in res["rows"]:
         gbs = r["params"] * 14.4 / (r["ms_per_step"] * 1e-3) / 1e9
+        host = f"{r['host_ms']:.2f}" if "host_ms" in r else ""
         print(f"| {r['optimizer']} | {r['ms_per_step']:.2f} | "
               f"{r['ms_per_step'] / base['ms_per_step']:.2f} | {r['state_bytes_per_param']:.3f} "
-              f"| {gbs:.0f} |")
+              f"| {gbs:.0f} | {host} |")
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "bench_q_adamw.json"), "w") as f:

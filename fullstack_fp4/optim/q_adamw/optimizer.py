@@ -17,7 +17,12 @@ Paths. CUDA FP32 params: one fused Triton launch per parameter (triton_step.py),
 stochastic rounding from Philox in the kernel; with ``multi_tensor=True`` one launch for all of
 a param group's parameters at one step count (triton_multi.py: each parameter computed bit for
 bit as its own launch computes it; parameters it cannot address — ``numel`` not a multiple of
-16, a tensor off a 16-byte boundary — keep their own launch). Otherwise (CPU): ``q_adamw_step_reference``, the
+16, a tensor off a 16-byte boundary — keep their own launch; slower at 3b shapes, PERF.md "v7").
+The per-parameter launches go round-robin to ``launch_streams`` CUDA streams (default 2: the
+current stream and a side stream forked from it at the start of the step and joined into it
+at the end), so one launch's last, partly filled wave overlaps the next launch's first: each
+launch touches only its own parameter's tensors, so the result is bit for bit the one-stream
+result, and the step reaches the one-flat-launch time (PERF.md "v7"). Otherwise (CPU): ``q_adamw_step_reference``, the
 pure-PyTorch oracle, with uniforms from a ``torch.Generator``. Both seed their uniforms from
 ``(seed, parameter index, step)``: no RNG state to checkpoint, so a resumed run draws the same
 bits as an uninterrupted one (``state_dict`` round trips are bit-exact).
@@ -74,6 +79,7 @@ floating-point state to the parameter's dtype — leaves the bits alone):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -339,13 +345,61 @@ def model_param_written(p: torch.Tensor) -> bool:
     return getattr(p, MODEL_WRITTEN_ATTR, None) == p._version
 
 
+_SIDE_STREAMS: dict = {}   # (device index, lane) -> torch.cuda.Stream, made once
+
+
+class _LaunchLanes:
+    """One step's per-parameter launches, round-robin over ``n`` CUDA streams of a device:
+    lane 0 is the current stream; lanes 1.. are side streams that wait for the current stream
+    before their first launch of the step (the gradients are ready there) and that the current
+    stream waits for in :meth:`join`. A side lane's gradient gets ``record_stream``: a
+    temporary (a non-contiguous grad made contiguous) or a gradient freed after the step
+    (``zero_grad``) must not be handed to a new allocation while the side stream still reads
+    it. Parameters, states and the model-param copy belong to the optimizer and the model and
+    outlive the step."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.count = 0
+        self.forked: dict = {}   # device index -> (current stream, [side streams])
+
+    def next(self, device: torch.device, grad: torch.Tensor):
+        """A context that runs the next launch on ``device`` on its lane's stream."""
+        if self.n == 1 or device.type != "cuda":
+            return contextlib.nullcontext()
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx not in self.forked:
+            cur = torch.cuda.current_stream(idx)
+            sides = []
+            for lane in range(1, self.n):
+                s = _SIDE_STREAMS.get((idx, lane))
+                if s is None:
+                    s = _SIDE_STREAMS[(idx, lane)] = torch.cuda.Stream(device=idx)
+                s.wait_stream(cur)
+                sides.append(s)
+            self.forked[idx] = (cur, sides)
+        cur, sides = self.forked[idx]
+        lane = self.count % self.n
+        self.count += 1
+        if lane == 0:
+            return contextlib.nullcontext()
+        grad.record_stream(sides[lane - 1])
+        return torch.cuda.stream(sides[lane - 1])
+
+    def join(self) -> None:
+        for cur, sides in self.forked.values():
+            for s in sides:
+                cur.wait_stream(s)
+        self.forked.clear()
+
+
 class QAdamW(torch.optim.Optimizer):
     """AdamW with NVFP4 moments (see the module docstring)."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, *, min_numel: int = 4096, seed: int = 0,
                  use_kernel: Optional[bool] = None, approx_division: bool = False,
-                 multi_tensor: bool = False):
+                 multi_tensor: bool = False, launch_streams: int = 2):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("lr, eps and weight_decay must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -360,6 +414,10 @@ class QAdamW(torch.optim.Optimizer):
         # the kernel's parameters of a group stepped by one launch (triton_multi.py), each bit
         # for bit as its own launch steps it (module docstring "Paths")
         self.multi_tensor = bool(multi_tensor)
+        if int(launch_streams) != launch_streams or launch_streams < 1:
+            raise ValueError(f"launch_streams must be an integer >= 1, got {launch_streams}")
+        # the CUDA streams the per-parameter launches go round-robin to (module docstring)
+        self.launch_streams = int(launch_streams)
 
     def _kernel_ok(self, p: torch.Tensor) -> bool:
         """The fused kernel for CUDA FP32 params; ``use_kernel=True`` also runs it on CPU
@@ -377,6 +435,14 @@ class QAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        lanes = _LaunchLanes(self.launch_streams)
+        try:
+            self._step_groups(lanes)
+        finally:
+            lanes.join()   # later work on the current stream sees every launch's writes
+        return loss
+
+    def _step_groups(self, lanes: "_LaunchLanes") -> None:
         index = -1
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
@@ -419,11 +485,12 @@ class QAdamW(torch.optim.Optimizer):
                         batches.setdefault((t, g_flat.dtype, out is not None), []).append(
                             (p, item))
                         continue            # stepped below, with the group's other params
-                    launch(p.view(-1), g_flat, _kernel_views(st), n,
-                           padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
-                           model_out=None if out is None else out.view(-1),
-                           fast_div=self.approx_division,
-                           **_hyper(lr, b1, b2, eps, wd, t, p.device))
+                    with lanes.next(p.device, g_flat):
+                        launch(p.view(-1), g_flat, _kernel_views(st), n,
+                               padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
+                               model_out=None if out is None else out.view(-1),
+                               fast_div=self.approx_division,
+                               **_hyper(lr, b1, b2, eps, wd, t, p.device))
                 else:
                     # the whole tensor's uniform stream, sliced at this piece
                     gen = torch.Generator(device=p.device).manual_seed(seed)
@@ -450,7 +517,6 @@ class QAdamW(torch.optim.Optimizer):
                 if has_out:
                     for p, _ in members:
                         setattr(p, MODEL_WRITTEN_ATTR, p._version)
-        return loss
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but the 4-bit state keeps its integer dtypes (torch would cast every
