@@ -15,9 +15,9 @@ case "${1:-streams}" in
     TAILN=12 gpu_pytest pytest_streams 300 -q tests/fullstack_fp4/optim/test_q_adamw_streams.py \
       tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
       tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
-      "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to" &
+      "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
+    # after the tests, not beside them: run79 timed while a pytest ran on the same GPU
     TAILN=45 run q_adamw_streams 540 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 \
       --fast-div-rows --flat-row --multi-rows --streams-rows
-    wait
     ;;
 esac
