@@ -12,7 +12,7 @@ source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
 case "${1:-streams}" in
   streams)
-    TAILN=12 gpu_pytest pytest_streams 300 -q tests/fullstack_fp4/optim/test_q_adamw_streams.py \
+    TAILN=12 gpu_pytest pytest_streams 240 -q -n 4 --dist loadfile tests/fullstack_fp4/optim/test_q_adamw_streams.py \
       tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
       tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
       "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
