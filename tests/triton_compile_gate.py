@@ -335,13 +335,15 @@ def run_scenarios():
         q_step.BF16_HW_CVT = hw_cvt
     # the multi-tensor launch (triton_multi.py): parameters found through a table
     from fullstack_fp4.optim.q_adamw.triton_multi import Item, launch_multi
-    for gdt, mo, fd in ((torch.float32, False, False), (torch.bfloat16, True, True)):
+    # (SUB 1, the default, without the loop; SUB 2 with it)
+    for gdt, mo, fd, sub in ((torch.float32, False, False, 1), (torch.bfloat16, True, True, 2)):
         items = [Item(torch.randn(n), torch.randn(n, dtype=gdt),
                       _kernel_views(_init_state(n, "cpu")), n, padded_numel(n), 0, 0, 5 + n,
                       torch.empty(n, dtype=torch.bfloat16).view(torch.int16) if mo else None)
                  for n in (4096, 2048)]
-        _scenario(f"q_adamw multi-tensor grad={gdt} model_out={mo} fast_div={fd}")
-        launch_multi(items, t=3, fast_div=fd, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+        _scenario(f"q_adamw multi-tensor grad={gdt} model_out={mo} fast_div={fd} sub={sub}")
+        launch_multi(items, t=3, fast_div=fd, sub=sub,
+                     **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     # superseded kernel variants kept for scripts/bench_q_adamw.py (same launch signature)
     import fullstack_fp4.optim.q_adamw as qa
     for mod in sorted(m.name for m in pkgutil.iter_modules(qa.__path__)):

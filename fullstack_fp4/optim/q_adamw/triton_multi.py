@@ -54,8 +54,9 @@ SEED_MOD = 2 ** 31 - 1
 (C_P, C_G, C_MC, C_MS, C_MCS, C_VC, C_VS, C_VCS, C_VMEAN, C_MO, C_N16, C_NPAD32, C_PH_ROWS,
  C_ROW0, C_SEED, C_START) = range(16)
 NCOL = 16
-# Programs of a parameter's own grid that one program runs in turn (module docstring)
-SUB = 4
+# Programs of a parameter's own grid that one program runs in turn: 1, since SUB > 1's loop
+# spills at the 128-register cap and measured 8-14% slower on the H200 (PERF.md "v7")
+SUB = 1
 _STATE_KEYS = ("exp_avg_codes", "exp_avg_scales", "exp_avg_chunk_scales", "exp_avg_sq_codes",
                "exp_avg_sq_scales", "exp_avg_sq_chunk_scales", "exp_avg_sq_means")
 
