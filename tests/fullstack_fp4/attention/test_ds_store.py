@@ -1,10 +1,11 @@
 """dS stored once (``triton_ds_store.py``): the dkdv kernel writes each dS tile quantized along
 keys, ``_dq_ds_kernel`` decodes it instead of recomputing S, P, dP, dS.
 
-Under the interpreter the stored path's dQ is bit-identical to the recompute path's (both
-kernels compute the same S/dP products in FP32 and quantize the same tiles the same way); dK,
-dV are untouched by the store. On a GPU the two kernels' MMAs may accumulate S/dP in a
-different order (``GRAD_TOL``, as test_kernels.py). The scratch is pre-filled with garbage so a
+Both kernels compute the same S/dP products in FP32 and quantize the same tiles the same way,
+but not with the same tile shapes: under the interpreter np.matmul's summation order depends on
+them and on the CPU's BLAS kernel (bit for bit on an Intel CPU, 6e-6 apart on an AMD EPYC:
+``ORDER_TOL``, kernel_inputs.py); on a GPU the two kernels' MMAs may accumulate in another
+order (``GRAD_TOL``, as test_kernels.py). dK, dV are untouched by the store: equal everywhere. The scratch is pre-filled with garbage so a
 slot the dkdv kernel failed to write would show.
 """
 
@@ -14,7 +15,7 @@ import torch
 from fullstack_fp4.attention import reference
 from fullstack_fp4.attention.paths import resolve_paths
 from fullstack_fp4.attention.prologue import make_views
-from tests.fullstack_fp4.attention.kernel_inputs import DEV, GRAD_TOL
+from tests.fullstack_fp4.attention.kernel_inputs import DEV, GRAD_TOL, ORDER_TOL
 from tests.fullstack_fp4.attention.kernel_inputs import inputs as _inputs
 from tests.fullstack_fp4.attention.kernel_inputs import rel as _rel
 
@@ -64,10 +65,11 @@ def test_stored_ds_matches_recompute(monkeypatch, b, h, hk, s, d, causal, stoch,
     got = attention_backward(do, o, lse, v, views, ds_store=True, **kw)
     assert len(calls) == 1
     for name, a, w in zip("QKV", got, want):
-        if DEV.type == "cpu" or name != "Q":
+        if name != "Q":
             assert torch.equal(a, w), name
         else:
-            assert _rel(a, w) < GRAD_TOL, (name, _rel(a, w))
+            tol = ORDER_TOL if DEV.type == "cpu" else GRAD_TOL
+            assert _rel(a, w) < tol, (name, _rel(a, w))
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -107,7 +109,7 @@ def test_stored_path_replaces_the_recompute_kernel(monkeypatch):
             calls = _garbage_scratch(m)
             want = triton_bwd.attention_backward(do, o, lse, v, views, causal=True, scale=0.125)
             assert not calls, env
-        assert torch.equal(got[0], want[0]) or DEV.type != "cpu"
+        assert DEV.type != "cpu" or _rel(got[0], want[0]) < ORDER_TOL
 
 
 def test_scratch_bytes_and_selection(monkeypatch):

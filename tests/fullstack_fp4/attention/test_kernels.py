@@ -20,7 +20,7 @@ import torch
 from fullstack_fp4.attention import reference
 from fullstack_fp4.attention.paths import resolve_paths
 from fullstack_fp4.attention.prologue import make_views
-from tests.fullstack_fp4.attention.kernel_inputs import DEV, GRAD_TOL
+from tests.fullstack_fp4.attention.kernel_inputs import DEV, GRAD_TOL, ORDER_TOL
 from tests.fullstack_fp4.attention.kernel_inputs import inputs as _inputs
 from tests.fullstack_fp4.attention.kernel_inputs import rel as _rel
 
@@ -102,8 +102,9 @@ def test_kernel_stochastic_ds_is_random_and_close():
 @pytest.mark.parametrize("causal,stoch", [(True, False), (False, True)])
 def test_wide_backward_tiles_match_64_row_tiles(monkeypatch, causal, stoch):
     """128-row programs (FP4_QATTN_BWD rn = rm = 2: two 64-row dS tiles per program, each with
-    its own tensor scale) give the 64-row programs' gradients: bit for bit under the
-    interpreter (same FP32 operations per row); on a GPU up to MMA accumulation order."""
+    its own tensor scale) give the 64-row programs' gradients: the same FP32 operations per row,
+    summed in an order that depends on the tile shape (under the interpreter np.matmul's, which
+    also depends on the CPU: ``ORDER_TOL``; on a GPU the MMAs')."""
     from fullstack_fp4.attention.triton_bwd import attention_backward
     from fullstack_fp4.attention.triton_fwd import attention_forward
     q, k, v, do = _inputs(1, 4, 2, 150, 64, seed=4)          # GQA, ragged, 3 key blocks
@@ -118,6 +119,6 @@ def test_wide_backward_tiles_match_64_row_tiles(monkeypatch, causal, stoch):
     for cfg, g in grads.items():
         for name, a, b in zip("QKV", g, base):
             if DEV.type == "cpu":
-                assert torch.equal(a, b), (cfg, name)
+                assert _rel(a, b) < ORDER_TOL, (cfg, name, _rel(a, b))
             else:
                 assert _rel(a, b) < GRAD_TOL, (cfg, name)
