@@ -3,7 +3,7 @@
 # `bash ../shared/tools/device-wheels.sh megatron-core==0.16.1 torchao==0.18.0 pytest-xdist execnet`).
 # Pass FULLSTACK_COMMIT=<rev> on the command line.
 #   bash scripts/gpu/session19.sh streams   # Q-AdamW: per-parameter launches over CUDA streams
-#       (QAdamW(launch_streams=2), the new default; PERF.md "v7"): its GPU tests (bit for bit
+#       (QAdamW(launch_streams=2), the new default; PERF.md "v8"): its GPU tests (bit for bit
 #       the one-stream step) with the kernel and optimizer tests beside them, then the bench with
 #       QAdamW at 1, 2, 3 streams, IEEE and approximate division, the multi-tensor and flat
 #       rows again (session 18's run79 measured them), torch fused AdamW and torchao

@@ -22,10 +22,11 @@ The per-parameter launches go round-robin to ``launch_streams`` CUDA streams (de
 current stream and a side stream forked from it at the start of the step and joined into it
 at the end), so one launch's last, partly filled wave overlaps the next launch's first: each
 launch touches only its own parameter's tensors, so the result is bit for bit the one-stream
-result, and the step reaches the one-flat-launch time (PERF.md "v8"). Otherwise (CPU): ``q_adamw_step_reference``, the
-pure-PyTorch oracle, with uniforms from a ``torch.Generator``. Both seed their uniforms from
-``(seed, parameter index, step)``: no RNG state to checkpoint, so a resumed run draws the same
-bits as an uninterrupted one (``state_dict`` round trips are bit-exact).
+result, and the step reaches the one-flat-launch time (PERF.md "v8").
+Otherwise (CPU): ``q_adamw_step_reference``, the pure-PyTorch oracle, with uniforms from a
+``torch.Generator``. Both seed their uniforms from ``(seed, parameter index, step)``: no RNG
+state to checkpoint, so a resumed run draws the same bits as an uninterrupted one
+(``state_dict`` round trips are bit-exact).
 
 Parameters with ``numel < min_numel`` (default 4096: norms, biases, small heads; their FP32
 moments are a negligible share of memory, and they are the tensors where a tile of 32 mixes

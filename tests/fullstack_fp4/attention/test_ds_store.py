@@ -5,8 +5,8 @@ Both kernels compute the same S/dP products in FP32 and quantize the same tiles 
 but not with the same tile shapes: under the interpreter np.matmul's summation order depends on
 them and on the CPU's BLAS kernel (bit for bit on an Intel CPU, 6e-6 apart on an AMD EPYC:
 ``ORDER_TOL``, kernel_inputs.py); on a GPU the two kernels' MMAs may accumulate in another
-order (``GRAD_TOL``, as test_kernels.py). dK, dV are untouched by the store: equal everywhere. The scratch is pre-filled with garbage so a
-slot the dkdv kernel failed to write would show.
+order (``GRAD_TOL``, as test_kernels.py). dK, dV are untouched by the store: equal everywhere.
+The scratch is pre-filled with garbage so a slot the dkdv kernel failed to write would show.
 """
 
 import pytest
