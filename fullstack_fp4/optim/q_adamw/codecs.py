@@ -5,7 +5,8 @@ Layout shared by both moments (``n`` real entries, padded with zeros to ``npad``
 * ``codes``        uint8 ``[npad/2]``        E2M1 codes, element 2i low nibble (fullstack_fp4.nvfp4)
 * ``block_scale``  float8_e4m3fn ``[npad/16]`` one E4M3 scale per 16 elements (NVFP4 1×16)
 * ``chunk_scale``  float32 ``[ceil(npad/CHUNK)]`` the second-level (FP32 decode) scale of each
-  chunk of ``CHUNK = 1024`` elements — NVFP4's "tensor scale", taken per chunk.
+  chunk of ``CHUNK = 1024`` elements — NVFP4's "tensor scale", taken per chunk and rounded
+  down to a power of two (``chunk_scales``: no division left in the fused kernel's encode).
 
 Second moment only: ``tile_mean``, BF16 ``[npad/TILE]``, ``TILE = 32``.
 
@@ -74,8 +75,18 @@ order; the 4/6 error sums are FP32 halving trees too (``_code_error32``; nvfp4's
 them in FP64, which cost the kernel FP64 converts and adds for no accuracy that matters).
 
 Where this oracle departs from nvfp4.reference's order, and why (each cut an instruction count
-of the kernel; PERF.md "v3"), all bit-identical to nvfp4's order outside FP32's subnormal range
-unless said otherwise:
+of the kernel; PERF.md "v3" and "v9"), all bit-identical to nvfp4's order outside FP32's
+subnormal range unless said otherwise:
+
+* the second-level scale is a power of two, ``enc = 2^floor(log2(M / amax))`` (``chunk_scales``),
+  not ``M / amax``: a chunk's largest block gets an E4M3 scale in ``(M/12, M/6]`` instead of
+  ``M/6`` exactly. This one changes the numbers (measured, scripts/q_adamw_error_table.py: √v
+  error 0.091 → 0.087 on iid lognormal moments, 0.080 → 0.085 on the structured set, 0.0368 →
+  0.0368 on real moments; README.md). With it, ``0.25 / (s · dec) = fl(0.25 / s) · enc``
+  exactly wherever the factor is normal (any chunk amax below 2^125.5), which the kernel reads
+  from a table;
+* the v tile mean is ``fl(sum · fl(1/cnt))``: ``sum / 32`` exactly for every full tile, one
+  rounding away from the division at a tensor's partial last tile;
 
 * the RHT's ``× 1/4`` is not applied to the 16 entries: the encoder gets the unscaled butterfly
   and takes its block amax × 1/4 (exactly nvfp4's amax: rounding is monotone) and the element
@@ -106,12 +117,12 @@ from fullstack_fp4.nvfp4.e2m1 import (E2M1_MAX, e2m1_decode, e2m1_round_nearest,
                                       e2m1_round_stochastic, pack_codes, unpack_codes)
 from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, _butterfly
 # The reference's per-block helpers take broadcastable enc/dec, so per-chunk scales reuse them.
-from fullstack_fp4.nvfp4.reference import _candidate, tensor_scales
+from fullstack_fp4.nvfp4.reference import _SCALE_RULES, _candidate
 
 __all__ = [
     "BLOCK", "CHUNK", "TILE", "REL_FLOOR", "FP32_MAX", "MomentState",
     "encode_exp_avg", "decode_exp_avg", "encode_exp_avg_sq", "decode_exp_avg_sq",
-    "padded_numel", "num_chunks", "state_bytes_per_param",
+    "padded_numel", "num_chunks", "state_bytes_per_param", "chunk_scales",
 ]
 
 BLOCK = 16        # NVFP4 block = Hadamard size
@@ -246,6 +257,35 @@ def _irht16_unscaled(y: torch.Tensor) -> torch.Tensor:
     return (_butterfly(y.view(-1, BLOCK), BLOCK) * _signs_on(y.device)).reshape(-1)
 
 
+def chunk_scales(amax: torch.Tensor, scale_rule: str):
+    """Power-of-two second-level scales ``(enc, dec)`` (FP32, shaped like ``amax``):
+    ``enc = 2^k``, ``k = floor(log2(M / amax))`` clamped to ``[-126, 126]``, ``dec = 2^-k``,
+    with ``M = 6 · 256`` ("4over6", m) or ``6 · 448`` ("6", v).
+
+    NVFP4's tensor scale is ``M / amax`` itself (nvfp4.reference.tensor_scales): the chunk's
+    largest block then gets the E4M3 scale ``M / 6`` exactly. Here it gets one in
+    ``(M / 12, M / 6]``: the block scales keep E4M3's 3-bit precision and lose at most one
+    binade at the bottom of its 2^17 range (a block 2^14 below its chunk's largest reaches the
+    E4M3 subnormals up to 2× sooner). What it buys: ``enc`` and ``dec`` are exact reciprocals
+    taken from the bits, and ``0.25 / (s · dec) = fl(0.25 / s) · enc`` exactly wherever that
+    factor is a normal FP32, i.e. for any chunk amax below 2^125.5 (``s · dec`` is exact, and
+    scaling by a power of two commutes with rounding in FP32's normal range; above, the two
+    can be one subnormal ulp apart). So the fused kernel reads ``fl(0.25 / s)`` from a table
+    (triton_step.recip_table) and makes its scales from the bits, where it divided 7 times a
+    block (two chunk scales and three candidates; PERF.md "v9"). ``k`` from the bits: ``M / amax = 2^(E_M − E_a) ·
+    (1 + F_M) / (1 + F_a)``, so ``k = E_M − E_a − [F_a > F_M]``; a zero or subnormal amax
+    (``E_a = 0``) lands on the clamp, as ``M / amax > 2^136`` there. Both ends of the clamp keep
+    ``enc`` and ``dec`` normal. Non-finite amax (a NaN or Inf moment) gives some scale in range:
+    the step has already produced non-finite values then."""
+    m6 = torch.tensor(_SCALE_RULES[scale_rule] * 6.0, dtype=torch.float32).view(torch.int32)
+    a = amax.to(torch.float32).contiguous().view(torch.int32)
+    k = (m6 >> 23) - (a >> 23) - ((a & 0x7FFFFF) > (m6 & 0x7FFFFF)).to(torch.int32)
+    k = torch.clamp(k, -126, 126)
+    enc = ((k + 127) << 23).view(torch.float32)
+    dec = ((127 - k) << 23).view(torch.float32)
+    return enc, dec
+
+
 def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Tensor],
                       phase: int = 0):
     """NVFP4 of ``y / 4`` (flat FP32 ``y``, length a multiple of 16) with one FP32 scale per
@@ -254,8 +294,10 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     Same FP32 order of operations as fullstack_fp4.nvfp4.reference (TE's), with the tensor amax
     replaced by each chunk's amax, and the RHT's ``× 1/4`` moved from the 16 entries of a block
     to its amax and element factor: ``amax = max|y| · 1/4`` is exactly the amax of ``fl(y/4)``
-    (rounding is monotone), so enc, dec and the E4M3 block scales are nvfp4's bit for bit; the
-    element factor is ``f = min(0.25 / (s · dec), FP32_MAX / 4)`` and the scaled value
+    (rounding is monotone). The scales are nvfp4's rule with the chunk's power-of-two
+    ``enc``/``dec`` (``chunk_scales``) for its tensor scale; the element factor is
+    ``f = min(fl(0.25 / s) · enc, FP32_MAX / 4)`` (= ``0.25 / (s · dec)`` rounded once, wherever
+    that is a normal FP32) and the scaled value
     ``t = y · f``. Outside FP32's subnormal range that is ``fl(fl(y/4) · f_nvfp4)`` exactly
     (scaling by 2^-2 commutes with rounding); when ``y/4`` or ``f / 4`` would be subnormal,
     ``t`` here is the single correctly rounded ``y / (4 · s · dec)`` where nvfp4's order rounds
@@ -272,12 +314,13 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     y3 = yc.view(nch, CHUNK // BLOCK, BLOCK)
     bamax = y3.abs().amax(dim=-1, keepdim=True) * 0.25      # exact in any order
     amax = bamax.amax(dim=(1, 2))                           # [nch]
-    enc, dec = tensor_scales(amax, scale_rule)
+    enc, dec = chunk_scales(amax, scale_rule)
     enc3, dec3 = enc.view(nch, 1, 1), dec.view(nch, 1, 1)
 
     def candidate(target):
         s, _ = _candidate(y3, bamax, enc3, dec3, target)
-        return s, torch.clamp(0.25 / (s.to(torch.float32) * dec3), max=FP32_MAX * 0.25)
+        r = torch.div(torch.tensor(0.25, dtype=torch.float32), s.to(torch.float32))
+        return s, torch.clamp(r * enc3, max=FP32_MAX * 0.25)
 
     s, f = candidate(6.0)
     if scale_rule == "4over6":
@@ -438,7 +481,9 @@ def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
     valid = torch.arange(npad, device=v.device) < n
     s2 = s.view(-1, tile)
     cnt = valid.view(-1, tile).sum(dim=1).clamp(min=1).to(torch.float32)
-    mean = torch.div(_pairwise_tile_sum(s2), cnt).to(torch.bfloat16)     # RNE
+    # · fl(1/cnt), not / cnt: the kernel reads the reciprocal from its table (recip_table);
+    # the same for the full tiles (cnt = 32, exact either way), one rounding apart at the tail
+    mean = (_pairwise_tile_sum(s2) * torch.div(1.0, cnt)).to(torch.bfloat16)     # RNE
     if not subtract_mean:
         mean = torch.zeros_like(mean)
     floor = None

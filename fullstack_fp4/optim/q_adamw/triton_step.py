@@ -80,6 +80,7 @@ def q_adamw_kernel(p_ptr, g_ptr,
                    vc_ptr, vs_ptr, vcs_ptr, vmean_ptr,
                    u_ptr, n, npad, seed, ph_rows, row0,
                    decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
+                   rtab_ptr,
                    HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr,
                    U8: tl.constexpr, ROUNDS: tl.constexpr, HAS_MODEL_OUT: tl.constexpr,
                    BF16_HW: tl.constexpr, FAST_DIV: tl.constexpr):
@@ -88,14 +89,14 @@ def q_adamw_kernel(p_ptr, g_ptr,
     _step_program(tl.program_id(0).to(tl.int64), p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
                   vc_ptr, vs_ptr, vcs_ptr, vmean_ptr, u_ptr, n, npad, seed, ph_rows, row0,
                   decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
-                  HAS_U, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW, FAST_DIV)
+                  rtab_ptr, HAS_U, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW, FAST_DIV)
 
 
 @triton.jit
 def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vcs_ptr,
                   vmean_ptr, u_ptr, n, npad, seed, ph_rows, row0,
                   decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
-                  HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr,
+                  rtab_ptr, HAS_U: tl.constexpr, CPP_C: tl.constexpr, FAST_DEC: tl.constexpr,
                   U8: tl.constexpr, ROUNDS: tl.constexpr, HAS_MODEL_OUT: tl.constexpr,
                   BF16_HW: tl.constexpr, FAST_DIV: tl.constexpr):
     """One program's step: CPP_C chunks (64 · CPP_C rows) of one tensor, program ``pid`` of
@@ -199,15 +200,15 @@ def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vc
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
     w0, w1, sc, dec_c = _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13,
                                   y14, y15, u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11,
-                                  u12, u13, u14, u15, R)
+                                  u12, u13, u14, u15, rtab_ptr, R)
     _store_rows(mc_ptr, ms_ptr, mcs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c, R)
 
     # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN 6-rule
     bsum = _hsum16(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15)
     ba, bb = tl.split(tl.reshape(bsum, (R // 2, 2)))
     tix = pid * (R // 2) + tl.arange(0, R // 2) - ph_rows // 2
-    cnt = tl.minimum(tl.maximum(n - tix * 32, 1), 32).to(tl.float32)
-    tmean = tl.div_rn(ba + bb, cnt)
+    cnt = tl.minimum(tl.maximum(n - tix * 32, 1), 32)
+    tmean = (ba + bb) * tl.load(rtab_ptr + 128 + cnt)       # · fl(1/cnt) (recip_table)
     mbits = tmean.to(tl.int32, bitcast=True)
     mbits = (mbits + 0x7FFF + ((mbits >> 16) & 1)) & -65536
     tl.store(vmean_ptr + tix, (mbits >> 16).to(tl.int16), mask=(tix < npad // 32) & (tix >= 0))
@@ -223,7 +224,7 @@ def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vc
         tl.where(12 < rem, s12 - mean, 0.0), tl.where(13 < rem, s13 - mean, 0.0),
         tl.where(14 < rem, s14 - mean, 0.0), tl.where(15 < rem, s15 - mean, 0.0))
     w0, w1, sc, dec_c = _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13,
-                                  y14, y15, R)
+                                  y14, y15, rtab_ptr, R)
     _store_rows(vc_ptr, vs_ptr, vcs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c, R)
 
 
@@ -273,11 +274,36 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
         st["exp_avg_sq_means"],
         u, n, npad, seed, phase // BLOCK, row0,
         decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo,
+        recip_table(p_flat.device),
         HAS_U=rand is not None, CPP_C=cpp, FAST_DEC=bool(fast_dec), U8=bool(u8), ROUNDS=rounds,
         HAS_MODEL_OUT=model_out is not None, BF16_HW=BF16_HW_CVT and not _INTERPRET,
         FAST_DIV=bool(FAST_DIV if fast_div is None else fast_div) and not _INTERPRET,
         num_warps=2 * cpp,
         enable_fp_fusion=False, **extra)
+
+
+_RECIP_TABLES: dict = {}
+
+
+def recip_table(device) -> torch.Tensor:
+    """FP32 ``[161]``, the kernels' reciprocals, so that no division is left in a row's encode:
+    entry c < 128 is fl(0.25 / s) for the E4M3 code c (s its value; +inf for c = 0 and for the
+    NaN code 127, which the clamped scale never takes), the element factor before the chunk's
+    power-of-two ``enc`` (triton_rows._candidate); entry 128 + c is fl(1 / c), c = 1 … 32, the
+    v tile mean's factor for a tile of c real entries. torch's FP32 divisions, the reference's
+    (codecs), so both read the same numbers."""
+    dev = torch.device(device)
+    tab = _RECIP_TABLES.get(dev)
+    if tab is None:
+        s = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+        s[127] = 0.0
+        c = torch.arange(33, dtype=torch.float32)
+        one = torch.tensor(1.0, dtype=torch.float32)
+        tab = torch.cat([torch.div(one * 0.25, s), torch.div(one, c)]).to(dev)
+        if dev.type == "cuda":   # made once; launches on any stream (launch_streams) read it
+            torch.cuda.current_stream(dev).synchronize()
+        _RECIP_TABLES[dev] = tab
+    return tab
 
 
 def _model_out_bits(model_out, n):

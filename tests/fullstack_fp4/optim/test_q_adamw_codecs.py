@@ -247,3 +247,98 @@ def test_decode_is_one_rounding_of_the_exact_value():
     sh = torch.maximum((exact(sv) + mu).float(), (mu * REL_FLOOR).float())
     fmax = torch.finfo(torch.float32).max
     assert torch.equal(decode_exp_avg_sq(sv), torch.clamp(sh * sh, max=fmax))
+
+
+def _m_target(rule):
+    return {"4over6": 1536.0, "6": 2688.0}[rule]
+
+
+@pytest.mark.parametrize("rule", ["4over6", "6"])
+def test_chunk_scales_are_the_largest_power_of_two_in_range(rule):
+    """codecs.chunk_scales against FP64: enc = 2^k is the largest power of two with
+    amax · enc <= M (k clamped to [-126, 126]), dec = 1 / enc exactly, over amax across all of
+    FP32 (zero, subnormals, the exact powers and their neighbours, FP32_MAX)."""
+    from fullstack_fp4.optim.q_adamw.codecs import chunk_scales
+    M = _m_target(rule)
+    g = torch.Generator().manual_seed(5)
+    e = torch.randint(-149, 128, (4000,), generator=g).double()
+    a = (torch.rand(4000, generator=g, dtype=torch.float64) + 1.0) * torch.exp2(e - 1)
+    near = torch.tensor([M * 2.0 ** j for j in (-130, -40, -3, 0, 5, 100, 117)],
+                        dtype=torch.float64)
+    a = torch.cat([a, near, near * (1 + 2 ** -23), near * (1 - 2 ** -24),
+                   torch.tensor([0.0, 1e-45, 2.0 ** -126, 3.4028234663852886e38])])
+    a = a.float()
+    enc, dec = chunk_scales(a, rule)
+    k = torch.log2(enc.double())
+    assert torch.equal(k, torch.round(k)) and (k.abs() <= 126).all()
+    assert torch.equal(enc.double() * dec.double(), torch.ones_like(k))
+    a64 = a.double()
+    free = (a64 > 0) & (M / a64 < 2.0 ** 127) & (M / a64 >= 2.0 ** -126)
+    assert free.sum() > 3000
+    assert (a64[free] * enc.double()[free] <= M).all()
+    assert (a64[free] * enc.double()[free] * 2 > M).all()
+    # amax = M · 2^j exactly: enc = 2^-j (the block max maps to 6 exactly, as NVFP4's rule)
+    exact = torch.tensor([M * 2.0 ** j for j in (-40, -3, 0, 5, 100)], dtype=torch.float32)
+    assert torch.equal(chunk_scales(exact, rule)[0].double() * exact.double(),
+                       torch.full((5,), M, dtype=torch.float64))
+    # the clamp: M / amax >= 2^127 (zero, subnormal or tiny amax) -> 2^126 (the other end,
+    # 2^-126, is out of reach of a finite amax: M / FP32_MAX > 2^-118)
+    top = (a64 == 0) | (M / a64 >= 2.0 ** 127)
+    assert top.sum() > 50 and (enc[top] == 2.0 ** 126).all()
+
+
+def test_recip_table_is_the_correctly_rounded_reciprocal():
+    """triton_step.recip_table against FP64 by hand: entry c is fl(0.25 / s) for the E4M3
+    code c (s = 2^(e-7)(1 + m/8), subnormals m · 2^-9; +inf at c = 0 and 127) and entry
+    128 + c is fl(1/c). FP64 then one rounding to FP32 is correct here: the quotients' binary
+    expansions (1/9, 1/11, 1/13, ...) never hold the 28-bit run of equal bits a double rounding
+    needs."""
+    from fullstack_fp4.optim.q_adamw.triton_step import recip_table
+    tab = recip_table("cpu")
+    assert tab.dtype == torch.float32 and tab.numel() == 161
+    for c in range(1, 127):
+        e, m = c >> 3, c & 7
+        s = m * 2.0 ** -9 if e == 0 else 2.0 ** (e - 7) * (1 + m / 8)
+        assert tab[c].item() == torch.tensor(0.25 / s, dtype=torch.float64).float().item(), c
+    assert tab[0] == float("inf") and tab[127] == float("inf")
+    for c in range(1, 33):
+        assert tab[128 + c].item() == torch.tensor(1.0 / c, dtype=torch.float64).float().item()
+
+
+def test_table_factor_equals_the_division_it_replaces():
+    """With a power-of-two chunk scale the kernel's element factor fl(0.25 / s) · enc equals
+    the division 0.25 / (s · dec) that it replaced for every E4M3 scale and every k in the
+    clamp range wherever the factor is a normal FP32 (codecs.chunk_scales' docstring; the
+    FP32_MAX / 4 clamp included). Below 2^-126 (k <= -116: a chunk amax above 2^125.5) the
+    table's rounding and the subnormal one can differ by one subnormal ulp, and the division
+    itself gave 0 where s · dec overflowed."""
+    from fullstack_fp4.optim.q_adamw.codecs import FP32_MAX
+    from fullstack_fp4.optim.q_adamw.triton_step import recip_table
+    s = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()[:, None]
+    k = torch.arange(-126, 127, dtype=torch.float64)[None, :]
+    enc, dec = torch.exp2(k).float(), torch.exp2(-k).float()
+    new = torch.clamp(recip_table("cpu")[:127, None] * enc, max=FP32_MAX * 0.25)
+    old = torch.clamp(0.25 / (s * dec), max=FP32_MAX * 0.25)
+    exact = 0.25 / (s.double() * dec.double())
+    normal = exact >= 2.0 ** -126
+    assert torch.equal(new[normal], old[normal])
+    assert normal[:, k[0] >= -115].all() and (~normal).any()
+    sub = ~normal & torch.isfinite(s * dec)
+    assert ((new - old).abs()[sub] <= 2.0 ** -149).all()
+    assert (s * dec)[1:].ne(0).all()          # s · dec never underflows: exact where finite
+
+
+def test_tile_mean_factor_at_a_partial_tile():
+    """The v tile mean is fl(sum · fl(1/cnt)): the full tiles' is sum / 32 exactly, a partial
+    tile's (the tensor's tail) one rounding of the product, within an ulp of the division."""
+    n = 32 * 5 + 7
+    g = torch.Generator().manual_seed(9)
+    v = torch.rand(n, generator=g) ** 4
+    st = encode_exp_avg_sq(v)
+    s = torch.sqrt(v.double())
+    full = s[:160].view(5, 32).mean(dim=1)
+    tail = s[160:].mean()
+    mean = st.tile_mean.double()
+    # BF16 RNE of an FP32 within an ulp of the exact mean: within BF16's half ulp + a hair
+    assert torch.allclose(mean[:5], full, rtol=2 ** -8 + 2 ** -20, atol=0)
+    assert abs(mean[5].item() - tail.item()) <= tail.item() * (2 ** -8 + 2 ** -20)

@@ -13,6 +13,7 @@ from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
 from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _init_state,  # noqa: E402
                                                    _kernel_views, q_adamw_step_reference)
 from fullstack_fp4.optim.q_adamw import triton_rows as ts  # noqa: E402
+from fullstack_fp4.optim.q_adamw.triton_step import recip_table  # noqa: E402
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -376,7 +377,7 @@ def test_encode_rows_match_reference_on_edge_blocks():
     from fullstack_fp4.optim.q_adamw.codecs import _quantize_chunked
 
     @triton.jit
-    def k(y_ptr, u_ptr, o_ptr, R: tl.constexpr):
+    def k(y_ptr, u_ptr, o_ptr, tab_ptr, R: tl.constexpr):
         rows = tl.arange(0, R)
         y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = ts._ld16(
             y_ptr, rows, R * 16, 0.0)
@@ -387,13 +388,13 @@ def test_encode_rows_match_reference_on_edge_blocks():
             ts._dither(u0), ts._dither(u1), ts._dither(u2), ts._dither(u3), ts._dither(u4),
             ts._dither(u5), ts._dither(u6), ts._dither(u7), ts._dither(u8), ts._dither(u9),
             ts._dither(u10), ts._dither(u11), ts._dither(u12), ts._dither(u13),
-            ts._dither(u14), ts._dither(u15), R)
+            ts._dither(u14), ts._dither(u15), tab_ptr, R)
         tl.store(o_ptr + rows * 4, w0)
         tl.store(o_ptr + rows * 4 + 1, w1)
         tl.store(o_ptr + rows * 4 + 2, sc)
         tl.store(o_ptr + R * 4 + tl.arange(0, R // 64), dec.to(tl.int32, bitcast=True))
         w0, w1, sc, dec = ts._encode_v(
-            y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15, R)
+            y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15, tab_ptr, R)
         b = o_ptr + R * 4 + R // 64
         tl.store(b + rows * 4, w0)
         tl.store(b + rows * 4 + 1, w1)
@@ -415,7 +416,7 @@ def test_encode_rows_match_reference_on_edge_blocks():
     y = y.reshape(-1)
     u = torch.rand(R * 16, generator=gen)
     out = torch.zeros(2 * (R * 4 + R // 64), dtype=torch.int32)
-    k[(1,)](y, u, out, R=R)
+    k[(1,)](y, u, out, recip_table("cpu"), R=R)
     for half, (rule, rand) in enumerate((("4over6", u), ("6", None))):
         o = out[half * (R * 4 + R // 64):(half + 1) * (R * 4 + R // 64)]
         codes, bs, dec = _quantize_chunked(y, rule, rand)

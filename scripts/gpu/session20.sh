@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Device calls of session 20 (one nvidia-h200; carry .whl, made by
+# `bash ../shared/tools/device-wheels.sh megatron-core==0.16.1 torchao==0.18.0 pytest-xdist execnet`).
+# Pass FULLSTACK_COMMIT=<rev> on the command line.
+#   bash scripts/gpu/session20.sh pow2   # Q-AdamW without divisions in a row's encode
+#       (power-of-two chunk scales, reciprocal table; PERF.md "v9"): the kernel, optimizer,
+#       streams and multi-tensor tests on the GPU (kernel == reference bit for bit), then the
+#       bench: QAdamW IEEE and approximate division at 1/2/3 streams, the flat bound, torch
+#       fused AdamW and torchao beside them
+set -u
+source scripts/gpu/setup_env.sh
+export OMP_NUM_THREADS=1
+case "${1:-pow2}" in
+  pow2)
+    TAILN=12 gpu_pytest pytest_pow2 240 -q -n 4 --dist loadfile \
+      tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
+      tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
+      tests/fullstack_fp4/optim/test_q_adamw_streams.py \
+      tests/fullstack_fp4/optim/test_q_adamw_multi.py \
+      "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
+    # after the tests, not beside them (run79 timed while a pytest ran on the same GPU)
+    TAILN=45 run q_adamw_pow2 480 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 \
+      --fast-div-rows --flat-row --streams-rows
+    ;;
+esac
