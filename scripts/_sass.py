@@ -56,10 +56,15 @@ def count(job: dict) -> dict:
     # addresses are 4 to 6 hex digits: a kernel past 64 KiB of code has 5
     ops = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     main_path = ops[:ops.index("EXIT") + 1] if "EXIT" in ops else ops
+    # a kernel with two bodies behind one uniform branch (Q-AdamW's full-program and bounded
+    # paths) ends each with a predicated EXIT and an EXIT: the second body runs from the
+    # second EXIT to the third
+    exits = [i for i, o in enumerate(ops) if o == "EXIT"]
+    second = exits[2] - exits[1] if len(exits) >= 4 else None
     regs = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     _, spills = g._regs_spills(g._ptxas_verbose(k.asm["ptx"]))
-    return dict(main=len(main_path), total=len(ops), regs=int(regs.group(1)) if regs else None,
+    return dict(main=len(main_path), second=second, total=len(ops), regs=int(regs.group(1)) if regs else None,
                 stack=int(stack.group(1)) if stack else None, spills=spills,
                 top=collections.Counter(o.split(".")[0] for o in main_path).most_common(16),
                 sass=sass, sha1=hashlib.sha1(sass.encode()).hexdigest()[:12],

@@ -4,7 +4,10 @@ Compiles the default launch (``triton_step.launch`` on a 4096-entry FP32 paramet
 CPP_C=1, FAST_DEC, divisibility-16 args, maxnreg = ``triton_step.MAXNREG``) exactly as
 ``tests/triton_compile_gate.py`` records it, disassembles the cubin with the wheel's
 ``cuobjdump -sass`` and counts the instructions of the main path (up to the first EXIT: the
-div_rn / sqrt_rn slow-path subroutines sit after it) = per thread = per 16 entries.
+div_rn / sqrt_rn slow-path subroutines sit after it) = per thread = per 16 entries. The
+per-parameter kernel has two bodies (PERF.md "v9"): the main path is the one for a program
+whose rows are all real (every program but a tensor's first and last one or two); the
+"bounded path", counted to its own EXIT, is the masked body those others run.
 These are static counts, not timings.
 
 ``python scripts/sass_q_adamw.py [--sass PATH] [--model-out] [--rand] [--u16] [--rounds N]
@@ -61,8 +64,9 @@ def main(argv=None) -> int:
     if a.sass:
         with open(a.sass, "w") as f:
             f.write(r["sass"])
+    second = f", bounded path {r['second']}" if r["second"] else ""
     print(f"triton {r['triton']}: SASS main path {r['main']} per 16 entries "
-          f"({r['main'] / 16:.1f}/entry), total {r['total']}, regs {r['regs']}, "
+          f"({r['main'] / 16:.1f}/entry){second}, total {r['total']}, regs {r['regs']}, "
           f"stack {r['stack']}, spills {r['spills']}, sha1 {r['sha1']}")
     print("  " + " ".join(f"{o}:{c}" for o, c in r["top"]))
     return 0

@@ -26,11 +26,15 @@ _SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 
 # ----------------------------------------------------------------------------- rows of 16
 @triton.jit
-def _ld4(ptr, rows, Q: tl.constexpr, lim, other):
-    """Entries 4Q..4Q+3 of each row (one 16-byte load per thread), as 4 row vectors."""
+def _ld4(ptr, rows, Q: tl.constexpr, lim, other, MASK: tl.constexpr = True):
+    """Entries 4Q..4Q+3 of each row (one 16-byte load per thread), as 4 row vectors.
+    ``MASK`` False: every entry is known to be in [0, lim) (a full program), no predicate."""
     idx = rows[:, None] * 16 + (Q * 4 + tl.arange(0, 4))[None, :]
-    x = tl.load(ptr + idx, mask=(idx < lim) & (idx >= 0),
-                other=other).to(tl.float32)   # bf16 grads too
+    if MASK:
+        x = tl.load(ptr + idx, mask=(idx < lim) & (idx >= 0), other=other)
+    else:
+        x = tl.load(ptr + idx)
+    x = x.to(tl.float32)   # bf16 grads too
     a, b = tl.split(tl.reshape(x, (rows.shape[0], 2, 2)))
     x0, x2 = tl.split(a)
     x1, x3 = tl.split(b)
@@ -38,27 +42,31 @@ def _ld4(ptr, rows, Q: tl.constexpr, lim, other):
 
 
 @triton.jit
-def _ld16(ptr, rows, lim, other):
-    x0, x1, x2, x3 = _ld4(ptr, rows, 0, lim, other)
-    x4, x5, x6, x7 = _ld4(ptr, rows, 1, lim, other)
-    x8, x9, x10, x11 = _ld4(ptr, rows, 2, lim, other)
-    x12, x13, x14, x15 = _ld4(ptr, rows, 3, lim, other)
+def _ld16(ptr, rows, lim, other, MASK: tl.constexpr = True):
+    x0, x1, x2, x3 = _ld4(ptr, rows, 0, lim, other, MASK)
+    x4, x5, x6, x7 = _ld4(ptr, rows, 1, lim, other, MASK)
+    x8, x9, x10, x11 = _ld4(ptr, rows, 2, lim, other, MASK)
+    x12, x13, x14, x15 = _ld4(ptr, rows, 3, lim, other, MASK)
     return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
 
 
 @triton.jit
-def _st4(ptr, rows, Q: tl.constexpr, lim, x0, x1, x2, x3):
+def _st4(ptr, rows, Q: tl.constexpr, lim, x0, x1, x2, x3, MASK: tl.constexpr = True):
     idx = rows[:, None] * 16 + (Q * 4 + tl.arange(0, 4))[None, :]
-    x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
-    tl.store(ptr + idx, tl.reshape(x, (rows.shape[0], 4)), mask=(idx < lim) & (idx >= 0))
+    x = tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), (rows.shape[0], 4))
+    if MASK:
+        tl.store(ptr + idx, x, mask=(idx < lim) & (idx >= 0))
+    else:
+        tl.store(ptr + idx, x)
 
 
 @triton.jit
-def _st16(ptr, rows, lim, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
-    _st4(ptr, rows, 0, lim, x0, x1, x2, x3)
-    _st4(ptr, rows, 1, lim, x4, x5, x6, x7)
-    _st4(ptr, rows, 2, lim, x8, x9, x10, x11)
-    _st4(ptr, rows, 3, lim, x12, x13, x14, x15)
+def _st16(ptr, rows, lim, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+          MASK: tl.constexpr = True):
+    _st4(ptr, rows, 0, lim, x0, x1, x2, x3, MASK)
+    _st4(ptr, rows, 1, lim, x4, x5, x6, x7, MASK)
+    _st4(ptr, rows, 2, lim, x8, x9, x10, x11, MASK)
+    _st4(ptr, rows, 3, lim, x12, x13, x14, x15, MASK)
 
 
 @triton.jit
@@ -83,13 +91,13 @@ def _bf16_bits(x, HW: tl.constexpr):
 
 @triton.jit
 def _st16_bf16(ptr, rows, lim, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14,
-               x15, HW: tl.constexpr):
+               x15, HW: tl.constexpr, MASK: tl.constexpr = True):
     """``_st16`` of the rows rounded to BF16 (``ptr``: the BF16 destination viewed as int16)."""
     _st16(ptr, rows, lim, _bf16_bits(x0, HW), _bf16_bits(x1, HW), _bf16_bits(x2, HW),
           _bf16_bits(x3, HW), _bf16_bits(x4, HW), _bf16_bits(x5, HW), _bf16_bits(x6, HW),
           _bf16_bits(x7, HW), _bf16_bits(x8, HW), _bf16_bits(x9, HW), _bf16_bits(x10, HW),
           _bf16_bits(x11, HW), _bf16_bits(x12, HW), _bf16_bits(x13, HW), _bf16_bits(x14, HW),
-          _bf16_bits(x15, HW))
+          _bf16_bits(x15, HW), MASK)
 
 
 @triton.jit
@@ -320,7 +328,8 @@ def _pack8(c0, c1, c2, c3, c4, c5, c6, c7):
 
 # ----------------------------------------------------------------------------- chunk codec
 @triton.jit
-def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.constexpr):
+def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.constexpr,
+                 MASK: tl.constexpr = True):
     """Each row's 16 exact Hadamard-domain products x = q · s / 4 (· 2^-8 with FAST) and the
     chunk's decode scale ``dec`` that x · dec decodes them with (codecs._decode_chunked; with
     FAST the consumer takes dec · 2^8: _dec_factor).
@@ -334,13 +343,18 @@ def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.cons
     dec per moment are gone. FAST and the select chain give the same products (x · 2^-8 times
     dec · 2^8, both exact: dec · 2^8 <= 2^125.4 as dec <= FP32_MAX / 1536).
     ``rows``: the local 16-block index (< 0 before the tensor: phase); ``vrows``: the row on
-    the chunk grid (``rows + phase / 16``)."""
+    the chunk grid (``rows + phase / 16``). ``MASK`` False: all rows are in [0, nrows)."""
     wp = codes_ptr.to(tl.pointer_type(tl.int32))
     widx = rows[:, None] * 2 + tl.arange(0, 2)[None, :]
-    w0, w1 = tl.split(tl.load(wp + widx, mask=(widx < nrows * 2) & (widx >= 0), other=0))
-    live = (rows < nrows) & (rows >= 0)
-    s = _e4m3_decode(tl.load(scale_ptr + rows, mask=live, other=0))
-    dec = tl.load(cs_ptr + vrows // 64, mask=live, other=0.0)
+    if MASK:
+        w0, w1 = tl.split(tl.load(wp + widx, mask=(widx < nrows * 2) & (widx >= 0), other=0))
+        live = (rows < nrows) & (rows >= 0)
+        s = _e4m3_decode(tl.load(scale_ptr + rows, mask=live, other=0))
+        dec = tl.load(cs_ptr + vrows // 64, mask=live, other=0.0)
+    else:
+        w0, w1 = tl.split(tl.load(wp + widx))
+        s = _e4m3_decode(tl.load(scale_ptr + rows))
+        dec = tl.load(cs_ptr + vrows // 64)
     # the inverse RHT's 1/4 goes into s (q · s / 4 stays exact: a multiple of 2^-11 below 2^10)
     if FAST:        # and the nibble trick's 2^126: s · 2^-2 · 2^118 = s · 2^116, dec · 2^8 (_nib)
         s = s * 8.307674973655724e+34          # 2^116
@@ -385,11 +399,15 @@ def _chunk_scales(bamax, M6_BITS: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _store_rows(codes_ptr, scale_ptr, cs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c,
-                R: tl.constexpr):
+                R: tl.constexpr, MASK: tl.constexpr = True):
     wp = codes_ptr.to(tl.pointer_type(tl.int32))
     widx = rows[:, None] * 2 + tl.arange(0, 2)[None, :]
-    tl.store(wp + widx, tl.join(w0, w1), mask=(widx < nrows * 2) & (widx >= 0))
-    tl.store(scale_ptr + rows, sc.to(tl.uint8), mask=(rows < nrows) & (rows >= 0))
+    if MASK:
+        tl.store(wp + widx, tl.join(w0, w1), mask=(widx < nrows * 2) & (widx >= 0))
+        tl.store(scale_ptr + rows, sc.to(tl.uint8), mask=(rows < nrows) & (rows >= 0))
+    else:
+        tl.store(wp + widx, tl.join(w0, w1))
+        tl.store(scale_ptr + rows, sc.to(tl.uint8))
     ch = pid * (R // 64) + tl.arange(0, R // 64)
     tl.store(cs_ptr + ch, dec_c, mask=ch < nch)
 
