@@ -7,6 +7,9 @@
 #       streams and multi-tensor tests on the GPU (kernel == reference bit for bit), then the
 #       bench: QAdamW IEEE and approximate division at 1/2/3 streams, the flat bound, torch
 #       fused AdamW and torchao beside them
+#   bash scripts/gpu/session20.sh tests  # the same tests alone, with room for the cold compiles
+#       of the two-body kernel (run82's four failures were 60-s pytest time-outs while Triton
+#       compiled), and test_model_param_write's GPU cases
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -21,5 +24,14 @@ case "${1:-pow2}" in
     # after the tests, not beside them (run79 timed while a pytest ran on the same GPU)
     TAILN=45 run q_adamw_pow2 480 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 \
       --fast-div-rows --flat-row --streams-rows
+    ;;
+  tests)
+    PER_TEST=360 TAILN=14 gpu_pytest pytest_tests 560 -q -n 6 --dist loadfile \
+      tests/fullstack_fp4/optim/test_q_adamw_streams.py \
+      tests/fullstack_fp4/optim/test_q_adamw_multi.py \
+      tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
+      tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
+      tests/fullstack_fp4/optim/test_q_adamw_codecs.py \
+      "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
     ;;
 esac
