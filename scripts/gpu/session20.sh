@@ -10,6 +10,9 @@
 #   bash scripts/gpu/session20.sh tests  # the same tests alone, with room for the cold compiles
 #       of the two-body kernel (run82's four failures were 60-s pytest time-outs while Triton
 #       compiled), and test_model_param_write's GPU cases
+#   bash scripts/gpu/session20.sh loss   # (carry data/quickstart too) Q-AdamW's loss gap to
+#       AdamW with the new chunk scales: the ablation's bf16 and q_adamw arms at seeds 1234,
+#       4321 and 99, six arms at once on the GPU (BENCHMARKS.md §I.1's setup)
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -33,5 +36,18 @@ case "${1:-pow2}" in
       tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
       tests/fullstack_fp4/optim/test_q_adamw_codecs.py \
       "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
+    ;;
+  loss)
+    ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 --time-budget 420"
+    for sd in 1234 4321 99; do
+      timeout 480 $ABL --arms bf16,q_adamw --jobs 2 --out "/tmp/abl_qadamw_$sd" \
+        --set "train.seed=$sd" >"$OUT/abl_seed$sd.txt" 2>&1 &
+    done
+    wait
+    for d in /tmp/abl_qadamw_*; do b=$(basename "$d")
+      cp "$d/ablation.md" "$OUT/$b.md" 2>/dev/null; cp "$d/ablation.json" "$OUT/$b.json" 2>/dev/null
+      for a in "$d"/*/; do [ -f "$a/metrics.jsonl" ] && mkdir -p "$OUT/$b/$(basename "$a")" \
+        && cp "$a/metrics.jsonl" "$OUT/$b/$(basename "$a")/"; done
+      echo "== $d"; grep '^| ' "$d/ablation.md" | grep -v '^| ---'; done
     ;;
 esac
