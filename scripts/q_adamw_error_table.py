@@ -3,6 +3,7 @@
     python scripts/q_adamw_error_table.py                       # synthetic heavy-tailed moments
     python scripts/q_adamw_error_table.py --moments real.pt     # + real moments
     python scripts/q_adamw_error_table.py --variants            # + tile / guard alternatives
+    python scripts/q_adamw_error_table.py --seeds 8             # + chunk-scale rules, 8 draws
     python scripts/q_adamw_error_table.py --train 300           # + moments of a real run:
         # trains the quickstart model (configs/quickstart.yaml: tiny, data/quickstart corpus)
         # with torch AdamW for 300 steps on CPU, saves its moments (--save-moments), tables them
@@ -127,7 +128,42 @@ def rows_for(m, v, variants: bool, seed: int = 0):
         st = encode_exp_avg_sq(v, subtract_mean=False)
         out.append(("sqrt+RHT, no mean subtraction (μ = 0, so no floor)",
                     metrics(m, v, m_hat, decode_exp_avg_sq(st)), ""))
+        for rule, name in (("nvfp4", "chunk scale M / amax (NVFP4's rule; before PERF.md v9)"),
+                           ("pow2", "chunk scale 2^floor(log2(M / amax)) (no division)")):
+            gen = torch.Generator(device=m.device).manual_seed(seed)
+            mh = decode_exp_avg(encode_exp_avg(m, generator=gen, chunk_rule=rule))
+            vh = decode_exp_avg_sq(encode_exp_avg_sq(v, chunk_rule=rule))
+            out.append((name + ", m and v", metrics(m, v, mh, vh), "1.195"))
     return out
+
+
+RULES = {"reciprocal": "dec = fl(amax · fl(1/M)), enc = fl(1/dec) [default]",
+         "nvfp4": "enc = fl(M / amax), dec = fl(1/enc) (NVFP4's tensor-scale rule)",
+         "pow2": "enc = 2^floor(log2(M / amax)) (no division)"}
+
+
+def chunk_rule_means(n: int, seeds: int):
+    """Mean over ``seeds`` synthetic draws of m's and sqrt(v)'s relL2 under both chunk-scale
+    rules (codecs._quantize_chunked's ``chunk_rule``): one draw's difference between the rules
+    is within the draw-to-draw spread."""
+    for structured in (False, True):
+        acc = {}
+        for sd in range(seeds):
+            torch.manual_seed(1000 + sd)       # synthetic_moments' Student-t: global RNG
+            m, v = synthetic_moments(n, steps=60, seed=sd, structured=structured)
+            u = torch.rand(m.numel(), generator=torch.Generator().manual_seed(sd))
+            u = torch.cat([u, torch.rand(64)])     # padding's uniforms (any)
+            for rule in RULES:
+                mh = decode_exp_avg(encode_exp_avg(m, rand=u, chunk_rule=rule))
+                vh = decode_exp_avg_sq(encode_exp_avg_sq(v, chunk_rule=rule))
+                a = acc.setdefault(rule, [0.0, 0.0])
+                a[0] += _rel(mh, m) / seeds
+                a[1] += _rel(vh.sqrt(), v.sqrt()) / seeds
+        kind = "structured rows×cols×lognormal" if structured else "iid lognormal σ"
+        print(f"\n### chunk-scale rules, synthetic ({kind}, {n} entries), mean of {seeds} draws\n")
+        print("| chunk scale | m relL2 | √v relL2 |\n|---|---|---|")
+        for rule, name in RULES.items():
+            print(f"| {name} | {acc[rule][0]:.4f} | {acc[rule][1]:.4f} |")
 
 
 def _pool(acc):
@@ -272,6 +308,9 @@ def main(argv=None):
                     help="real moments: only tensors QAdamW quantizes (numel >= this)")
     ap.add_argument("--variants", action="store_true", help="also tile/guard alternatives")
     ap.add_argument("--n", type=int, default=1 << 16)
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="also m's and sqrt(v)'s error under both chunk-scale rules, averaged "
+                         "over this many synthetic draws")
     args = ap.parse_args(argv)
     real = None
     if args.train or args.from_checkpoint:
@@ -293,6 +332,8 @@ def main(argv=None):
         kind = "structured rows×cols×lognormal" if structured else "iid lognormal σ"
         print_table(f"synthetic ({kind}, t3 gradients, {args.n} entries)",
                     rows_for(m, v, args.variants))
+    if args.seeds:
+        chunk_rule_means(args.n // 2, args.seeds)
     if real is not None:
         ms, vs = [], []
         for name, m, v in real[1]:

@@ -13,6 +13,9 @@
 #   bash scripts/gpu/session20.sh loss   # (carry data/quickstart too) Q-AdamW's loss gap to
 #       AdamW with the new chunk scales: the ablation's bf16 and q_adamw arms at seeds 1234,
 #       4321 and 99, six arms at once on the GPU (BENCHMARKS.md §I.1's setup)
+#   bash scripts/gpu/session20.sh final  # the kernel as landed (chunk scales decode-first,
+#       reciprocal table, unbounded full-program body): the GPU tests with room for cold
+#       compiles, then the bench as in pow2
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -26,6 +29,17 @@ case "${1:-pow2}" in
       "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
     # after the tests, not beside them (run79 timed while a pytest ran on the same GPU)
     TAILN=45 run q_adamw_pow2 480 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 \
+      --fast-div-rows --flat-row --streams-rows
+    ;;
+  final)
+    PER_TEST=190 TAILN=8 gpu_pytest pytest_final 330 -q -n 6 --dist loadfile \
+      tests/fullstack_fp4/optim/test_q_adamw_streams.py \
+      tests/fullstack_fp4/optim/test_q_adamw_multi.py \
+      tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
+      tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
+      tests/fullstack_fp4/optim/test_q_adamw_codecs.py \
+      "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
+    TAILN=20 run q_adamw_final 250 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 \
       --fast-div-rows --flat-row --streams-rows
     ;;
   tests)

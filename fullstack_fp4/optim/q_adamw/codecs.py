@@ -5,8 +5,8 @@ Layout shared by both moments (``n`` real entries, padded with zeros to ``npad``
 * ``codes``        uint8 ``[npad/2]``        E2M1 codes, element 2i low nibble (fullstack_fp4.nvfp4)
 * ``block_scale``  float8_e4m3fn ``[npad/16]`` one E4M3 scale per 16 elements (NVFP4 1×16)
 * ``chunk_scale``  float32 ``[ceil(npad/CHUNK)]`` the second-level (FP32 decode) scale of each
-  chunk of ``CHUNK = 1024`` elements — NVFP4's "tensor scale", taken per chunk and rounded
-  down to a power of two (``chunk_scales``: no division left in the fused kernel's encode).
+  chunk of ``CHUNK = 1024`` elements — NVFP4's "tensor scale", taken per chunk (decode scale
+  first: ``chunk_scales``).
 
 Second moment only: ``tile_mean``, BF16 ``[npad/TILE]``, ``TILE = 32``.
 
@@ -78,19 +78,16 @@ Where this oracle departs from nvfp4.reference's order, and why (each cut an ins
 of the kernel; PERF.md "v3" and "v9"), all bit-identical to nvfp4's order outside FP32's
 subnormal range unless said otherwise:
 
-* the second-level scale is a power of two, ``enc = 2^floor(log2(M / amax))`` (``chunk_scales``),
-  not ``M / amax``: a chunk's largest block gets an E4M3 scale in ``(M/12, M/6]`` instead of
-  ``M/6`` exactly. This one changes the numbers (measured, scripts/q_adamw_error_table.py: √v
-  error 0.091 → 0.087 on iid lognormal moments, 0.080 → 0.085 on the structured set, 0.0368 →
-  0.0368 on real moments; README.md). With it, ``0.25 / (s · dec) = fl(0.25 / s) · enc``
-  exactly wherever the factor is normal (any chunk amax below 2^125.5), which the kernel reads
-  from a table;
+* the second-level scales are ``dec = fl(amax · fl(1/M))``, ``enc = fl(1/dec)``
+  (``chunk_scales``) where nvfp4's are ``enc = fl(M / amax)``, ``dec = fl(1/enc)``, and the
+  element factor is ``fl(fl(0.25 / s) · enc)`` where nvfp4's is ``fl(0.25 / fl(s · dec))``:
+  the same two roundings each, a last bit apart at times, and two divisions a block fewer in
+  the kernel (the chunk's largest block still gets the scale ``M / 6`` exactly);
 * the v tile mean is ``fl(sum · fl(1/cnt))``: ``sum / 32`` exactly for every full tile, one
   rounding away from the division at a tensor's partial last tile;
-
 * the RHT's ``× 1/4`` is not applied to the 16 entries: the encoder gets the unscaled butterfly
   and takes its block amax × 1/4 (exactly nvfp4's amax: rounding is monotone) and the element
-  factor ``0.25 / (s · dec)``; the decoder takes the block scale × 1/4 (``_quantize_chunked``,
+  factor for ``0.25 / (s · dec)``; the decoder takes the block scale × 1/4 (``_quantize_chunked``,
   ``_decode_chunked``). In the subnormal range the new order rounds once where nvfp4's
   rounds two or three times;
 * the decoder applies the chunk scale after the inverse RHT, which is then exact, fused into
@@ -117,7 +114,7 @@ from fullstack_fp4.nvfp4.e2m1 import (E2M1_MAX, e2m1_decode, e2m1_round_nearest,
                                       e2m1_round_stochastic, pack_codes, unpack_codes)
 from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, _butterfly
 # The reference's per-block helpers take broadcastable enc/dec, so per-chunk scales reuse them.
-from fullstack_fp4.nvfp4.reference import _SCALE_RULES, _candidate
+from fullstack_fp4.nvfp4.reference import _SCALE_RULES, _candidate, tensor_scales
 
 __all__ = [
     "BLOCK", "CHUNK", "TILE", "REL_FLOOR", "FP32_MAX", "MomentState",
@@ -258,52 +255,62 @@ def _irht16_unscaled(y: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_scales(amax: torch.Tensor, scale_rule: str):
-    """Power-of-two second-level scales ``(enc, dec)`` (FP32, shaped like ``amax``):
-    ``enc = 2^k``, ``k = floor(log2(M / amax))`` clamped to ``[-126, 126]``, ``dec = 2^-k``,
-    with ``M = 6 · 256`` ("4over6", m) or ``6 · 448`` ("6", v).
+    """Second-level scales ``(enc, dec)`` (FP32, shaped like ``amax``), decode scale first:
+    ``dec = fl(amax · fl(1/M))`` clamped to ``[2^-126, 2^126]``, ``enc = fl(1 / dec)``, with
+    ``M = 6 · 256`` ("4over6", m) or ``6 · 448`` ("6", v).
 
-    NVFP4's tensor scale is ``M / amax`` itself (nvfp4.reference.tensor_scales): the chunk's
-    largest block then gets the E4M3 scale ``M / 6`` exactly. Here it gets one in
-    ``(M / 12, M / 6]``: the block scales keep E4M3's 3-bit precision and lose at most one
-    binade at the bottom of its 2^17 range (a block 2^14 below its chunk's largest reaches the
-    E4M3 subnormals up to 2× sooner). What it buys: ``enc`` and ``dec`` are exact reciprocals
-    taken from the bits, and ``0.25 / (s · dec) = fl(0.25 / s) · enc`` exactly wherever that
-    factor is a normal FP32, i.e. for any chunk amax below 2^125.5 (``s · dec`` is exact, and
-    scaling by a power of two commutes with rounding in FP32's normal range; above, the two
-    can be one subnormal ulp apart). So the fused kernel reads ``fl(0.25 / s)`` from a table
-    (triton_step.recip_table) and makes its scales from the bits, where it divided 7 times a
-    block (two chunk scales and three candidates; PERF.md "v9"). ``k`` from the bits: ``M / amax = 2^(E_M − E_a) ·
-    (1 + F_M) / (1 + F_a)``, so ``k = E_M − E_a − [F_a > F_M]``; a zero or subnormal amax
-    (``E_a = 0``) lands on the clamp, as ``M / amax > 2^136`` there. Both ends of the clamp keep
-    ``enc`` and ``dec`` normal. Non-finite amax (a NaN or Inf moment) gives some scale in range:
-    the step has already produced non-finite values then."""
+    NVFP4's tensor scale is ``enc = fl(M / amax)``, ``dec = fl(1 / enc)`` (nvfp4.reference.
+    tensor_scales): two divisions, which the fused kernel computes for each of its rows (the
+    chunk amax reaches every thread). Here ``dec`` is a product with a constant, so one division
+    is left. ``enc`` is within 1.5 ulp of ``M / amax``, so the chunk's largest block still gets
+    the E4M3 scale ``M / 6`` exactly (its product rounds to that grid point), as with NVFP4's
+    rule: the reason this is the rule and not a power of two (``_pow2_chunk_scales``, no
+    division at all), which leaves the largest block a rounded scale and measured 2–6% more m
+    error and 1–3% more √v error (scripts/q_adamw_error_table.py --seeds 8; README.md). The
+    clamp keeps both scales normal: a chunk of zeros or of amax below ``M · 2^-126`` gets
+    ``enc = 2^126``; the upper end is out of reach of a finite amax (``FP32_MAX / M < 2^118``).
+    The element factor is then ``f = min(fl(0.25 / s) · enc, FP32_MAX / 4)`` (``_quantize_chunked``:
+    two roundings, as NVFP4's ``0.25 / fl(s · dec)``), ``fl(0.25 / s)`` from a 127-entry table
+    in the kernel (triton_step.recip_table). PERF.md "v9"."""
+    dev = amax.device
+    inv_m = torch.div(torch.tensor(1.0), torch.tensor(_SCALE_RULES[scale_rule] * 6.0)).to(dev)
+    dec = torch.clamp(amax.to(torch.float32) * inv_m, min=2.0 ** -126, max=2.0 ** 126)
+    return torch.div(torch.tensor(1.0, device=dev), dec), dec
+
+
+def _pow2_chunk_scales(amax: torch.Tensor, scale_rule: str):
+    """The division-free alternative (measured, not used: ``chunk_scales``): ``enc = 2^k``,
+    ``k = floor(log2(M / amax))`` from the bits (``M / amax = 2^(E_M − E_a) · (1 + F_M) /
+    (1 + F_a)``, so ``k = E_M − E_a − [F_a > F_M]``) clamped to ``[-126, 126]``, ``dec = 2^-k``;
+    the largest block's E4M3 scale lands anywhere in ``(M/12, M/6]``."""
     m6 = torch.tensor(_SCALE_RULES[scale_rule] * 6.0, dtype=torch.float32).view(torch.int32)
     a = amax.to(torch.float32).contiguous().view(torch.int32)
     k = (m6 >> 23) - (a >> 23) - ((a & 0x7FFFFF) > (m6 & 0x7FFFFF)).to(torch.int32)
     k = torch.clamp(k, -126, 126)
-    enc = ((k + 127) << 23).view(torch.float32)
-    dec = ((127 - k) << 23).view(torch.float32)
-    return enc, dec
+    return ((k + 127) << 23).view(torch.float32), ((127 - k) << 23).view(torch.float32)
 
 
 def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Tensor],
-                      phase: int = 0):
+                      phase: int = 0, chunk_rule: str = "reciprocal"):
     """NVFP4 of ``y / 4`` (flat FP32 ``y``, length a multiple of 16) with one FP32 scale per
     CHUNK; ``y`` is the *unscaled* RHT-16 output (``_rht16_unscaled``).
 
     Same FP32 order of operations as fullstack_fp4.nvfp4.reference (TE's), with the tensor amax
     replaced by each chunk's amax, and the RHT's ``× 1/4`` moved from the 16 entries of a block
     to its amax and element factor: ``amax = max|y| · 1/4`` is exactly the amax of ``fl(y/4)``
-    (rounding is monotone). The scales are nvfp4's rule with the chunk's power-of-two
-    ``enc``/``dec`` (``chunk_scales``) for its tensor scale; the element factor is
-    ``f = min(fl(0.25 / s) · enc, FP32_MAX / 4)`` (= ``0.25 / (s · dec)`` rounded once, wherever
-    that is a normal FP32) and the scaled value
+    (rounding is monotone). The block scales are nvfp4's rule with the chunk's ``enc``
+    (``chunk_scales``) for its tensor scale; the element factor is
+    ``f = min(fl(0.25 / s) · enc, FP32_MAX / 4)`` and the scaled value
     ``t = y · f``. Outside FP32's subnormal range that is ``fl(fl(y/4) · f_nvfp4)`` exactly
     (scaling by 2^-2 commutes with rounding); when ``y/4`` or ``f / 4`` would be subnormal,
     ``t`` here is the single correctly rounded ``y / (4 · s · dec)`` where nvfp4's order rounds
     two or three times — never a larger error. ``rand`` given -> stochastic rounding with
     those uniforms (``sr_codes``). ``phase``: the chunk grid's offset (``num_chunks``); zeros
-    fill the grid around ``y``.
+    fill the grid around ``y``. ``chunk_rule``: "reciprocal" (``chunk_scales``, what the
+    optimizer and the kernel use) or, to measure against it, "nvfp4" (NVFP4's ``M / amax``
+    tensor-scale rule per chunk with ``f = min(0.25 / (s · dec), FP32_MAX / 4)``: the codec's
+    chunk scales before PERF.md "v9") or "pow2" (``_pow2_chunk_scales``;
+    scripts/q_adamw_error_table.py --variants, --seeds).
     """
     _check_phase(phase)
     npad = y.numel()
@@ -314,11 +321,20 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     y3 = yc.view(nch, CHUNK // BLOCK, BLOCK)
     bamax = y3.abs().amax(dim=-1, keepdim=True) * 0.25      # exact in any order
     amax = bamax.amax(dim=(1, 2))                           # [nch]
-    enc, dec = chunk_scales(amax, scale_rule)
+    if chunk_rule == "reciprocal":
+        enc, dec = chunk_scales(amax, scale_rule)
+    elif chunk_rule == "nvfp4":
+        enc, dec = tensor_scales(amax, scale_rule)
+    elif chunk_rule == "pow2":
+        enc, dec = _pow2_chunk_scales(amax, scale_rule)
+    else:
+        raise ValueError(f"unknown chunk_rule {chunk_rule!r}")
     enc3, dec3 = enc.view(nch, 1, 1), dec.view(nch, 1, 1)
 
     def candidate(target):
         s, _ = _candidate(y3, bamax, enc3, dec3, target)
+        if chunk_rule == "nvfp4":
+            return s, torch.clamp(0.25 / (s.to(torch.float32) * dec3), max=FP32_MAX * 0.25)
         r = torch.div(torch.tensor(0.25, dtype=torch.float32), s.to(torch.float32))
         return s, torch.clamp(r * enc3, max=FP32_MAX * 0.25)
 
@@ -419,7 +435,7 @@ def _pad(x: torch.Tensor, npad: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------- first moment
 def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
                    generator: Optional[torch.Generator] = None,
-                   tile: int = TILE, phase: int = 0) -> MomentState:
+                   tile: int = TILE, phase: int = 0, chunk_rule: str = "reciprocal") -> MomentState:
     """Encode Adam's first moment (any shape, read flat): RHT-16, 4/6, stochastic rounding.
 
     ``rand``: FP32 uniforms in [0, 1) of length >= ``padded_numel(m.numel())``, one per stored
@@ -431,7 +447,7 @@ def encode_exp_avg(m: torch.Tensor, *, rand: Optional[torch.Tensor] = None,
     y = _rht16_unscaled(_pad(m, npad))
     if rand is None:
         rand = torch.rand(npad, generator=generator, dtype=torch.float32, device=m.device)
-    codes, bs, cs = _quantize_chunked(y, M_SCALE_RULE, rand, phase)
+    codes, bs, cs = _quantize_chunked(y, M_SCALE_RULE, rand, phase, chunk_rule)
     return MomentState(codes, bs, cs, n, tile=tile, phase=phase)
 
 
@@ -468,12 +484,13 @@ def bf16_toward_zero(x: torch.Tensor) -> torch.Tensor:
 
 def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
                       scale_rule: str = V_SCALE_RULE, subtract_mean: bool = True,
-                      with_floor: bool = False, phase: int = 0) -> MomentState:
+                      with_floor: bool = False, phase: int = 0,
+                      chunk_rule: str = "reciprocal") -> MomentState:
     """Encode Adam's second moment: sqrt, BF16 tile mean, RHT-16 residual, NVFP4 RTN.
 
     ``tile``/``scale_rule``/``subtract_mean``/``with_floor`` (also store the tile minimum, for
-    the "tile_min" guard) exist to measure the alternatives (the error table); the optimizer
-    and the kernel use the defaults.
+    the "tile_min" guard)/``chunk_rule`` (``_quantize_chunked``) exist to measure the
+    alternatives (the error table); the optimizer and the kernel use the defaults.
     """
     n = v.numel()
     npad = padded_numel(n, tile)
@@ -491,7 +508,7 @@ def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
         floor = bf16_toward_zero(torch.where(valid.view(-1, tile), s2, torch.inf).amin(dim=1))
     r = torch.where(valid.view(-1, tile), s2 - mean.to(torch.float32)[:, None], 0.0)
     y = _rht16_unscaled(r.reshape(-1))
-    codes, bs, cs = _quantize_chunked(y, scale_rule, None, phase)
+    codes, bs, cs = _quantize_chunked(y, scale_rule, None, phase, chunk_rule)
     return MomentState(codes, bs, cs, n, tile_mean=mean, tile_floor=floor, tile=tile,
                        phase=phase)
 

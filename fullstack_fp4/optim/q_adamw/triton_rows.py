@@ -218,9 +218,9 @@ def _e4m3_decode(c):
 def _candidate(bamax, enc, dec, inv_target, rtab_ptr):
     """(E4M3 scale s, its code, element factor f = min(fl(0.25 / s) · enc, FP32_MAX / 4) for
     the unscaled RHT output, sd = s · dec). ``bamax``: the row's amax of the scaled RHT (× 1/4);
-    ``enc``, ``dec``: the chunk's power-of-two scales (_chunk_scales); fl(0.25 / s) is read from
-    ``rtab_ptr`` (recip_table: one cached load, where a division took ~11 instructions). With
-    a power-of-two ``enc`` this is fl(0.25 / (s · dec)) exactly (codecs.chunk_scales)."""
+    ``enc``, ``dec``: the chunk's scales (_chunk_scales); fl(0.25 / s) is read from
+    ``rtab_ptr`` (recip_table: one cached load where the division 0.25 / (s · dec) took ~11
+    instructions; codecs.chunk_scales)."""
     s, code = _e4m3_rne(tl.minimum(bamax * (enc * inv_target), 448.0))
     sd = s * dec
     f = tl.minimum(tl.load(rtab_ptr + code) * enc, FP32_MAX_C * 0.25)
@@ -379,19 +379,15 @@ def _dec_factor(d, FAST: tl.constexpr):
 
 
 @triton.jit
-def _chunk_scales(bamax, M6_BITS: tl.constexpr, R: tl.constexpr):
-    """Per-chunk power-of-two (enc, dec) from the rows' block amax (codecs.chunk_scales):
-    enc = 2^k, k = floor(log2(M6 / amax)) clamped to [-126, 126], dec = 2^-k, both exact and
-    normal. k from the bits: M6 / amax = 2^(E6 − Ea) · (1 + F6) / (1 + Fa), so k = E6 − Ea − 1
-    when amax's mantissa exceeds M6's, else E6 − Ea (a subnormal or zero amax has Ea = 0 and
-    lands on the clamp, as M6 / amax > 2^136 there). Returns (enc_rows, dec_rows, dec_chunks)."""
+def _chunk_scales(bamax, INV_M: tl.constexpr, R: tl.constexpr):
+    """Per-chunk (enc, dec) from the rows' block amax (codecs.chunk_scales): dec = fl(amax ·
+    fl(1/M)) clamped to [2^-126, 2^126], enc = fl(1 / dec) — one multiply and one division
+    where NVFP4's M / amax and 1 / enc took two divisions. ``INV_M``: fl(1/M), exactly as an
+    FP32 constant. Returns (enc_rows, dec_rows, dec_chunks)."""
     NCH: tl.constexpr = R // 64
     amax = tl.max(tl.reshape(bamax, (NCH, 64)), axis=1)
-    a = amax.to(tl.int32, bitcast=True)
-    k = (M6_BITS >> 23) - (a >> 23) - ((a & 0x7FFFFF) > (M6_BITS & 0x7FFFFF)).to(tl.int32)
-    k = tl.minimum(tl.maximum(k, -126), 126)
-    enc = ((k + 127) << 23).to(tl.float32, bitcast=True)
-    dec = ((127 - k) << 23).to(tl.float32, bitcast=True)
+    dec = tl.minimum(tl.maximum(amax * INV_M, 1.1754943508222875e-38), 8.507059173023462e37)
+    enc = tl.div_rn(1.0, dec)
     enc_r = tl.reshape(tl.broadcast_to(enc[:, None], (NCH, 64)), (R,))
     dec_r = tl.reshape(tl.broadcast_to(dec[:, None], (NCH, 64)), (R,))
     return enc_r, dec_r, dec
@@ -421,7 +417,7 @@ def _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
     bamax = bamax * 0.25                # = the amax of the × 1/4 RHT (rounding is monotone)
-    enc, dec, dec_c = _chunk_scales(bamax, 0x44C00000, R)      # 1536 = 256 · 6
+    enc, dec, dec_c = _chunk_scales(bamax, 0.0006510416860692203, R)   # fl(1/1536), 1536 = 256·6
     s6, sc6, f6, sd6 = _candidate(bamax, enc, dec, 0.1666666716337204, rtab_ptr)   # fp32(1/6)
     s4, sc4, f4, sd4 = _candidate(bamax, enc, dec, 0.25, rtab_ptr)
     a0, b0 = _err46(y0, f6, f4)
@@ -464,7 +460,7 @@ def _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
     bamax = bamax * 0.25                # = the amax of the × 1/4 RHT (rounding is monotone)
-    enc, dec, dec_c = _chunk_scales(bamax, 0x45280000, R)      # 2688 = 448 · 6
+    enc, dec, dec_c = _chunk_scales(bamax, 0.00037202381645329297, R)  # fl(1/2688), 2688 = 448·6
     s6, sc, f, sd = _candidate(bamax, enc, dec, 0.1666666716337204, rtab_ptr)
     w0 = _pack8(_q(y0, f, y0, False), _q(y1, f, y1, False), _q(y2, f, y2, False),
                 _q(y3, f, y3, False), _q(y4, f, y4, False), _q(y5, f, y5, False),

@@ -318,10 +318,11 @@ _RECIP_TABLES: dict = {}
 
 
 def recip_table(device) -> torch.Tensor:
-    """FP32 ``[161]``, the kernels' reciprocals, so that no division is left in a row's encode:
+    """FP32 ``[161]``, the kernels' reciprocals, so that a row's encode divides only for its
+    chunk's ``enc`` (codecs.chunk_scales):
     entry c < 128 is fl(0.25 / s) for the E4M3 code c (s its value; +inf for c = 0 and for the
     NaN code 127, which the clamped scale never takes), the element factor before the chunk's
-    power-of-two ``enc`` (triton_rows._candidate); entry 128 + c is fl(1 / c), c = 1 … 32, the
+    ``enc`` (triton_rows._candidate); entry 128 + c is fl(1 / c), c = 1 … 32, the
     v tile mean's factor for a tile of c real entries. torch's FP32 divisions, the reference's
     (codecs), so both read the same numbers."""
     dev = torch.device(device)

@@ -189,9 +189,8 @@ def test_loaded_model_keeps_every_dense_weight(loaded):
 def test_loaded_state_is_the_saved_state_reencoded(loaded):
     """Every Q-AdamW state is there (step 2); the output layer's moments (column-parallel:
     the two saved shards joined along the vocabulary) decode to the saved shards' decoded
-    moments: m exactly up to a rare stochastic-rounding flip (power-of-two chunk scales:
-    test_reshard_units.py), sqrt(v) up to one more quantization, below the codec's own error
-    (relL2 0.13 for m, 0.08 for sqrt(v) on the synthetic moments of test_reshard_units.py)."""
+    moments up to one more quantization, below the codec's own error (relL2 0.12 for m, 0.085
+    for sqrt(v) on the synthetic moments of test_reshard_units.py)."""
     from fullstack_fp4.optim.q_adamw.optimizer import decode_param_state
 
     tr, _, objects = loaded
@@ -211,7 +210,7 @@ def test_loaded_state_is_the_saved_state_reencoded(loaded):
         saved_m.append(m.view(-1, p.shape[1]))
         saved_v.append(v.view(-1, p.shape[1]))
     m_ref, v_ref = torch.cat(saved_m).view(-1), torch.cat(saved_v).view(-1)
-    assert float((m_now - m_ref).norm() / m_ref.norm()) < 1e-3
+    assert 0 < float((m_now - m_ref).norm() / m_ref.norm()) < 0.1
     assert 0 < float((v_now.sqrt() - v_ref.sqrt()).norm() / v_ref.sqrt().norm()) < 0.1
 
 

@@ -189,15 +189,11 @@ def moments():
 def test_q_adamw_reencode_is_decode_recut_encode(moments, axis):
     """A TP=2 4-bit state (two shards, each encoded on its own tiles and chunks) resharded to
     TP=1: exactly the codecs composed by hand (decode each shard, join, encode the whole with
-    the same uniforms), and off the saved values by less than the error the codec made when it
-    first encoded the same moments. m comes back exactly (0 here for both splits): the chunk
-    scales are powers of two (codecs.chunk_scales), so a decoded block re-encoded under
-    another chunk's scale gets its E4M3 scale shifted by a power of two and its codes back
-    (only a block pushed into the E4M3 subnormals, or an SR draw on a value an FP32 rounding
-    off its grid point, could move). sqrt(v) is re-quantized (its tile means are taken again
-    from the decoded values): 0.050 after 0.078, 0.101 in all against the original (with
-    NVFP4's M / amax chunk scales: 0.040-0.042 after 0.085, 0.101 in all, and m 0.041 after
-    0.123 for the row split)."""
+    the same uniforms), and off the saved values by less than half the error the codec made
+    when it first encoded the same moments (measured relL2: m 0.041 after 0.123, sqrt(v) 0.040
+    after 0.085 for the row split; the column split cuts on the whole tensor's 1024-chunk grid,
+    where most blocks of m re-encode to themselves: 3e-8 here, 1e-2 for the output layer of
+    test_reshard_resume.py, where rounded block scales moved)."""
     m, v = moments
     shards_m, shards_v = m.chunk(2, dim=axis), v.chunk(2, dim=axis)
     saved = []
@@ -229,9 +225,8 @@ def test_q_adamw_reencode_is_decode_recut_encode(moments, axis):
     # how far off: one more quantization, of the size of the first one
     first_m, first_sv = _rel(x_m.view(-1), m.view(-1)), _rel(x_v.view(-1).sqrt(), v.view(-1).sqrt())
     again_m, again_sv = _rel(y_m, x_m.view(-1)), _rel(y_v.sqrt(), x_v.view(-1).sqrt())
-    assert again_m <= 1e-3 * first_m, (again_m, first_m)
-    assert 0 < again_sv <= 0.75 * first_sv, (again_sv, first_sv)
-    assert _rel(y_v.sqrt(), v.view(-1).sqrt()) <= 1.35 * first_sv
+    assert 0 < again_m <= 0.5 * first_m, (again_m, first_m)
+    assert 0 < again_sv <= 0.5 * first_sv, (again_sv, first_sv)
 
 
 def test_distributed_optimizer_pieces_join_into_the_whole_state(moments):
