@@ -19,6 +19,11 @@
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
+# Q-AdamW's test files with GPU cases (run in the pow2 mode: the first four and the last)
+Q_TESTS="tests/fullstack_fp4/optim/test_q_adamw_streams.py tests/fullstack_fp4/optim/test_q_adamw_multi.py
+  tests/fullstack_fp4/optim/test_q_adamw_kernel.py tests/fullstack_fp4/optim/test_q_adamw_optimizer.py
+  tests/fullstack_fp4/optim/test_q_adamw_codecs.py
+  tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
 case "${1:-pow2}" in
   pow2)
     TAILN=12 gpu_pytest pytest_pow2 240 -q -n 4 --dist loadfile \
@@ -32,24 +37,12 @@ case "${1:-pow2}" in
       --fast-div-rows --flat-row --streams-rows
     ;;
   final)
-    PER_TEST=190 TAILN=8 gpu_pytest pytest_final 330 -q -n 6 --dist loadfile \
-      tests/fullstack_fp4/optim/test_q_adamw_streams.py \
-      tests/fullstack_fp4/optim/test_q_adamw_multi.py \
-      tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
-      tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
-      tests/fullstack_fp4/optim/test_q_adamw_codecs.py \
-      "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
+    PER_TEST=190 TAILN=8 gpu_pytest pytest_final 330 -q -n 6 --dist loadfile $Q_TESTS
     TAILN=20 run q_adamw_final 250 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 \
       --fast-div-rows --flat-row --streams-rows
     ;;
   tests)
-    PER_TEST=360 TAILN=14 gpu_pytest pytest_tests 560 -q -n 6 --dist loadfile \
-      tests/fullstack_fp4/optim/test_q_adamw_streams.py \
-      tests/fullstack_fp4/optim/test_q_adamw_multi.py \
-      tests/fullstack_fp4/optim/test_q_adamw_kernel.py \
-      tests/fullstack_fp4/optim/test_q_adamw_optimizer.py \
-      tests/fullstack_fp4/optim/test_q_adamw_codecs.py \
-      "tests/fullstack_fp4/integration/test_model_param_write.py::test_destinations_are_the_memory_megatron_copies_to"
+    PER_TEST=360 TAILN=14 gpu_pytest pytest_tests 560 -q -n 6 --dist loadfile $Q_TESTS
     ;;
   loss)
     ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 --time-budget 420"
