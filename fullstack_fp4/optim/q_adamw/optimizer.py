@@ -18,11 +18,15 @@ stochastic rounding from Philox in the kernel; with ``multi_tensor=True`` one la
 a param group's parameters at one step count (triton_multi.py: each parameter computed bit for
 bit as its own launch computes it; parameters it cannot address — ``numel`` not a multiple of
 16, a tensor off a 16-byte boundary — keep their own launch; slower at 3b shapes, PERF.md "v7").
-The per-parameter launches go round-robin to ``launch_streams`` CUDA streams (default 2: the
-current stream and a side stream forked from it at the start of the step and joined into it
-at the end), so one launch's last, partly filled wave overlaps the next launch's first: each
-launch touches only its own parameter's tensors, so the result is bit for bit the one-stream
-result, and the step reaches the one-flat-launch time (PERF.md "v8").
+The per-parameter launches can go round-robin to ``launch_streams`` CUDA streams (default 1;
+2: the current stream and a side stream forked from it at the step's first launch and joined
+into it at the end), so one launch's last, partly filled wave overlaps the next launch's first:
+each launch touches only its own parameter's tensors, so the result is bit for bit the
+one-stream result, and the step reaches the one-flat-launch time (PERF.md "v8"). A side launch
+whose inputs the step itself made on the current stream after the fork (a fresh state, a
+non-contiguous gradient's copy) waits for the current stream first; session 19's version did
+not, and run84 caught the race (PERF.md "v9"), hence the default of 1 until the fix has run on
+a GPU.
 Otherwise (CPU): ``q_adamw_step_reference``, the pure-PyTorch oracle, with uniforms from a
 ``torch.Generator``. Both seed their uniforms from ``(seed, parameter index, step)``: no RNG
 state to checkpoint, so a resumed run draws the same bits as an uninterrupted one
@@ -364,8 +368,12 @@ class _LaunchLanes:
         self.count = 0
         self.forked: dict = {}   # device index -> (current stream, [side streams])
 
-    def next(self, device: torch.device, grad: torch.Tensor):
-        """A context that runs the next launch on ``device`` on its lane's stream."""
+    def next(self, device: torch.device, grad: torch.Tensor, made_here: bool = False):
+        """A context that runs the next launch on ``device`` on its lane's stream.
+        ``made_here``: the launch reads tensors the step wrote on the current stream (a state
+        just initialised, a gradient's contiguous copy); a side lane then waits for the
+        current stream first — the fork at the step's first launch does not cover work
+        enqueued after it."""
         if self.n == 1 or device.type != "cuda":
             return contextlib.nullcontext()
         idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -384,8 +392,11 @@ class _LaunchLanes:
         self.count += 1
         if lane == 0:
             return contextlib.nullcontext()
-        grad.record_stream(sides[lane - 1])
-        return torch.cuda.stream(sides[lane - 1])
+        side = sides[lane - 1]
+        if made_here:
+            side.wait_stream(cur)
+        grad.record_stream(side)
+        return torch.cuda.stream(side)
 
     def join(self) -> None:
         for cur, sides in self.forked.values():
@@ -400,7 +411,7 @@ class QAdamW(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, *, min_numel: int = 4096, seed: int = 0,
                  use_kernel: Optional[bool] = None, approx_division: bool = False,
-                 multi_tensor: bool = False, launch_streams: int = 2):
+                 multi_tensor: bool = False, launch_streams: int = 1):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("lr, eps and weight_decay must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -459,7 +470,8 @@ class QAdamW(torch.optim.Optimizer):
                 pl = placement_of(p, index)
                 cph = pl.chunk_phase()
                 quantized = pl.full_numel >= group["min_numel"]
-                if not st:
+                fresh = not st
+                if fresh:
                     st["step"] = torch.tensor(0.0)
                     if quantized:
                         st.update(_init_state(p.numel(), p.device, cph))
@@ -476,17 +488,20 @@ class QAdamW(torch.optim.Optimizer):
                 n = p.numel()
                 out = model_out_of(p)
                 if self._kernel_ok(p):
-                    from .triton_multi import Item, batchable, seed_base
                     from .triton_step import launch
                     g_flat = grad.reshape(-1).contiguous()
-                    item = Item(p.view(-1), g_flat, _kernel_views(st), n, padded_numel(n), cph,
-                                pl.offset // BLOCK, seed_base(group["seed"], pl.key),
-                                None if out is None else out.view(-1).view(torch.int16))
-                    if self.multi_tensor and batchable(item):
-                        batches.setdefault((t, g_flat.dtype, out is not None), []).append(
-                            (p, item))
-                        continue            # stepped below, with the group's other params
-                    with lanes.next(p.device, g_flat):
+                    if self.multi_tensor:
+                        from .triton_multi import Item, batchable, seed_base
+                        item = Item(p.view(-1), g_flat, _kernel_views(st), n, padded_numel(n),
+                                    cph, pl.offset // BLOCK, seed_base(group["seed"], pl.key),
+                                    None if out is None else out.view(-1).view(torch.int16))
+                        if batchable(item):
+                            batches.setdefault((t, g_flat.dtype, out is not None), []).append(
+                                (p, item))
+                            continue        # stepped below, with the group's other params
+                    made_here = fresh or g_flat.data_ptr() != grad.data_ptr() \
+                        or not grad.is_contiguous()
+                    with lanes.next(p.device, g_flat, made_here):
                         launch(p.view(-1), g_flat, _kernel_views(st), n,
                                padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
                                model_out=None if out is None else out.view(-1),
