@@ -6,7 +6,12 @@ operation — the 16-point Hadamard butterflies, the block amax, the 4/6 block e
 packing, the in-block part of the tile sum — is register arithmetic inside one thread: no
 shuffles, no shared-memory layout conversions. Only the chunk amax (one value per row) and the
 tile mean (two rows) cross threads. A thread reads its row as four 16-byte vectors (LDG.128)
-and the row's 8 code bytes as two int32 words. See PERF.md for the instruction budget.
+and the row's 8 code bytes as two int32 words. A program whose rows all hold real entries runs
+a second copy of the body without bounds checks or padding masks (``FULL``; all but a
+tensor's first and last programs). Besides the update's division per entry, a row divides
+once per moment, for its chunk's ``enc``: the chunk scales are taken decode-scale first and
+the element factors' ``0.25 / s`` come from ``recip_table`` (codecs.chunk_scales). See PERF.md for the instruction
+budget ("v9").
 
 Bytes moved per parameter (FP32 grad): p 4+4, g 4, m 0.566+0.566, v 0.629+0.629 → ~14.4 B,
 against 28 B for FP32-state fused AdamW (p 8, g 4, m 8, v 8): the bytes allow ~0.5×.
