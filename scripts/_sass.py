@@ -64,7 +64,8 @@ def count(job: dict) -> dict:
     regs = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     _, spills = g._regs_spills(g._ptxas_verbose(k.asm["ptx"]))
-    return dict(main=len(main_path), second=second, total=len(ops), regs=int(regs.group(1)) if regs else None,
+    return dict(main=len(main_path), second=second, total=len(ops),
+                regs=int(regs.group(1)) if regs else None,
                 stack=int(stack.group(1)) if stack else None, spills=spills,
                 top=collections.Counter(o.split(".")[0] for o in main_path).most_common(16),
                 sass=sass, sha1=hashlib.sha1(sass.encode()).hexdigest()[:12],

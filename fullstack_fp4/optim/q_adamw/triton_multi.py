@@ -96,7 +96,8 @@ def q_adamw_multi_kernel(tab_ptr, prog_ptr, p_base, g_base, mc_base, ms_base, mc
         _step_program(pid - tl.load(row + 15), p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
                       vc_ptr, vs_ptr, vcs_ptr, vmean_ptr, p_ptr, n, npad, seed, ph_rows, row0,
                       decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size, mo_ptr,
-                      rtab_ptr, False, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW, FAST_DIV)
+                      rtab_ptr, False, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW,
+                      FAST_DIV)
     else:
         nsub = (ph_rows * 16 + npad + (1024 * CPP_C - 1)) // (1024 * CPP_C)
         k0 = (pid - tl.load(row + 15)) * SUB
@@ -104,8 +105,8 @@ def q_adamw_multi_kernel(tab_ptr, prog_ptr, p_base, g_base, mc_base, ms_base, mc
             _step_program(k, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
                           vc_ptr, vs_ptr, vcs_ptr, vmean_ptr, p_ptr, n, npad, seed, ph_rows,
                           row0, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
-                          mo_ptr, rtab_ptr, False, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT, BF16_HW,
-                          FAST_DIV)
+                          mo_ptr, rtab_ptr, False, CPP_C, FAST_DEC, U8, ROUNDS, HAS_MODEL_OUT,
+                          BF16_HW, FAST_DIV)
 
 
 class Item(NamedTuple):
@@ -255,7 +256,8 @@ def launch_multi(items: Sequence[Item], *, t: int, decay, beta1, omb1, beta2, om
     has_out = items[0].model_out is not None
     launch_kernel(q_adamw_multi_kernel, (pl.nprog,), pl.tab, pl.prog, *pl.bases, step_seed(t),
                   decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, step_size,
-                  triton_step.recip_table(items[0].p.device), G_UNIT=_g_unit(items[0].g), MO_UNIT=8 if has_out else 4, SUB=sub,
+                  triton_step.recip_table(items[0].p.device),
+                  G_UNIT=_g_unit(items[0].g), MO_UNIT=8 if has_out else 4, SUB=sub,
                   CPP_C=cpp, FAST_DEC=bool(fast_dec), U8=bool(u8), ROUNDS=rounds,
                   HAS_MODEL_OUT=has_out, BF16_HW=triton_step.BF16_HW_CVT and not _INTERPRET,
                   FAST_DIV=bool(triton_step.FAST_DIV if fast_div is None else fast_div)
