@@ -33,8 +33,9 @@ quickstart: $(STAMP)
 
 # CPU test suite; Triton kernels run under the interpreter. Two pytest workers (pytest-xdist),
 # each test file on one worker (its module fixtures run once): 11-16 min against ~19.4 serial
-# on the 2-core CI machine (most tests are single-threaded interpreter runs); 20.5 min on the
-# 2-core AMD EPYC development machine of 2026-12-03, about twice as slow throughout.
+# on the 2-core CI machine (most tests are single-threaded interpreter runs); 18-26 min on the
+# 2-core AMD EPYC development machine of 2026-12-03, about twice as slow throughout (the sm_90
+# compile gate alone ~5 min there since Q-AdamW's kernel has two bodies, PERF.md "v9").
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 tests

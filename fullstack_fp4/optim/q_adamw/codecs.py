@@ -81,8 +81,8 @@ subnormal range unless said otherwise:
 * the second-level scales are ``dec = fl(amax · fl(1/M))``, ``enc = fl(1/dec)``
   (``chunk_scales``) where nvfp4's are ``enc = fl(M / amax)``, ``dec = fl(1/enc)``, and the
   element factor is ``fl(fl(0.25 / s) · enc)`` where nvfp4's is ``fl(0.25 / fl(s · dec))``:
-  the same two roundings each, a last bit apart at times, and two divisions a block fewer in
-  the kernel (the chunk's largest block still gets the scale ``M / 6`` exactly);
+  the same two roundings each, a last bit apart at times, and 5 of a row's 7 divisions gone
+  from the kernel (the chunk's largest block still gets the scale ``M / 6`` exactly);
 * the v tile mean is ``fl(sum · fl(1/cnt))``: ``sum / 32`` exactly for every full tile, one
   rounding away from the division at a tensor's partial last tile;
 * the RHT's ``× 1/4`` is not applied to the 16 entries: the encoder gets the unscaled butterfly
@@ -270,8 +270,8 @@ def chunk_scales(amax: torch.Tensor, scale_rule: str):
     clamp keeps both scales normal: a chunk of zeros or of amax below ``M · 2^-126`` gets
     ``enc = 2^126``; the upper end is out of reach of a finite amax (``FP32_MAX / M < 2^118``).
     The element factor is then ``f = min(fl(0.25 / s) · enc, FP32_MAX / 4)`` (``_quantize_chunked``:
-    two roundings, as NVFP4's ``0.25 / fl(s · dec)``), ``fl(0.25 / s)`` from a 127-entry table
-    in the kernel (triton_step.recip_table). PERF.md "v9"."""
+    two roundings, as NVFP4's ``0.25 / fl(s · dec)``), ``fl(0.25 / s)`` from the E4M3 entries
+    of a table in the kernel (triton_step.recip_table). PERF.md "v9"."""
     dev = amax.device
     inv_m = torch.div(torch.tensor(1.0), torch.tensor(_SCALE_RULES[scale_rule] * 6.0)).to(dev)
     dec = torch.clamp(amax.to(torch.float32) * inv_m, min=2.0 ** -126, max=2.0 ** 126)
