@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from fullstack_fp4.nvfp4 import quantize  # noqa: E402
 from fullstack_fp4.optim.q_adamw.codecs import (decode_exp_avg, decode_exp_avg_sq,  # noqa: E402
                                                 encode_exp_avg, encode_exp_avg_sq,
-                                                state_bytes_per_param)
+                                                padded_numel, state_bytes_per_param)
 
 EPS = 1e-8
 
@@ -151,8 +151,7 @@ def chunk_rule_means(n: int, seeds: int):
         for sd in range(seeds):
             torch.manual_seed(1000 + sd)       # synthetic_moments' Student-t: global RNG
             m, v = synthetic_moments(n, steps=60, seed=sd, structured=structured)
-            u = torch.rand(m.numel(), generator=torch.Generator().manual_seed(sd))
-            u = torch.cat([u, torch.rand(64)])     # padding's uniforms (any)
+            u = torch.rand(padded_numel(m.numel()), generator=torch.Generator().manual_seed(sd))
             for rule in RULES:
                 mh = decode_exp_avg(encode_exp_avg(m, rand=u, chunk_rule=rule))
                 vh = decode_exp_avg_sq(encode_exp_avg_sq(v, chunk_rule=rule))

@@ -499,8 +499,7 @@ class QAdamW(torch.optim.Optimizer):
                             batches.setdefault((t, g_flat.dtype, out is not None), []).append(
                                 (p, item))
                             continue        # stepped below, with the group's other params
-                    made_here = fresh or g_flat.data_ptr() != grad.data_ptr() \
-                        or not grad.is_contiguous()
+                    made_here = fresh or g_flat.data_ptr() != grad.data_ptr()   # a copy
                     with lanes.next(p.device, g_flat, made_here):
                         launch(p.view(-1), g_flat, _kernel_views(st), n,
                                padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
