@@ -32,6 +32,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        from megatron.training import cpu_compat
+
+        cpu_compat.import_megatron_core()  # after the config: a config error needs no megatron-core
         if args.dry_run:
             dry_run(cfg)
             return 0

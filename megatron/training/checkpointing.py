@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron.training import reshard
@@ -201,6 +203,7 @@ def save_checkpoint(save_dir: str, iteration: int, *, model, optimizer, train_st
         os.makedirs(os.path.join(tmp, "extra"))
         os.makedirs(os.path.join(tmp, "dist"))
     _barrier()
+    _in_process_results_queue()
     dist_checkpointing.save(_sharded_state_dict(model, optimizer, is_loading=False), os.path.join(tmp, "dist"))
     torch.save(_rng_state(), os.path.join(tmp, "rng", f"rank_{rank:05d}.pt"))
     if extra:
@@ -224,6 +227,20 @@ def save_checkpoint(save_dir: str, iteration: int, *, model, optimizer, train_st
         _prune(save_dir, keep_last)
     _barrier()
     return final
+
+
+def _in_process_results_queue() -> None:
+    """Give megatron-core's checkpoint writer a plain in-process queue for its write results.
+
+    `dist_checkpointing.save` is synchronous here: the writer's function runs in this process
+    and puts its results into a queue that the same process reads back in the finalize step.
+    megatron-core 0.16.1 nevertheless makes that queue a `multiprocessing` Manager's queue in
+    a *spawned* server process (`filesystem_async._get_write_results_queue`, which its async
+    saves need), once per process: a second Python interpreter per rank that re-imports the
+    launch script, ~2 s on a 2-core CPU, at every run's first save. A `queue.Queue` is all a
+    synchronous save needs. Set only while nothing else has made the queue."""
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
 
 
 def _prune(save_dir: str, keep_last: int) -> None:

@@ -15,6 +15,14 @@ CUDA entry points to the CPU, once, at start-up, and only when no CUDA device ex
 | `torch.{tensor,zeros,empty,ones,full,arange}(device='cuda...')` | the same on `cpu`        |
 | `Tensor.type()` (no argument)            | the CUDA type name, so `'torch.cuda.FloatTensor'` checks pass |
 
+One more thing is done before megatron-core is imported, by `import_megatron_core()`: its
+`jit_fuser` (`torch.compile`, decorating about 40 fused elementwise helpers at import time) is
+set to megatron-core's own no-op, as its `disable_jit_fuser()` does. The first decoration
+imports TorchInductor: ~1.5 s of every process start on the 2-core CI machine, which starts
+about a hundred training processes. None of those helpers runs on our CPU paths (checked
+with every recipe: no call reaches a decorated function), and a call would run the same
+arithmetic eagerly instead of through Inductor's CPU code generator.
+
 Why this and not a `TorchFunctionMode`: a mode intercepts every op of every step; patching
 the few factory functions costs nothing on the hot path. Why in the product and not only in
 tests: the quickstart and CI train through the same megatron-core DDP / optimizer /
@@ -26,6 +34,7 @@ restores every patched attribute (the tests use both).
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -88,3 +97,26 @@ def disable() -> None:
     while _PATCHED:
         owner, name, orig = _PATCHED.pop()
         setattr(owner, name, orig)
+
+
+def _no_compile(model=None, **_kwargs):
+    return model if model is not None else (lambda fn: fn)
+
+
+def import_megatron_core() -> None:
+    """Import megatron-core; without CUDA, with its `jit_fuser` already the no-op (see above).
+
+    `megatron/core/jit.py` reads `torch.compile` once, while `import megatron.core` runs, and
+    the helpers imported later take its `jit_fuser` from there. So `torch.compile` is the
+    identity only during that import, then restored for everyone else."""
+    if "megatron.core" in sys.modules or torch.cuda.is_available():
+        return
+    real = torch.compile
+    torch.compile = _no_compile
+    try:
+        import megatron.core  # noqa: F401
+        from megatron.core import jit
+
+        jit.disable_jit_fuser()
+    finally:
+        torch.compile = real

@@ -86,3 +86,53 @@ def test_tensor_type_reports_cuda_only_while_enabled(clean):
         cpu_compat.disable()
     assert x.type() == "torch.FloatTensor"
     assert h.type() == "torch.HalfTensor"
+
+
+def _fresh_python(code: str) -> str:
+    """Run `code` in a new interpreter (a fresh import state) from the repo root; its stdout."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    env = dict(os.environ, PYTHONPATH=repo, PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_megatron_core_is_imported_with_the_no_op_jit_fuser_and_torch_compile_restored():
+    out = _fresh_python(
+        "import sys, torch\n"
+        "real = torch.compile\n"
+        "from megatron.training import cpu_compat\n"
+        "cpu_compat.import_megatron_core()\n"
+        "from megatron.core import jit\n"
+        "from megatron.core.fusions import fused_bias_swiglu as f\n"  # imported after: takes jit's no-op
+        "print(torch.compile is real, jit.jit_fuser is jit.noop_decorator,\n"
+        "      type(f.swiglu).__name__, 'torch._inductor.compile_fx' in sys.modules)\n"
+        "cpu_compat.import_megatron_core()\n"  # a second call changes nothing
+        "print(torch.compile is real, jit.jit_fuser is jit.noop_decorator)\n")
+    assert out.split("\n")[:2] == ["True True function False", "True True"], out
+
+
+def test_a_synchronous_checkpoint_save_starts_no_process():
+    # megatron-core's writer would start a spawned Manager for its results queue; ours is in-process.
+    out = _fresh_python(
+        "import multiprocessing, os, queue, tempfile, torch, torch.distributed as dist\n"
+        "from megatron.training import cpu_compat\n"
+        "cpu_compat.import_megatron_core(); cpu_compat.enable()\n"
+        "from megatron.core import dist_checkpointing\n"
+        "from megatron.core.dist_checkpointing import ShardedTensor\n"
+        "from megatron.core.dist_checkpointing.strategies import filesystem_async\n"
+        "from megatron.training.checkpointing import _in_process_results_queue\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+        "d = tempfile.mkdtemp(); w = torch.arange(12.0).reshape(3, 4)\n"
+        "_in_process_results_queue()\n"
+        "dist_checkpointing.save({'w': ShardedTensor.from_rank_offsets('w', w)}, d)\n"
+        "back = dist_checkpointing.load({'w': ShardedTensor.from_rank_offsets('w', torch.zeros(3, 4))}, d)\n"
+        "print(type(filesystem_async._results_queue) is queue.Queue, torch.equal(back['w'], w),\n"
+        "      [p.name for p in multiprocessing.active_children()])\n"
+        "dist.destroy_process_group()\n")
+    assert out.split("\n")[0] == "True True []", out
