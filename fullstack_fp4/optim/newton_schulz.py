@@ -400,11 +400,25 @@ def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: s
     return _axpy(X, ab, out, sO)
 
 
+def _matmul(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``p @ q`` in their dtype: an FP32-accumulated product rounded once to that dtype.
+
+    On a CPU, BF16 operands go through an FP32 GEMM and one rounding to BF16. That is the
+    arithmetic of a BF16 GEMM (a BF16×BF16 product is exact in FP32; the sum accumulates in
+    FP32; one rounding at the end), up to the order of the sum. But x86 CPUs without BF16
+    instructions run torch's BF16 GEMM 20-35× slower than its FP32 GEMM (torch 2.13, one
+    thread: 128×384 operands, X·Xᵀ, A·A, ·X took 7.9 ms against 0.41 ms), and Muon / Root on a
+    CPU spend most of their step here. CUDA keeps its native BF16 GEMM."""
+    if p.dtype == torch.bfloat16 and p.device.type == "cpu":
+        return (p.float() @ q.float()).to(torch.bfloat16)
+    return p @ q
+
+
 def ns_step(X: torch.Tensor, abc: Triple) -> torch.Tensor:
     """One exact step in X's dtype (used by the dense paths and as the oracle in scripts)."""
     a, b, c = abc
-    A = X @ X.mT
-    return a * X + (b * A + c * (A @ A)) @ X
+    A = _matmul(X, X.mT)
+    return a * X + _matmul(b * A + c * _matmul(A, A), X)
 
 
 def newton_schulz(
