@@ -58,6 +58,10 @@ def load_model(path: str, *, tokenizer_path: str | None, device=None):
     import copy
 
     import torch
+
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core()  # without CUDA: no TorchInductor import (cpu_compat)
     from megatron.core import dist_checkpointing
     from megatron.core.transformer.module import Float16Module
 
