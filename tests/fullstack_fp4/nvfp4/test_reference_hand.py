@@ -37,6 +37,21 @@ def test_every_positive_and_negative_code():
     assert q.dequantize().flatten().tolist() == want_vals + [-v for v in want_vals]
 
 
+def test_decode_of_every_code_by_hand():
+    from fullstack_fp4.nvfp4.e2m1 import e2m1_decode
+
+    mags = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    for dtype in (torch.uint8, torch.int32, torch.long):
+        codes = torch.arange(16, dtype=dtype).reshape(2, 8)
+        got = e2m1_decode(codes)
+        assert got.dtype == torch.float32 and got.shape == (2, 8)
+        assert got.flatten().tolist() == mags + [-m for m in mags]
+        assert math.copysign(1.0, got[1, 0].item()) == -1.0   # code 8 is -0.0
+        assert math.copysign(1.0, got[0, 0].item()) == 1.0
+    # only the low 4 bits count (a byte that still holds its neighbour's nibble)
+    assert e2m1_decode(torch.tensor([0x17, 0xF9], dtype=torch.uint8)).tolist() == [6.0, -0.5]
+
+
 def test_every_tie_goes_to_even():
     # Midpoints 0.25 0.75 1.25 1.75 2.5 3.5 5 -> 0 1 1 2 2 4 4 (even mantissa), both signs.
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
