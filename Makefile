@@ -32,10 +32,9 @@ quickstart: $(STAMP)
 	$(PY) scripts/quickstart.py
 
 # CPU test suite; Triton kernels run under the interpreter. Two pytest workers (pytest-xdist),
-# each test file on one worker (its module fixtures run once): 11-16 min against ~19.4 serial
-# on the 2-core CI machine (most tests are single-threaded interpreter runs); 18-26 min on the
-# 2-core AMD EPYC development machine of 2026-12-03, about twice as slow throughout (the sm_90
-# compile gate alone ~5 min there since Q-AdamW's kernel has two bodies, PERF.md "v9").
+# each test file on one worker (its module fixtures run once). On the 2-core development
+# machine of 2026-12-03: 18 min (21.5 before the CPU start-up fixes of BENCHMARKS.md §R.4);
+# CI took 26 min for the suite before them, install included.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
