@@ -237,7 +237,7 @@ def _in_process_results_queue() -> None:
     megatron-core 0.16.1 nevertheless makes that queue a `multiprocessing` Manager's queue in
     a *spawned* server process (`filesystem_async._get_write_results_queue`, which its async
     saves need), once per process: a second Python interpreter per rank that re-imports the
-    launch script, ~2 s on a 2-core CPU, at every run's first save. A `queue.Queue` is all a
+    launch script, ~3 s on a 2-core CPU, at every run's first save. A `queue.Queue` is all a
     synchronous save needs. Set only while nothing else has made the queue."""
     if filesystem_async._results_queue is None:
         filesystem_async._results_queue = queue.Queue()
