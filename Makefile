@@ -33,8 +33,8 @@ quickstart: $(STAMP)
 
 # CPU test suite; Triton kernels run under the interpreter. Two pytest workers (pytest-xdist),
 # each test file on one worker (its module fixtures run once). On the 2-core development
-# machine of 2026-12-03: 18 min (21.5 before the CPU start-up fixes of BENCHMARKS.md §R.4);
-# CI took 26 min for the suite before them, install included.
+# machine of 2026-12-03: 18-19 min, 20.6 with the install on a clean clone (21.5 + install
+# before the CPU start-up fixes of BENCHMARKS.md §R.4, when CI took 26 min in all).
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
