@@ -90,14 +90,13 @@ def test_tensor_type_reports_cuda_only_while_enabled(clean):
 
 def _fresh_python(code: str) -> str:
     """Run `code` in a new interpreter (a fresh import state) from the repo root; its stdout."""
-    import os
     import subprocess
     import sys
 
-    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-    env = dict(os.environ, PYTHONPATH=repo, PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
-                         text=True, timeout=300)
+    from tests.megatron.training import helpers
+
+    out = subprocess.run([sys.executable, "-c", code], cwd=helpers.REPO, env=helpers.env(),
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
