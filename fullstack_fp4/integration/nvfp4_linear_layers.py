@@ -44,6 +44,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
 from fullstack_fp4.linear import nvfp4_linear
+from fullstack_fp4.linear.partial_nvfp4 import check_kept, partial_nvfp4_linear
 
 
 class MainGradAccumulator:
@@ -94,13 +95,15 @@ class _NVFP4LocalGEMM:
 
     _row_parallel = False  # row-parallel input is already split along K: no dgrad all-reduce
 
-    def __init__(self, *args, fuse_wgrad_accumulation: bool = True, **kwargs):
+    def __init__(self, *args, fuse_wgrad_accumulation: bool = True, unquantized_operands=(), **kwargs):
         super().__init__(*args, **kwargs)
         if self.sequence_parallel:
             raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
         # not megatron's `gradient_accumulation_fusion` attribute: that one stays False (its
         # fusion needs apex) and is what the BF16 fallback path passes to megatron-core
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        # diagnostic (`fp4.unquantized_operands`): these operands skip quantization, FP64 GEMMs
+        self.unquantized_operands = check_kept(unquantized_operands)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         if getattr(self, "fp4_fallback_bf16", False):  # switched by the BF16 fallback
@@ -113,9 +116,12 @@ class _NVFP4LocalGEMM:
             raise ValueError("NVFP4 linears do not support sequence parallelism")
         if allreduce_dgrad and not self._row_parallel:
             input = copy_to_tensor_model_parallel_region(input, group=self.tp_group)
-        return nvfp4_linear(input, weight, bias, amax_reduce=_amax_reducer(self.tp_group),
-                            wgrad_accumulator=main_grad_accumulator(weight,
-                                                                    self.fuse_wgrad_accumulation))
+        reduce = _amax_reducer(self.tp_group)
+        accumulator = main_grad_accumulator(weight, self.fuse_wgrad_accumulation)
+        if self.unquantized_operands:
+            return partial_nvfp4_linear(input, weight, bias, keep=self.unquantized_operands,
+                                        amax_reduce=reduce, wgrad_accumulator=accumulator)
+        return nvfp4_linear(input, weight, bias, amax_reduce=reduce, wgrad_accumulator=accumulator)
 
 
 def switch_module_to_bf16(module) -> None:
@@ -133,11 +139,13 @@ class NVFP4RowParallelLinear(_NVFP4LocalGEMM, RowParallelLinear):
     _row_parallel = True
 
 
-def nvfp4_layer_specs(fuse_wgrad_accumulation: bool = True):
+def nvfp4_layer_specs(fuse_wgrad_accumulation: bool = True, unquantized_operands=()):
     """(column, row) `ModuleSpec`s of the NVFP4 linears carrying the trainer's settings
-    (`parallel.gradient_accumulation_fusion`) into their constructors."""
+    (`parallel.gradient_accumulation_fusion`, the diagnostic `fp4.unquantized_operands`) into
+    their constructors."""
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    params = dict(fuse_wgrad_accumulation=fuse_wgrad_accumulation)
+    params = dict(fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                  unquantized_operands=tuple(unquantized_operands))
     return (ModuleSpec(module=NVFP4ColumnParallelLinear, params=dict(params)),
             ModuleSpec(module=NVFP4RowParallelLinear, params=dict(params)))

@@ -109,6 +109,7 @@ class FP4Config:
     attention: str = "bf16"  # bf16 | q_attn
     bf16_first_layers: int = 0  # keep the first N transformer blocks in BF16
     bf16_last_layers: int = 0  # keep the last N transformer blocks in BF16
+    unquantized_operands: list[str] = field(default_factory=list)  # diagnostic, fp4.linear=nvfp4: operands of x, w, dy left unquantized (FP64 GEMMs; which operand costs the loss, docs/lora-svd.md)
     fallback: str = "off"  # off | warn | bf16: per-module BF16 fallback on sustained quantization error (needs logging.quant_stats_interval > 0 and an FP4 recipe; docs/telemetry.md)
     fallback_threshold: float = 0.25  # NVFP4 linears: worst of x, w, dy, wgrad_x, wgrad_dy rel_err above this is a bad interval (~2.5x the 9.5% Gaussian round trip)
     fallback_threshold_lora_svd: float = 0.25  # LoRA-SVD linears: worst of x, w_res, dy, wgrad_x, wgrad_dy rel_err (switch: W_res GEMM unquantized)

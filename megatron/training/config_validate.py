@@ -115,6 +115,12 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
             raise ConfigError(f"{kind}: '{name}' {reason}")
     if f.linear != "bf16" and (m.hidden_size % 16 or m.ffn_hidden_size % 16):
         raise ConfigError("NVFP4 linears need model.hidden_size and model.ffn_hidden_size divisible by 16")
+    if f.unquantized_operands:
+        if f.linear != "nvfp4":
+            raise ConfigError(f"fp4.unquantized_operands is a diagnostic of fp4.linear=nvfp4; got fp4.linear={f.linear}")
+        bad = [o for o in f.unquantized_operands if o not in ("x", "w", "dy")]
+        if bad or len(set(f.unquantized_operands)) != len(f.unquantized_operands):
+            raise ConfigError(f"fp4.unquantized_operands must be distinct names from x, w, dy; got {f.unquantized_operands}")
     if f.linear == "lora_svd":
         lr_ = f.lora_svd
         _positive("fp4.lora_svd.rank", lr_.rank)

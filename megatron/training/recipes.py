@@ -45,7 +45,8 @@ def convert_layer_spec(spec, cfg, *, layer_index: int):
     if cfg.fp4.linear == "nvfp4":
         from fullstack_fp4.integration.nvfp4_linear_layers import nvfp4_layer_specs
 
-        col, row = nvfp4_layer_specs(fuse_wgrad_accumulation=fuse)
+        col, row = nvfp4_layer_specs(fuse_wgrad_accumulation=fuse,
+                                     unquantized_operands=cfg.fp4.unquantized_operands)
         attn.linear_qkv, mlp.linear_fc1, attn.linear_proj, mlp.linear_fc2 = col, col, row, row
     if cfg.fp4.linear == "lora_svd":
         from fullstack_fp4.integration.lora_svd_layers import lora_svd_layer_specs

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Device call of session 22 (one nvidia-h200; carry .whl and data/quickstart):
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session22.sh wshare
+# 1. scripts/gpu/check_partial_nvfp4.py: the diagnostic linear with nothing kept against the
+#    NVFP4 linear on the GPU, and its cost;
+# 2. how much of NVFP4's loss gap is W's (issue 4): at seeds 1234, 4321 and 99 the ablation's
+#    bf16, nvfp4_linear and lora_svd arms (BENCHMARKS.md §I.1's setup), and beside them the
+#    nvfp4_linear arm with W unquantized (`fp4.unquantized_operands=[w]`): twelve arms at once.
+set -u
+source scripts/gpu/setup_env.sh
+export OMP_NUM_THREADS=1
+case "${1:-wshare}" in
+  wshare)
+    TAILN=12 run check_partial 120 python3 scripts/gpu/check_partial_nvfp4.py
+    ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 --time-budget 420"
+    for sd in 1234 4321 99; do
+      timeout 470 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 --out "/tmp/abl_$sd" \
+        --set "train.seed=$sd" >"$OUT/abl_seed$sd.txt" 2>&1 &
+      timeout 470 $ABL --arms nvfp4_linear --jobs 1 --out "/tmp/abl_keepw_$sd" \
+        --set "train.seed=$sd" "fp4.unquantized_operands=[w]" >"$OUT/abl_keepw_seed$sd.txt" 2>&1 &
+    done
+    wait
+    for d in /tmp/abl_*; do b=$(basename "$d")
+      cp "$d/ablation.md" "$OUT/$b.md" 2>/dev/null; cp "$d/ablation.json" "$OUT/$b.json" 2>/dev/null
+      for a in "$d"/*/; do [ -f "$a/metrics.jsonl" ] && mkdir -p "$OUT/$b/$(basename "$a")" \
+        && cp "$a/metrics.jsonl" "$OUT/$b/$(basename "$a")/"; done
+      echo "== $d"; grep '^| ' "$d/ablation.md" | grep -v '^| ---'; done
+    ;;
+esac
