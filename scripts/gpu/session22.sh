@@ -6,6 +6,10 @@
 # 2. how much of NVFP4's loss gap is W's (issue 4): at seeds 1234, 4321 and 99 the ablation's
 #    bf16, nvfp4_linear and lora_svd arms (BENCHMARKS.md §I.1's setup), and beside them the
 #    nvfp4_linear arm with W unquantized (`fp4.unquantized_operands=[w]`): twelve arms at once.
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session22.sh wshare2
+#    the same at seeds 2024, 777 and 5, the check beside them (its 32,768-token case did not
+#    finish within its 120 s in the first call), everything in one archive ($OUT/wshare2.tgz:
+#    the first call's 23 files were more than a call brings back).
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -25,5 +29,24 @@ case "${1:-wshare}" in
       for a in "$d"/*/; do [ -f "$a/metrics.jsonl" ] && mkdir -p "$OUT/$b/$(basename "$a")" \
         && cp "$a/metrics.jsonl" "$OUT/$b/$(basename "$a")/"; done
       echo "== $d"; grep '^| ' "$d/ablation.md" | grep -v '^| ---'; done
+    ;;
+  wshare2)
+    run check_partial 400 python3 scripts/gpu/check_partial_nvfp4.py > /dev/null &
+    ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 --time-budget 420"
+    for sd in 2024 777 5; do
+      timeout 470 $ABL --arms bf16,nvfp4_linear,lora_svd --jobs 3 --out "/tmp/abl_$sd" \
+        --set "train.seed=$sd" >"$OUT/abl_seed$sd.txt" 2>&1 &
+      timeout 470 $ABL --arms nvfp4_linear --jobs 1 --out "/tmp/abl_keepw_$sd" \
+        --set "train.seed=$sd" "fp4.unquantized_operands=[w]" >"$OUT/abl_keepw_seed$sd.txt" 2>&1 &
+    done
+    wait
+    cat "$OUT/check_partial.txt"
+    mkdir -p /tmp/pack
+    for d in /tmp/abl_*; do b=$(basename "$d"); mkdir -p "/tmp/pack/$b"
+      cp "$d/ablation.md" "$d/ablation.json" "/tmp/pack/$b/" 2>/dev/null
+      for a in "$d"/*/; do [ -f "$a/metrics.jsonl" ] && mkdir -p "/tmp/pack/$b/$(basename "$a")" \
+        && cp "$a/metrics.jsonl" "/tmp/pack/$b/$(basename "$a")/"; done
+      echo "== $d"; grep '^| ' "$d/ablation.md" | grep -v '^| ---'; done
+    mv "$OUT"/*.txt /tmp/pack/ && tar -czf "$OUT/wshare2.tgz" -C /tmp/pack .
     ;;
 esac
