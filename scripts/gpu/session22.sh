@@ -10,6 +10,8 @@
 #    the same at seeds 2024, 777 and 5, the check beside them (its 32,768-token case did not
 #    finish within its 120 s in the first call), everything in one archive ($OUT/wshare2.tgz:
 #    the first call's 23 files were more than a call brings back).
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session22.sh qadamw     (carry .whl)
+#    Q-AdamW's step a third time (as run84 and run86, BENCHMARKS.md §R.2), with Q-AdamW unchanged
 set -u
 source scripts/gpu/setup_env.sh
 export OMP_NUM_THREADS=1
@@ -48,5 +50,9 @@ case "${1:-wshare}" in
         && cp "$a/metrics.jsonl" "/tmp/pack/$b/$(basename "$a")/"; done
       echo "== $d"; grep '^| ' "$d/ablation.md" | grep -v '^| ---'; done
     mv "$OUT"/*.txt /tmp/pack/ && tar -czf "$OUT/wshare2.tgz" -C /tmp/pack .
+    ;;
+  qadamw)
+    TAILN=30 run q_adamw_third 330 python3 scripts/bench_q_adamw.py --cpp 1 --steps 10 \
+      --fast-div-rows --flat-row --streams-rows
     ;;
 esac
