@@ -53,7 +53,10 @@ Why these sizes (bytes per parameter, B/param):
   blocks, which only spreads one block's large scale over its neighbours.
 * ``TILE = 32`` for the mean: one BF16 per 32 entries = 0.0625 B/param. TILE 16 costs 0.125 and
   takes the state to 1.26 B/param, over the 1.2 budget, for a small gain (update relL2 0.44 vs
-  0.46); TILE 64 is measurably worse (README.md).
+  0.46). TILE 64 alone trades one synthetic set for the other (√v error against direct
+  NVFP4, four draws, BENCHMARKS.md §S.3: iid −45.1% / structured −61.8%, TILE 32 −43.7% /
+  −63.7%). With the 4/6 rule on v, TILE 64 is better on both (−52.8% / −66.4%); the kernel
+  does not implement that pair yet.
 * ``CHUNK = 1024``: one Triton program owns one chunk — loads it, takes its amax in registers,
   computes its scales, quantizes and stores — so the fused optimizer step is a *single pass*
   over memory with no global-amax reduction (a per-tensor scale would need a second pass, or
