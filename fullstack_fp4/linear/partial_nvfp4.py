@@ -25,8 +25,9 @@ a kept operand as is) in FP64 and applies the tensor scales after the sum, as th
 NVFP4 GEMM does with an FP32 accumulator. Products of these operands are exact in FP64 and the
 sums carry 29 more bits than FP32's, so a result differs from the NVFP4 linear's (keep empty)
 by the FP32 accumulation's rounding only, and FP64 does not depend on TF32 settings. It is a
-diagnostic, not a speed path: FP64 GEMMs and no fused kernels (a few times slower than the
-NVFP4 linear at the ablation's 8 × 512 model on an H200; far slower at the 3b shapes).
+diagnostic, not a speed path: FP64 GEMMs and no fused kernels. On an H200 an 8 × 512 ablation
+arm with ``keep = {"w"}`` took 5.2 min against the NVFP4 arm's 4.0–4.3, both sharing the GPU
+with ten other runs (BENCHMARKS.md §S.1); at wide shapes FP64's lower GEMM rate costs more.
 """
 from __future__ import annotations
 
