@@ -2,6 +2,9 @@
 
     python scripts/q_adamw_iid_floor.py              # 4 draws × 65,536 entries (~50 s, 2 CPUs)
     python scripts/q_adamw_iid_floor.py --seeds 8 --n 131072
+    python scripts/q_adamw_iid_floor.py --from-checkpoint runs/quickstart/checkpoints/iter_0000300
+        # instead: codecs.py's default, 4/6 and 4/6 + 64-tile on the moments of a finished AdamW
+        # run (e.g. `make quickstart`), pooled over its tensors as q_adamw_error_table.py pools
 
 Question. On the "iid lognormal σ" synthetic set of scripts/q_adamw_error_table.py the v codec
 (codecs.encode_exp_avg_sq: √v → BF16 mean per 32-tile → RHT-16 of the residual → NVFP4 1×16,
@@ -55,7 +58,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from q_adamw_error_table import direct_nvfp4, metrics, synthetic_moments  # noqa: E402
+from q_adamw_error_table import _pool, direct_nvfp4, metrics, synthetic_moments, train_moments  # noqa: E402
 
 from fullstack_fp4.nvfp4.e2m1 import e2m1_decode, e2m1_round_nearest  # noqa: E402
 from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, hadamard_matrix  # noqa: E402
@@ -319,12 +322,35 @@ VARIANTS = [
 ]
 
 
+def real_rows(checkpoint: str, min_numel: int = 4096) -> None:
+    """codecs.py's v codec, three ways, on the moments of a finished AdamW run: every tensor
+    QAdamW would quantize (numel >= min_numel) encoded on its own, errors pooled."""
+    moments = {k: (m.reshape(-1).float(), v.reshape(-1).float())
+               for k, (m, v) in train_moments(0, "cpu", checkpoint=checkpoint).items()
+               if v.numel() >= min_numel}
+    n = sum(v.numel() for _, v in moments.values())
+    print(f"\n### {checkpoint}: {len(moments)} tensors, {n} entries (pooled relL2)\n")
+    print("| v codec | v relL2 | √v relL2 | u relL2 | u max |")
+    print("|---|---|---|---|---|")
+    for name, fn in (("direct NVFP4 on v", direct_nvfp4), ("codecs.py default", codec),
+                     ("codecs.py, 4/6", lambda v: codec(v, scale_rule="4over6")),
+                     ("codecs.py, 4/6, tile 64", lambda v: codec(v, scale_rule="4over6", tile=64))):
+        p = _pool([(m, v, metrics(m, v, m, fn(v))) for m, v in moments.values()])
+        print(f"| {name} | {p['v relL2']:.4f} | {p['√v relL2']:.4f} | {p['u relL2']:.4g} "
+              f"| {p['u max']:.4g} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=4, help="synthetic draws to average over")
     ap.add_argument("--n", type=int, default=1 << 16, help="entries per draw (a multiple of "
                     f"{CHUNK})")
+    ap.add_argument("--from-checkpoint", default=None, metavar="DIR",
+                    help="the moments of this AdamW checkpoint instead of the synthetic sets")
     args = ap.parse_args(argv)
+    if args.from_checkpoint:
+        real_rows(args.from_checkpoint)
+        return
     if args.n % CHUNK:
         raise SystemExit(f"--n must be a multiple of {CHUNK}")
     t0 = time.time()
