@@ -2,8 +2,8 @@
 
 Which of the linear's three operands costs the loss? ``keep = {"w"}`` runs the NVFP4 linear
 with the weight unquantized and x and dY quantized exactly as the recipe quantizes them; its
-loss gap to BF16 is the part of NVFP4's gap that no weight-side recipe (LoRA-SVD keeps a
-subspace of W in BF16) can remove. torchao's float8 training makes the same cut per tensor
+loss gap to BF16 is the part of NVFP4's gap that removing W's quantization error (what
+LoRA-SVD does for a subspace of W, kept in BF16) leaves. torchao's float8 training makes the same cut per tensor
 (``Float8LinearConfig``: input, weight and grad_output cast or not, each on its own).
 
 =========  ======================================  =============================================
