@@ -33,7 +33,7 @@ quickstart: $(STAMP)
 
 # CPU test suite; Triton kernels run under the interpreter. Two pytest workers (pytest-xdist),
 # each test file on one worker (its module fixtures run once). On the 2-core development
-# machine of 2026-12-03: 18-19 min, 20.6 with the install on a clean clone, with Triton's
+# machine of 2026-12-03: 19-25 min (21-27 with the install) on a clean clone, with Triton's
 # cache (~/.triton) already holding the sm_90 compile gate's kernels; with an empty cache, as
 # on a fresh machine, 36.6 min, 17 of them in the gate (BENCHMARKS.md §S.4). CI: 11.5 min.
 TEST_WORKERS ?= 2
