@@ -180,6 +180,13 @@ def _quantize(t: torch.Tensor, amax_reduce: AmaxReduce, rht_signs=None, **kw) ->
                     check_finite=_check_finite(t), **kw)
 
 
+def pad_tokens(m: torch.Tensor) -> torch.Tensor:
+    """``[T, C]`` with zero tokens appended up to a multiple of 16, wgrad's block length
+    (zero tokens change no product: module docstring)."""
+    pad = (-m.shape[0]) % 16
+    return F.pad(m, (0, 0, 0, pad)) if pad else m
+
+
 def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
                            amax_reduce: AmaxReduce = None) -> NVFP4Tensor:
     """``[T, C]`` -> NVFP4 of ``RHT16(pad(m)ᵀ)``, shape ``[C, T_pad]``, quantized along tokens.
@@ -194,10 +201,7 @@ def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
         return tqd.quantize_two_ways(m, obs, col=tqd.ColWay(rounding, decoded=False, codes=True),
                                      amax_col=gamax, seed_col=seed,
                                      check_finite=_check_finite(m)).col_q
-    t = m.shape[0]
-    pad = (-t) % 16
-    if pad:
-        m = F.pad(m, (0, 0, 0, pad))   # zero tokens: see module docstring
+    m = pad_tokens(m)
     mt = m.t()
     if m.is_cuda:
         mt = mt.contiguous()           # the kernel reads rows with a contiguous last dim

@@ -34,12 +34,11 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, hadamard16
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16
 
-from .nvfp4_linear import AmaxReduce, WgradAccumulator, _quantize, quantize_wgrad_operand
+from .nvfp4_linear import AmaxReduce, WgradAccumulator, _quantize, pad_tokens, quantize_wgrad_operand
 
 __all__ = ["OPERANDS", "check_kept", "partial_nvfp4_linear", "PartialNVFP4LinearFunction"]
 
@@ -82,10 +81,7 @@ def _gemm(a: _Operand, b: _Operand, transpose_b: bool = True) -> torch.Tensor:
 def _rotated_tokens(m: torch.Tensor) -> torch.Tensor:
     """``[T, C]`` -> ``RHT16(pad(m)ᵀ)`` ``[C, T_pad]`` in FP64, unquantized (the wgrad layout of
     ``quantize_wgrad_operand``: zero tokens pad T to a multiple of 16)."""
-    pad = (-m.shape[0]) % 16
-    if pad:
-        m = F.pad(m, (0, 0, 0, pad))
-    return hadamard16(m.t().to(torch.float64), DEFAULT_SIGNS)
+    return hadamard16(pad_tokens(m).t().to(torch.float64), DEFAULT_SIGNS)
 
 
 class PartialNVFP4LinearFunction(torch.autograd.Function):

@@ -118,9 +118,12 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     if f.unquantized_operands:
         if f.linear != "nvfp4":
             raise ConfigError(f"fp4.unquantized_operands is a diagnostic of fp4.linear=nvfp4; got fp4.linear={f.linear}")
-        bad = [o for o in f.unquantized_operands if o not in ("x", "w", "dy")]
+        from fullstack_fp4.linear.partial_nvfp4 import OPERANDS
+
+        bad = [o for o in f.unquantized_operands if o not in OPERANDS]
         if bad or len(set(f.unquantized_operands)) != len(f.unquantized_operands):
-            raise ConfigError(f"fp4.unquantized_operands must be distinct names from x, w, dy; got {f.unquantized_operands}")
+            raise ConfigError(f"fp4.unquantized_operands must be distinct names from {', '.join(OPERANDS)}; "
+                              f"got {f.unquantized_operands}")
     if f.linear == "lora_svd":
         lr_ = f.lora_svd
         _positive("fp4.lora_svd.rank", lr_.rank)
