@@ -111,7 +111,10 @@ def rows_for(m, v, variants: bool, seed: int = 0):
     out = [("direct NVFP4 (v itself, RTN)", metrics(m, v, direct_nvfp4(m), direct_nvfp4(v)),
             "")]
     default = decode_exp_avg_sq(encode_exp_avg_sq(v))
-    out.append(("pipeline (tile 32, floor μ/4) [default]", metrics(m, v, m_hat, default),
+    out.append(('pipeline ("4" rule, tile 64, floor μ/4) [default]', metrics(m, v, m_hat, default),
+                f"{state_bytes_per_param(v.numel()):.3f}"))
+    v1 = decode_exp_avg_sq(encode_exp_avg_sq(v, tile=32, scale_rule="6"))
+    out.append(("pipeline, codec version 1 (6-rule, tile 32)", metrics(m, v, m_hat, v1),
                 f"{state_bytes_per_param(v.numel(), 32):.3f}"))
     if variants:
         for tile in (16, 32, 64):
@@ -124,7 +127,7 @@ def rows_for(m, v, variants: bool, seed: int = 0):
                 bb = f"{float(b) + 2 / tile:.3f}" if guard == "tile_min" else b
                 out.append((name, metrics(m, v, m_hat, vh), bb))
         st = encode_exp_avg_sq(v, scale_rule="4over6")
-        out.append(("tile 32, μ/4, 4/6 on v", metrics(m, v, m_hat, decode_exp_avg_sq(st)), ""))
+        out.append(("tile 64, μ/4, 4/6 on v", metrics(m, v, m_hat, decode_exp_avg_sq(st)), ""))
         st = encode_exp_avg_sq(v, subtract_mean=False)
         out.append(("sqrt+RHT, no mean subtraction (μ = 0, so no floor)",
                     metrics(m, v, m_hat, decode_exp_avg_sq(st)), ""))
@@ -133,7 +136,8 @@ def rows_for(m, v, variants: bool, seed: int = 0):
             gen = torch.Generator(device=m.device).manual_seed(seed)
             mh = decode_exp_avg(encode_exp_avg(m, generator=gen, chunk_rule=rule))
             vh = decode_exp_avg_sq(encode_exp_avg_sq(v, chunk_rule=rule))
-            out.append((name + ", m and v", metrics(m, v, mh, vh), "1.195"))
+            out.append((name + ", m and v", metrics(m, v, mh, vh),
+                        f"{state_bytes_per_param(v.numel()):.3f}"))
     return out
 
 

@@ -273,9 +273,9 @@ def load_resharded(path: str, meta: dict, *, model, optimizer, cfg) -> None:
             try:
                 names = payload_names(obj, model_names, wrapper.fp4_param_names,
                                       type(wrapper).__name__)
+                rank.add(obj, names, device)    # refuses another Q-AdamW codec version
             except ValueError as e:
                 raise CheckpointError(str(e)) from None
-            rank.add(obj, names, device)
         saved.append(rank)
     if masters_saved != (saved[0].masters is not None):
         raise CheckpointError(f"its optimizer objects {'lack' if masters_saved else 'hold'} the FP32 "

@@ -44,10 +44,13 @@ class SavedRank:
         the distributed optimizer's: `layout["q_adamw_places"]` = ``[key, offset, whole numel,
         chunk phase]`` per inner param)."""
         from fullstack_fp4.optim.q_adamw.codecs import CHUNK
-        from fullstack_fp4.optim.q_adamw.optimizer import decode_param_state
+        from fullstack_fp4.optim.q_adamw.optimizer import check_codec_version, decode_param_state
 
         layout, inner = payload["layout"], payload["inner"]
         numels = layout["numels"]
+        # 4-bit moments of another codec version would decode to wrong values: refuse them
+        # (a ValueError, which load_resharded reports as the checkpoint's)
+        check_codec_version(inner, dict(enumerate(numels)))
         places = layout.get("q_adamw_places") or [None] * len(numels)
         mains = payload.get("main_params")
         if mains is None:

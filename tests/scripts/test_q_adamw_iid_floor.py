@@ -22,21 +22,26 @@ def _sqrt_err(v, vh):
 
 
 @pytest.mark.parametrize("structured", [False, True])
-def test_reimplemented_default_reconstructs_as_the_codec(structured):
+def test_reimplemented_codecs_reconstruct_as_the_codec(structured):
+    """The re-implementation of codec version 1 (``D``: 6-rule, tile 32) and of the default
+    (``V2``: "4" rule, tile 64) against codecs.py with the same rule and tile."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
         _, v = floor.synthetic_moments(8192, steps=40, seed=0, structured=structured)
-    mine, ref = floor.roundtrip_v(v, floor.D), floor.codec(v)
     # the same codes almost everywhere: FP64 against the codec's FP32 arithmetic moves a value
     # across a rounding boundary now and then, never the error
-    assert abs(_sqrt_err(v, mine) / _sqrt_err(v, ref) - 1) < 0.01
-    assert float((mine - ref).abs().gt(1e-6 * ref.abs().max()).float().mean()) < 0.01
-    # and a knob turned is not a no-op: the variant the report recommends differs
-    other = floor.roundtrip_v(v, floor.replace(floor.D, rule="4over6", tile=64))
-    assert float((other - ref).abs().gt(1e-6 * ref.abs().max()).float().mean()) > 0.1
+    for var, ref in ((floor.D, floor.codec(v, scale_rule="6", tile=32)),
+                     (floor.V2, floor.codec(v))):
+        mine = floor.roundtrip_v(v, var)
+        assert abs(_sqrt_err(v, mine) / _sqrt_err(v, ref) - 1) < 0.01, var.name
+        assert float((mine - ref).abs().gt(1e-6 * ref.abs().max()).float().mean()) < 0.01, \
+            var.name
+    # and the two codecs are not the same: the knobs turned do something
+    assert float((floor.codec(v) - floor.codec(v, scale_rule="6", tile=32)).abs().gt(
+        1e-6 * v.max()).float().mean()) > 0.1
 
 
 def test_bytes_are_the_codecs():
-    assert floor.D.bytes_per_param() == pytest.approx(state_bytes_per_param(1 << 20), abs=1e-3)
-    assert floor.replace(floor.D, tile=64).bytes_per_param() == pytest.approx(
-        state_bytes_per_param(1 << 20, tile=64), abs=1e-3)
+    assert floor.D.bytes_per_param() == pytest.approx(state_bytes_per_param(1 << 20, tile=32),
+                                                      abs=1e-3)
+    assert floor.V2.bytes_per_param() == pytest.approx(state_bytes_per_param(1 << 20), abs=1e-3)

@@ -8,7 +8,7 @@ Layout shared by both moments (``n`` real entries, padded with zeros to ``npad``
   chunk of ``CHUNK = 1024`` elements — NVFP4's "tensor scale", taken per chunk (decode scale
   first: ``chunk_scales``).
 
-Second moment only: ``tile_mean``, BF16 ``[npad/TILE]``, ``TILE = 32``.
+Second moment only: ``tile_mean``, BF16 ``[npad/TILE]``, ``TILE = 64``.
 
 First moment ``m`` (``encode_exp_avg``)::
 
@@ -24,9 +24,9 @@ whichever reconstructs the block better (nearest-rounded candidates; then SR wit
 Second moment ``v`` (``encode_exp_avg_sq``)::
 
     s    = sqrt(max(v, 0))                  # halves the dynamic range (in log2) of v
-    μ_t  = bf16_rne(mean of s over a tile)  # per tile of TILE=32 real entries, kept in BF16
+    μ_t  = bf16_rne(mean of s over a tile)  # per tile of TILE=64 real entries, kept in BF16
     r    = s − μ_t  (0 at padding)          # zero-mean residual
-    NVFP4(RHT16(r), scale_rule="6", rounding="nearest", second-level scale per chunk)
+    NVFP4(RHT16(r), scale_rule="4", rounding="nearest", second-level scale per chunk)
     decode: ŝ = max(RHT16⁻¹(q · s · d) + μ_t, μ_t / 4);  v̂ = min(ŝ², FP32_MAX)
 
 ``v̂ >= 0`` always (``μ_t >= 0``) and is never NaN for finite input; zeros, 1e-30 and 1e30 are
@@ -51,12 +51,15 @@ Why these sizes (bytes per parameter, B/param):
   needs, costs 4 butterfly stages in a kernel, and never crosses a block/chunk boundary, so a
   chunk is self-contained. Bigger Hadamards (the calibration run used 128) mix outliers across
   blocks, which only spreads one block's large scale over its neighbours.
-* ``TILE = 32`` for the mean: one BF16 per 32 entries = 0.0625 B/param. TILE 16 costs 0.125 and
-  takes the state to 1.26 B/param, over the 1.2 budget, for a small gain (update relL2 0.44 vs
-  0.46). TILE 64 alone trades one synthetic set for the other (√v error against direct
-  NVFP4, four draws, BENCHMARKS.md §S.3: iid −45.1% / structured −61.8%, TILE 32 −43.7% /
-  −63.7%). With the 4/6 rule on v, TILE 64 is better on both (−52.8% / −66.4%); the kernel
-  does not implement that pair yet.
+* ``TILE = 64`` for the mean: one BF16 per 64 entries = 0.031 B/param. Measured with the
+  "4" rule on v (√v error against direct NVFP4 on the same v, mean of eight draws;
+  ``scripts/q_adamw_iid_floor.py`` has the rows, BENCHMARKS.md §T.1): TILE 64 −51.7% (iid) /
+  −65.1% (structured), TILE 32 −48.0% / −64.9%, TILE 128 −51.0% / −65.9% (−45.5% in its worst
+  iid draw of four). TILE 16 would cost 0.125 B/param and take the state over the 1.2 budget.
+  With the 6-rule TILE 64 was no better than 32 (−45.1% / −61.8% against −43.7% / −63.7%):
+  a longer tile leaves more spread in the residual, which a finer grid near zero (the "4"
+  rule's) quantizes better. Until 2026-12-03 the codec used TILE 32 with the 6-rule
+  (``CODEC_VERSION`` 1; a state of that codec is refused at load, optimizer.py).
 * ``CHUNK = 1024``: one Triton program owns one chunk — loads it, takes its amax in registers,
   computes its scales, quantizes and stores — so the fused optimizer step is a *single pass*
   over memory with no global-amax reduction (a per-tensor scale would need a second pass, or
@@ -65,10 +68,19 @@ Why these sizes (bytes per parameter, B/param):
   blocks to zero under one tensor scale. In the kernel a 1024-chunk is 64 threads owning one
   16-block each (2 warps), so its amax is one cross-warp reduction; the scale costs
   4 B / 1024 = 0.004 B/param per moment.
-* v uses the 6-rule with nearest rounding: v is an average that changes slowly (β2 = 0.999), a
-  bias-free SR buys little, and 4/6 on v cut the √v error by ~10% at twice the kernel work.
+* v's residual maps every block max to 4 (the "4" rule: ``SCALE_RULES``), nearest rounding.
+  After the RHT the residual's blocks are near-Gaussian: most of their entries are small, and
+  the block max at 4 puts the E2M1 grid's fine steps (0.5 below 2) under more of them than the
+  max at 6 does, at the price of the code 6, which only clamped values reach. Measured
+  (eight draws, tile 64): iid −51.7% / structured −65.1% against −45.1% / −61.8% for the
+  6-rule and −52.6% / −66.4% for 4/6, which picks the better of 4 and 6 per block. 4/6 costs
+  a second candidate's block error per entry: +338 SASS instructions per 16 entries (+14.7%,
+  2636 against 2298; ``scripts/sass_q_adamw.py``), and the kernel is instruction-issue-bound,
+  so it would cost the step ~15% for one more point of √v error; the "4" rule costs what the
+  6-rule cost. A bias-free SR buys little for v, an average that changes slowly (β2 = 0.999).
+  Targets 3, 4.5 and 5 measured worse (−42.5%, −47.3%, −34.9% iid).
 
-Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0625 + 0.0039 → **1.195 B/param**
+Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0313 + 0.0039 → **1.164 B/param**
 (:func:`state_bytes_per_param` counts a given length exactly, padding included).
 
 Bit-exactness with the fused kernel (``triton_step.py``): every reduction whose result is
@@ -86,7 +98,7 @@ subnormal range unless said otherwise:
   element factor is ``fl(fl(0.25 / s) · enc)`` where nvfp4's is ``fl(0.25 / fl(s · dec))``:
   the same two roundings each, a last bit apart at times, and 5 of a row's 7 divisions gone
   from the kernel (the chunk's largest block still gets the scale ``M / 6`` exactly);
-* the v tile mean is ``fl(sum · fl(1/cnt))``: ``sum / 32`` exactly for every full tile, one
+* the v tile mean is ``fl(sum · fl(1/cnt))``: ``sum / 64`` exactly for every full tile, one
   rounding away from the division at a tensor's partial last tile;
 * the RHT's ``× 1/4`` is not applied to the 16 entries: the encoder gets the unscaled butterfly
   and takes its block amax × 1/4 (exactly nvfp4's amax: rounding is monotone) and the element
@@ -117,21 +129,31 @@ from fullstack_fp4.nvfp4.e2m1 import (E2M1_MAX, e2m1_decode, e2m1_round_nearest,
                                       e2m1_round_stochastic, pack_codes, unpack_codes)
 from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, _butterfly
 # The reference's per-block helpers take broadcastable enc/dec, so per-chunk scales reuse them.
-from fullstack_fp4.nvfp4.reference import _SCALE_RULES, _candidate, tensor_scales
+from fullstack_fp4.nvfp4.reference import _candidate, tensor_scales
 
 __all__ = [
     "BLOCK", "CHUNK", "TILE", "REL_FLOOR", "FP32_MAX", "MomentState",
     "encode_exp_avg", "decode_exp_avg", "encode_exp_avg_sq", "decode_exp_avg_sq",
-    "padded_numel", "num_chunks", "state_bytes_per_param", "chunk_scales",
+    "padded_numel", "num_chunks", "state_bytes_per_param", "chunk_scales", "CODEC_VERSION",
 ]
 
 BLOCK = 16        # NVFP4 block = Hadamard size
 CHUNK = 1024      # elements per second-level scale = elements per kernel program
-TILE = 32         # v: elements per BF16 tile mean
+TILE = 64         # v: elements per BF16 tile mean
 REL_FLOOR = 0.25  # v: decode floor, as a fraction of the tile mean (the guard)
 FP32_MAX = torch.finfo(torch.float32).max
 M_SCALE_RULE = "4over6"
-V_SCALE_RULE = "6"
+V_SCALE_RULE = "4"
+# Block-scale rules of the codec: E4M3 bound of the second-level scale (M = 6 · bound, as
+# NVFP4's tensor scale) and the block-max targets tried per block (the one with the smaller
+# block error is kept). "6" and "4over6" are fullstack_fp4.nvfp4's rules; "4" maps every block
+# max to 4 (one candidate, M = 1536 as "4over6"): v's rule since CODEC_VERSION 2.
+SCALE_RULES = {"6": (448.0, (6.0,)), "4over6": (256.0, (6.0, 4.0)), "4": (256.0, (4.0,))}
+# The state layout's version, saved with every QAdamW state dict: 1 = v with the 6-rule and
+# 32-entry tiles (until 2026-12-03), 2 = v with the "4" rule and 64-entry tiles (now). The m
+# codec is the same in both; v's bytes mean something else, so a state of another version is
+# refused at load (optimizer.check_codec_version) rather than decoded wrongly.
+CODEC_VERSION = 2
 
 
 @dataclass
@@ -260,7 +282,7 @@ def _irht16_unscaled(y: torch.Tensor) -> torch.Tensor:
 def chunk_scales(amax: torch.Tensor, scale_rule: str):
     """Second-level scales ``(enc, dec)`` (FP32, shaped like ``amax``), decode scale first:
     ``dec = fl(amax · fl(1/M))`` clamped to ``[2^-126, 2^126]``, ``enc = fl(1 / dec)``, with
-    ``M = 6 · 256`` ("4over6", m) or ``6 · 448`` ("6", v).
+    ``M = 6 · 256`` ("4over6", m; "4", v) or ``6 · 448`` ("6").
 
     NVFP4's tensor scale is ``enc = fl(M / amax)``, ``dec = fl(1 / enc)`` (nvfp4.reference.
     tensor_scales): two divisions, which the fused kernel computes for each of its rows (the
@@ -276,7 +298,7 @@ def chunk_scales(amax: torch.Tensor, scale_rule: str):
     two roundings, as NVFP4's ``0.25 / fl(s · dec)``), ``fl(0.25 / s)`` from the E4M3 entries
     of a table in the kernel (triton_step.recip_table). PERF.md "v9"."""
     dev = amax.device
-    inv_m = torch.div(torch.tensor(1.0), torch.tensor(_SCALE_RULES[scale_rule] * 6.0)).to(dev)
+    inv_m = torch.div(torch.tensor(1.0), torch.tensor(SCALE_RULES[scale_rule][0] * 6.0)).to(dev)
     dec = torch.clamp(amax.to(torch.float32) * inv_m, min=2.0 ** -126, max=2.0 ** 126)
     return torch.div(torch.tensor(1.0, device=dev), dec), dec
 
@@ -286,7 +308,7 @@ def _pow2_chunk_scales(amax: torch.Tensor, scale_rule: str):
     ``k = floor(log2(M / amax))`` from the bits (``M / amax = 2^(E_M − E_a) · (1 + F_M) /
     (1 + F_a)``, so ``k = E_M − E_a − [F_a > F_M]``) clamped to ``[-126, 126]``, ``dec = 2^-k``;
     the largest block's E4M3 scale lands anywhere in ``(M/12, M/6]``."""
-    m6 = torch.tensor(_SCALE_RULES[scale_rule] * 6.0, dtype=torch.float32).view(torch.int32)
+    m6 = torch.tensor(SCALE_RULES[scale_rule][0] * 6.0, dtype=torch.float32).view(torch.int32)
     a = amax.to(torch.float32).contiguous().view(torch.int32)
     k = (m6 >> 23) - (a >> 23) - ((a & 0x7FFFFF) > (m6 & 0x7FFFFF)).to(torch.int32)
     k = torch.clamp(k, -126, 126)
@@ -316,6 +338,8 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     scripts/q_adamw_error_table.py --variants, --seeds).
     """
     _check_phase(phase)
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"scale_rule must be one of {sorted(SCALE_RULES)}, got {scale_rule!r}")
     npad = y.numel()
     nb = npad // BLOCK
     nch = num_chunks(npad, phase)
@@ -327,7 +351,7 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     if chunk_rule == "reciprocal":
         enc, dec = chunk_scales(amax, scale_rule)
     elif chunk_rule == "nvfp4":
-        enc, dec = tensor_scales(amax, scale_rule)
+        enc, dec = tensor_scales(amax, "4over6" if scale_rule == "4" else scale_rule)
     elif chunk_rule == "pow2":
         enc, dec = _pow2_chunk_scales(amax, scale_rule)
     else:
@@ -341,7 +365,7 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
         r = torch.div(torch.tensor(0.25, dtype=torch.float32), s.to(torch.float32))
         return s, torch.clamp(r * enc3, max=FP32_MAX * 0.25)
 
-    s, f = candidate(6.0)
+    s, f = candidate(SCALE_RULES[scale_rule][1][0])     # 6 ("6", "4over6") or 4 ("4")
     if scale_rule == "4over6":
         s4, f4 = candidate(4.0)
         use4 = ((_code_error32(y3, f4, s4, dec3) < _code_error32(y3, f, s, dec3))
@@ -502,7 +526,7 @@ def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
     s2 = s.view(-1, tile)
     cnt = valid.view(-1, tile).sum(dim=1).clamp(min=1).to(torch.float32)
     # · fl(1/cnt), not / cnt: the kernel reads the reciprocal from its table (recip_table);
-    # the same for the full tiles (cnt = 32, exact either way), one rounding apart at the tail
+    # the same for the full tiles (cnt = 64: a power of two, exact either way), one rounding apart at the tail
     mean = (_pairwise_tile_sum(s2) * torch.div(1.0, cnt)).to(torch.bfloat16)     # RNE
     if not subtract_mean:
         mean = torch.zeros_like(mean)

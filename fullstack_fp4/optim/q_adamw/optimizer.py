@@ -33,17 +33,17 @@ state to checkpoint, so a resumed run draws the same bits as an uninterrupted on
 (``state_dict`` round trips are bit-exact).
 
 Parameters with ``numel < min_numel`` (default 4096: norms, biases, small heads; their FP32
-moments are a negligible share of memory, and they are the tensors where a tile of 32 mixes
+moments are a negligible share of memory, and they are the tensors where a tile of 64 mixes
 the most unrelated entries) keep FP32 moments and the same update.
 
 Parameters are read flat (``p.view(-1)``), so 1-D FP32 shards of any length — what
 megatron-core's distributed optimizer hands its inner optimizer — work as they are: the codec
-pads to the 32-tile and the padding is zeroed on every encode.
+pads to the 64-tile and the padding is zeroed on every encode.
 
 Placement (a piece of a larger tensor). A parameter may carry ``p.q_adamw_place``
 (:class:`Placement`: the whole tensor's seed key and numel, this piece's first element in it,
 and the whole tensor's chunk-grid phase). Then everything the codec and the rounding depend on
-is a function of the *whole* tensor's element index: the 16-blocks and 32-tiles (the piece
+is a function of the *whole* tensor's element index: the 16-blocks and 64-tiles (the piece
 must start on a tile), the 1024-chunks of the second-level scale (the piece's grid phase is
 ``(phase + offset) mod 1024``), the stochastic-rounding uniforms (the whole tensor's stream,
 sliced at ``offset``; the kernel's Philox counter is the whole tensor's row index), the seed
@@ -80,6 +80,10 @@ State (per quantized parameter; integer dtypes so ``Optimizer.load_state_dict`` 
 floating-point state to the parameter's dtype — leaves the bits alone):
 ``exp_avg_codes`` uint8, ``exp_avg_scales`` uint8 (E4M3 bits), ``exp_avg_chunk_scales`` int32
 (FP32 bits), the same three for ``exp_avg_sq``, ``exp_avg_sq_means`` int16 (BF16 bits), ``step``.
+``state_dict()`` also records ``q_adamw_codec`` (codecs.CODEC_VERSION); ``load_state_dict``
+refuses a 4-bit state of another codec version, or whose tensors are not the sizes this codec
+gives the parameter, with a message that says so (:func:`check_codec_version`): read with
+another codec its bytes would decode to wrong moments without any error.
 """
 
 from __future__ import annotations
@@ -91,13 +95,14 @@ from typing import Optional
 
 import torch
 
-from .codecs import (BLOCK, CHUNK, TILE, MomentState, _fma_rn, _sqrt_rn, decode_exp_avg,
+from .codecs import (BLOCK, CHUNK, CODEC_VERSION, TILE, MomentState, _fma_rn, _sqrt_rn, decode_exp_avg,
                      decode_exp_avg_parts, decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq,
                      num_chunks, padded_numel)
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
            "kernel_uniforms", "optimizer_state_bytes", "decode_param_state", "encode_param_state",
-           "MODEL_OUT_ATTR", "MODEL_WRITTEN_ATTR", "model_out_of", "model_param_written"]
+           "MODEL_OUT_ATTR", "MODEL_WRITTEN_ATTR", "model_out_of", "model_param_written",
+           "check_codec_version"]
 
 PLACE_ATTR = "q_adamw_place"
 
@@ -109,8 +114,8 @@ class Placement:
     ``key``: the whole tensor's seed key (the same on every rank holding a piece of it);
     ``offset``: index of the piece's first element in the whole (flat) tensor, a multiple of
     TILE; ``full_numel``: the whole tensor's numel; ``phase``: the chunk-grid phase of the whole
-    tensor (its element 0 sits at entry ``phase`` of its first 1024-chunk), a multiple of 32
-    (the kernel pairs 16-blocks into 32-tiles on the grid)."""
+    tensor (its element 0 sits at entry ``phase`` of its first 1024-chunk), a multiple of 64
+    (the kernel groups 16-blocks four to a 64-tile on the grid)."""
 
     key: int
     offset: int
@@ -260,6 +265,38 @@ def encode_param_state(m: torch.Tensor, v: torch.Tensor, *, quantized: bool, sha
     st: dict = {}
     _pack_state(st, encode_exp_avg(m, rand=rand, phase=phase), encode_exp_avg_sq(v, phase=phase))
     return st
+
+
+def check_codec_version(state_dict: dict, numels: dict) -> None:
+    """Raise ``ValueError`` (one message, nothing loaded) if a QAdamW ``state_dict`` holds 4-bit
+    states that this codec would misread: written by another ``CODEC_VERSION`` (a state dict
+    without the key is version 1, from before the key existed), or with tensors of other sizes
+    than this codec gives a parameter of ``numels[index]`` entries (the wrong parameter, or a
+    corrupted file)."""
+    quantized = [i for i, st in state_dict.get("state", {}).items() if "exp_avg_codes" in st]
+    if not quantized:
+        return
+    version = state_dict.get("q_adamw_codec", 1)
+    if version != CODEC_VERSION:
+        raise ValueError(
+            f"QAdamW state of codec version {version}, this code reads version {CODEC_VERSION} "
+            "(version 1: v with the 6-rule and 32-entry tile means, until 2026-12-03; version 2: "
+            "the \"4\" rule and 64-entry tiles): its 4-bit moments would decode wrongly. Resume "
+            "with the fullstack_fp4 version that wrote it, or restart the optimizer state")
+    for i in quantized:
+        if i not in numels:
+            continue
+        npad = padded_numel(numels[i])
+        st = state_dict["state"][i]
+        want = {"exp_avg_codes": npad // 2, "exp_avg_sq_codes": npad // 2,
+                "exp_avg_scales": npad // BLOCK, "exp_avg_sq_scales": npad // BLOCK,
+                "exp_avg_sq_means": npad // TILE}
+        bad = {k: (tuple(st[k].shape) if k in st else None, n) for k, n in want.items()
+               if k not in st or st[k].numel() != n}
+        if bad:
+            raise ValueError(f"QAdamW state of parameter {i} ({numels[i]} entries) does not "
+                             f"fit codec version {CODEC_VERSION}: (saved shape, expected "
+                             f"entries) {bad}")
 
 
 def placement_of(p: torch.Tensor, index: int) -> Placement:
@@ -533,13 +570,22 @@ class QAdamW(torch.optim.Optimizer):
                     for p, _ in members:
                         setattr(p, MODEL_WRITTEN_ATTR, p._version)
 
+    def state_dict(self) -> dict:
+        """torch's, plus ``q_adamw_codec``: the codec version the 4-bit states are in."""
+        sd = super().state_dict()
+        sd["q_adamw_codec"] = CODEC_VERSION
+        return sd
+
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but the 4-bit state keeps its integer dtypes (torch would cast every
-        state tensor of a floating-point parameter to the parameter's dtype)."""
-        raw = {k: dict(v) for k, v in state_dict["state"].items()}
-        super().load_state_dict(state_dict)
+        state tensor of a floating-point parameter to the parameter's dtype), and a state of
+        another codec version or size is refused before anything is loaded
+        (:func:`check_codec_version`)."""
         ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
+        check_codec_version(state_dict, {i: p.numel() for i, p in zip(ids, params)})
+        raw = {k: dict(v) for k, v in state_dict["state"].items()}
+        super().load_state_dict(state_dict)
         for i, p in zip(ids, params):
             for k in _KEYS:
                 if i in raw and k in raw[i]:

@@ -21,7 +21,7 @@ units of 16 bytes (read as int32 pairs), the BF16 model parameter in units of 16
 cannot know the alignment of a loaded address; it can of ``base + 4 · k`` (the base a
 16-byte-aligned argument, ``4 · k`` entries of FP32 a multiple of 16 bytes), so the rows are
 still read with 16-byte loads. Sizes the same way: ``n`` as ``16 · n16`` and ``npad`` as
-``32 · npad32``, so the masks stay constant over each 4-entry vector. A parameter that does not
+``64 · npad64``, so the masks stay constant over each 4-entry vector. A parameter that does not
 fit these units (``n`` not a multiple of 16; a tensor that is a view at an odd offset)
 is not batched: :func:`batchable` says which, and the optimizer launches those one by one.
 
@@ -51,7 +51,7 @@ from .triton_step import _step_program
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 SEED_MOD = 2 ** 31 - 1
 # Columns of the per-parameter table.
-(C_P, C_G, C_MC, C_MS, C_MCS, C_VC, C_VS, C_VCS, C_VMEAN, C_MO, C_N16, C_NPAD32, C_PH_ROWS,
+(C_P, C_G, C_MC, C_MS, C_MCS, C_VC, C_VS, C_VCS, C_VMEAN, C_MO, C_N16, C_NPAD64, C_PH_ROWS,
  C_ROW0, C_SEED, C_START) = range(16)
 NCOL = 16
 # Programs of a parameter's own grid that one program runs in turn: 1, since SUB > 1's loop
@@ -85,7 +85,7 @@ def q_adamw_multi_kernel(tab_ptr, prog_ptr, p_base, g_base, mc_base, ms_base, mc
     # sizes, placement, seed in 32 bits, as the per-parameter kernel gets them (int64 index
     # arithmetic on them cost ~40 more instructions per 16 entries)
     n = tl.load(row + 10).to(tl.int32) * 16
-    npad = tl.load(row + 11).to(tl.int32) * 32
+    npad = tl.load(row + 11).to(tl.int32) * 64     # TILE
     ph_rows = tl.load(row + 12).to(tl.int32)
     row0 = tl.load(row + 13).to(tl.int32)
     seed = tl.load(row + 14) + tseed                     # int64; both terms < 2^31 - 1

@@ -455,13 +455,14 @@ def _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
 @triton.jit
 def _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
               rtab_ptr, R: tl.constexpr):
-    """NVFP4, 6 scale rule, nearest rounding: (word0, word1, scale code, dec per chunk)."""
+    """NVFP4, "4" scale rule (block max → 4), nearest rounding: (word0, word1, scale code, dec
+    per chunk) — codecs.encode_exp_avg_sq; the 6-rule before CODEC_VERSION 2."""
     bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
     bamax = bamax * 0.25                # = the amax of the × 1/4 RHT (rounding is monotone)
-    enc, dec, dec_c = _chunk_scales(bamax, 0.00037202381645329297, R)  # fl(1/2688), 2688 = 448·6
-    s6, sc, f, sd = _candidate(bamax, enc, dec, 0.1666666716337204, rtab_ptr)
+    enc, dec, dec_c = _chunk_scales(bamax, 0.0006510416860692203, R)   # fl(1/1536), 1536 = 256·6
+    s4, sc, f, sd = _candidate(bamax, enc, dec, 0.25, rtab_ptr)
     w0 = _pack8(_q(y0, f, y0, False), _q(y1, f, y1, False), _q(y2, f, y2, False),
                 _q(y3, f, y3, False), _q(y4, f, y4, False), _q(y5, f, y5, False),
                 _q(y6, f, y6, False), _q(y7, f, y7, False))

@@ -5,7 +5,7 @@ parameter and runs ``2 · CPP`` warps: **one thread owns one 16-block** (row). E
 operation — the 16-point Hadamard butterflies, the block amax, the 4/6 block errors, the nibble
 packing, the in-block part of the tile sum — is register arithmetic inside one thread: no
 shuffles, no shared-memory layout conversions. Only the chunk amax (one value per row) and the
-tile mean (two rows) cross threads. A thread reads its row as four 16-byte vectors (LDG.128)
+tile mean (four rows) cross threads. A thread reads its row as four 16-byte vectors (LDG.128)
 and the row's 8 code bytes as two int32 words. A program whose rows all hold real entries runs
 a second copy of the body without bounds checks or padding masks (``FULL``; all but a
 tensor's first and last programs). Besides the update's division per entry, a row divides
@@ -13,7 +13,7 @@ once per moment, for its chunk's ``enc``: the chunk scales are taken decode-scal
 the element factors' ``0.25 / s`` come from ``recip_table`` (codecs.chunk_scales). See PERF.md
 for the instruction budget ("v9").
 
-Bytes moved per parameter (FP32 grad): p 4+4, g 4, m 0.566+0.566, v 0.629+0.629 → ~14.4 B,
+Bytes moved per parameter (FP32 grad): p 4+4, g 4, m 0.566+0.566, v 0.598+0.598 → ~14.3 B,
 against 28 B for FP32-state fused AdamW (p 8, g 4, m 8, v 8): the bytes allow ~0.5×.
 With ``model_out`` (HAS_MODEL_OUT) the kernel also writes the BF16 model parameter, +2 B, in
 place of megatron's separate main -> model copy pass (read 4 B + write 2 B per parameter).
@@ -76,7 +76,7 @@ BF16_HW_CVT = True
 FAST_DIV = False
 # triton.jit picks interpreter or compiler at import; the register cap is a compiler option only
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-assert BLOCK == 16 and TILE == 32 and CHUNK == 1024
+assert BLOCK == 16 and TILE == 64 and CHUNK == 1024
 
 
 @triton.jit(do_not_specialize=["seed"])   # a fresh seed each step: no recompiles
@@ -147,10 +147,10 @@ def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vc
     r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15 = _irht16(
         q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15)
     dv = _dec_factor(dv, FAST_DEC)
-    if FULL:
-        mb = tl.load(vmean_ptr + rows // 2).to(tl.int32)
+    if FULL:        # a 64-entry tile mean per 4 rows
+        mb = tl.load(vmean_ptr + rows // 4).to(tl.int32)
     else:
-        mb = tl.load(vmean_ptr + rows // 2, mask=(rows < nrows) & (rows >= 0),
+        mb = tl.load(vmean_ptr + rows // 4, mask=(rows < nrows) & (rows >= 0),
                      other=0).to(tl.int32)
     mean = ((mb & 0xFFFF) << 16).to(tl.float32, bitcast=True)
     fl = mean * REL_FLOOR_C
@@ -233,23 +233,27 @@ def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vc
                                   u12, u13, u14, u15, rtab_ptr, R)
     _store_rows(mc_ptr, ms_ptr, mcs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c, R, MASK)
 
-    # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN 6-rule
+    # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN 4/6 rule
     bsum = _hsum16(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15)
-    ba, bb = tl.split(tl.reshape(bsum, (R // 2, 2)))
-    tix = pid * (R // 2) + tl.arange(0, R // 2) - ph_rows // 2
-    if FULL:        # every tile holds 32 real entries: · fl(1/32) = 2^-5
-        tmean = (ba + bb) * 0.03125
+    # a tile is 4 rows (b0 … b3); codecs._pairwise_tile_sum's halving: (b0+b2) + (b1+b3)
+    ba, bb = tl.split(tl.reshape(bsum, (R // 4, 2, 2)))     # ba = (b0, b2), bb = (b1, b3)
+    b0, b2 = tl.split(ba)
+    b1, b3 = tl.split(bb)
+    tsum = (b0 + b2) + (b1 + b3)
+    tix = pid * (R // 4) + tl.arange(0, R // 4) - ph_rows // 4
+    if FULL:        # every tile holds 64 real entries: · fl(1/64) = 2^-6
+        tmean = tsum * 0.015625
     else:
-        cnt = tl.minimum(tl.maximum(n - tix * 32, 1), 32)
-        tmean = (ba + bb) * tl.load(rtab_ptr + 128 + cnt)   # · fl(1/cnt) (recip_table)
+        cnt = tl.minimum(tl.maximum(n - tix * 64, 1), 64)
+        tmean = tsum * tl.load(rtab_ptr + 128 + cnt)        # · fl(1/cnt) (recip_table)
     mbits = tmean.to(tl.int32, bitcast=True)
     mbits = (mbits + 0x7FFF + ((mbits >> 16) & 1)) & -65536
     if FULL:
         tl.store(vmean_ptr + tix, (mbits >> 16).to(tl.int16))
     else:
         tl.store(vmean_ptr + tix, (mbits >> 16).to(tl.int16),
-                 mask=(tix < npad // 32) & (tix >= 0))
-    mbits = tl.reshape(tl.join(mbits, mbits), (R,))
+                 mask=(tix < npad // 64) & (tix >= 0))
+    mbits = tl.reshape(tl.join(tl.join(mbits, mbits), tl.join(mbits, mbits)), (R,))
     mean = mbits.to(tl.float32, bitcast=True)
     y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _rht16(
         tl.where(0 < rem, s0 - mean, 0.0), tl.where(1 < rem, s1 - mean, 0.0),
@@ -273,7 +277,7 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     ``st``: dict of the optimizer's state tensors (codes uint8, scales uint8 = E4M3 bits, chunk
     scales FP32, tile means int16 = BF16 bits). Scalars are passed as FP32 kernel arguments.
     ``cpp``: chunks per program (default ``CPP``), 2·cpp warps. ``phase``: chunk-grid phase
-    (codecs.num_chunks; a multiple of the 32-tile here); ``row0``: the piece's first 16-block
+    (codecs.num_chunks; a multiple of the 64-tile here); ``row0``: the piece's first 16-block
     in the whole tensor (Philox counter base). ``fast_dec``: the nibble decode variant
     (default ``FAST_DEC``; both are bit-identical); ``maxnreg``: register cap per thread (GPU
     only; None = ``MAXNREG``, 0 = Triton's choice). ``u8`` / ``rounds`` (Philox path only, i.e.
@@ -323,11 +327,11 @@ _RECIP_TABLES: dict = {}
 
 
 def recip_table(device) -> torch.Tensor:
-    """FP32 ``[161]``, the kernels' reciprocals, so that a row's encode divides only for its
+    """FP32 ``[193]``, the kernels' reciprocals, so that a row's encode divides only for its
     chunk's ``enc`` (codecs.chunk_scales):
     entry c < 128 is fl(0.25 / s) for the E4M3 code c (s its value; +inf for c = 0 and for the
     NaN code 127, which the clamped scale never takes), the element factor before the chunk's
-    ``enc`` (triton_rows._candidate); entry 128 + c is fl(1 / c), c = 1 … 32, the
+    ``enc`` (triton_rows._candidate); entry 128 + c is fl(1 / c), c = 1 … 64, the
     v tile mean's factor for a tile of c real entries. torch's FP32 divisions, the reference's
     (codecs), so both read the same numbers."""
     dev = torch.device(device)
@@ -335,7 +339,7 @@ def recip_table(device) -> torch.Tensor:
     if tab is None:
         s = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
         s[127] = 0.0
-        c = torch.arange(33, dtype=torch.float32)
+        c = torch.arange(TILE + 1, dtype=torch.float32)
         one = torch.tensor(1.0, dtype=torch.float32)
         tab = torch.cat([torch.div(one * 0.25, s), torch.div(one, c)]).to(dev)
         if dev.type == "cuda":   # made once; launches on any stream (launch_streams) read it

@@ -36,7 +36,7 @@ def test_exp_avg_round_trip_heavy_tailed():
     assert mh.shape == m.shape and torch.isfinite(mh).all()
     # NVFP4 with SR on RHT-mixed blocks: ~10-20% relative L2 error; 0.3 catches a broken codec.
     assert _rel(mh, m) < 0.3
-    assert st.codes.dtype == torch.uint8 and st.codes.numel() == 5024 // 2
+    assert st.codes.dtype == torch.uint8 and st.codes.numel() == 5056 // 2   # 5000 -> 79 tiles of 64
 
 
 def test_exp_avg_stochastic_rounding_is_unbiased():
@@ -108,13 +108,13 @@ def test_guard_entry_far_below_tile_mean():
 
 @pytest.mark.parametrize("val", [0.0, 1e-30, 1e30, 1e-45, 3e38])
 def test_extreme_values_no_nan_inf(val):
-    v = torch.full((100,), val)
-    v[64:96] = 0.0          # one whole tile of zeros (zeros inside a non-zero tile get μ/4)
+    v = torch.full((200,), val)
+    v[64:128] = 0.0         # one whole tile of zeros (zeros inside a non-zero tile get μ/4)
     vh = decode_exp_avg_sq(encode_exp_avg_sq(v))
-    mh = decode_exp_avg(encode_exp_avg(v.sqrt() * torch.where(torch.arange(100) % 2 == 0, 1, -1),
+    mh = decode_exp_avg(encode_exp_avg(v.sqrt() * torch.where(torch.arange(200) % 2 == 0, 1, -1),
                                        generator=torch.Generator().manual_seed(0)))
     assert torch.isfinite(vh).all() and (vh >= 0).all() and torch.isfinite(mh).all()
-    assert (vh[64:96] == 0).all()
+    assert (vh[64:128] == 0).all()
     if 0 < val < 1e38:
         assert _rel(vh, v) < 0.05 and _rel(mh.abs(), v.sqrt()) < 0.3
 
@@ -131,16 +131,16 @@ def test_any_length_and_padding_never_leaks(n):
     v = torch.rand(n, generator=g) + 0.1
     m = torch.randn(n, generator=g)
     sv = encode_exp_avg_sq(v)
-    npad = -(-n // 32) * 32
-    assert sv.codes.numel() == npad // 2 and sv.tile_mean.numel() == npad // 32
+    npad = -(-n // 64) * 64         # the 64-entry tile (codecs.TILE)
+    assert sv.codes.numel() == npad // 2 and sv.tile_mean.numel() == npad // 64
     # the last tile's mean is over the real entries only (padding is not averaged in)
-    last = v[(npad // 32 - 1) * 32:].sqrt()
+    last = v[(npad // 64 - 1) * 64:].sqrt()
     assert abs(float(sv.tile_mean[-1]) - float(last.mean())) <= 0.01 * float(last.mean())
     # a prefix's codes don't depend on what follows the real entries
     rand = torch.rand(npad + 64, generator=g)
     a = encode_exp_avg(m, rand=rand)
     b = encode_exp_avg(torch.cat([m, torch.randn(40, generator=g)]), rand=rand)
-    full_blocks = (n // 16) * 16 if n % 32 else n
+    full_blocks = (n // 16) * 16 if n % 64 else n
     if n >= CHUNK_FULL:
         assert torch.equal(a.codes[: full_blocks // 2][:512], b.codes[: full_blocks // 2][:512])
     assert decode_exp_avg(a).numel() == n and decode_exp_avg_sq(sv).numel() == n
@@ -243,14 +243,14 @@ def test_decode_is_one_rounding_of_the_exact_value():
     st = encode_exp_avg(x, generator=gen)
     assert torch.equal(decode_exp_avg(st), exact(st).float())
     sv = encode_exp_avg_sq(x.abs())
-    mu = sv.tile_mean.double().repeat_interleave(32)
+    mu = sv.tile_mean.double().repeat_interleave(64)
     sh = torch.maximum((exact(sv) + mu).float(), (mu * REL_FLOOR).float())
     fmax = torch.finfo(torch.float32).max
     assert torch.equal(decode_exp_avg_sq(sv), torch.clamp(sh * sh, max=fmax))
 
 
 def _m_target(rule):
-    return {"4over6": 1536.0, "6": 2688.0}[rule]
+    return {"4over6": 1536.0, "6": 2688.0, "4": 1536.0}[rule]
 
 
 def _amax_across_fp32(seed):
@@ -261,13 +261,14 @@ def _amax_across_fp32(seed):
                                       dtype=torch.float64)]).float()
 
 
-@pytest.mark.parametrize("rule", ["4over6", "6"])
+@pytest.mark.parametrize("rule", ["4over6", "6", "4"])
 def test_chunk_scales_decode_scale_first(rule):
     """codecs.chunk_scales against FP64 by hand: dec = fl(amax · fl(1/M)) clamped to
     [2^-126, 2^126], enc = fl(1/dec) (an FP64 product of two FP32s is exact and 1/dec in FP64
     never sits on an FP32 midpoint, so one rounding to FP32 is the correctly rounded result),
     over amax across all of FP32; and the property the rule is for: the chunk's largest block
-    gets the E4M3 scale M/6 exactly (nvfp4.reference's candidate with this enc)."""
+    gets the E4M3 scale M/6 exactly (M/4 with the "4" rule, whose blocks map their max to 4;
+    nvfp4.reference's candidate with this enc)."""
     from fullstack_fp4.nvfp4.reference import _candidate
     from fullstack_fp4.optim.q_adamw.codecs import chunk_scales
     M = _m_target(rule)
@@ -281,8 +282,9 @@ def test_chunk_scales_decode_scale_first(rule):
     big = a.double() >= M * 2.0 ** -120          # enc far from the clamp and from overflow
     assert big.sum() > 3000
     x = a[big].view(-1, 1, 1)
-    s, _ = _candidate(x, x, enc[big].view(-1, 1, 1), dec[big].view(-1, 1, 1), 6.0)
-    assert (s.float() == M / 6).all()
+    target = 4.0 if rule == "4" else 6.0
+    s, _ = _candidate(x, x, enc[big].view(-1, 1, 1), dec[big].view(-1, 1, 1), target)
+    assert (s.float() == M / target).all()
 
 
 def test_recip_table_is_the_correctly_rounded_reciprocal():
@@ -293,13 +295,13 @@ def test_recip_table_is_the_correctly_rounded_reciprocal():
     needs."""
     from fullstack_fp4.optim.q_adamw.triton_step import recip_table
     tab = recip_table("cpu")
-    assert tab.dtype == torch.float32 and tab.numel() == 161
+    assert tab.dtype == torch.float32 and tab.numel() == 128 + 65
     for c in range(1, 127):
         e, m = c >> 3, c & 7
         s = m * 2.0 ** -9 if e == 0 else 2.0 ** (e - 7) * (1 + m / 8)
         assert tab[c].item() == torch.tensor(0.25 / s, dtype=torch.float64).float().item(), c
     assert tab[0] == float("inf") and tab[127] == float("inf")
-    for c in range(1, 33):
+    for c in range(1, 65):
         assert tab[128 + c].item() == torch.tensor(1.0 / c, dtype=torch.float64).float().item()
 
 
@@ -327,15 +329,15 @@ def test_table_factor_is_nvfp4s_factor_to_a_last_bit():
 
 
 def test_tile_mean_factor_at_a_partial_tile():
-    """The v tile mean is fl(sum · fl(1/cnt)): the full tiles' is sum / 32 exactly, a partial
+    """The v tile mean is fl(sum · fl(1/cnt)): the full tiles' is sum / 64 exactly, a partial
     tile's (the tensor's tail) one rounding of the product, within an ulp of the division."""
-    n = 32 * 5 + 7
+    n = 64 * 5 + 7
     g = torch.Generator().manual_seed(9)
     v = torch.rand(n, generator=g) ** 4
     st = encode_exp_avg_sq(v)
     s = torch.sqrt(v.double())
-    full = s[:160].view(5, 32).mean(dim=1)
-    tail = s[160:].mean()
+    full = s[:320].view(5, 64).mean(dim=1)
+    tail = s[320:].mean()
     mean = st.tile_mean.double()
     # BF16 RNE of an FP32 within an ulp of the exact mean: within BF16's half ulp + a hair
     assert torch.allclose(mean[:5], full, rtol=2 ** -8 + 2 ** -20, atol=0)

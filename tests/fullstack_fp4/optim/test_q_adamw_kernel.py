@@ -368,7 +368,7 @@ def test_decode_rows_all_codes_scales_extreme_decs(fast):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="checks the kernel's row encoders in the interpreter")
 def test_encode_rows_match_reference_on_edge_blocks():
-    """_encode_m / _encode_v == codecs._quantize_chunked (4/6 + SR, 6 + RTN) bit for bit on
+    """_encode_m / _encode_v == codecs._quantize_chunked (4/6 + SR, "4" + RTN) bit for bit on
     chunks with edge blocks: all zero, subnormal, a block whose 6-candidate E4M3 scale
     underflows to 0 while the 4-candidate's does not (the 4/6 rule must then pick 4), blocks
     across 2^-40..1 of the chunk amax, and chunks of amax 1e38 / 1e-38 / 0."""
@@ -417,15 +417,16 @@ def test_encode_rows_match_reference_on_edge_blocks():
     u = torch.rand(R * 16, generator=gen)
     out = torch.zeros(2 * (R * 4 + R // 64), dtype=torch.int32)
     k[(1,)](y, u, out, recip_table("cpu"), R=R)
-    for half, (rule, rand) in enumerate((("4over6", u), ("6", None))):
+    for half, (rule, rand) in enumerate((("4over6", u), ("4", None))):
         o = out[half * (R * 4 + R // 64):(half + 1) * (R * 4 + R // 64)]
         codes, bs, dec = _quantize_chunked(y, rule, rand)
         assert torch.equal(o[:R * 4].view(R, 4)[:, :2].contiguous().view(torch.uint8).reshape(-1),
                            codes), rule
         assert torch.equal(o[:R * 4].view(R, 4)[:, 2].to(torch.uint8), bs.view(torch.uint8)), rule
         assert torch.equal(o[R * 4:].view(torch.float32), dec), rule
-        if rule == "4over6":        # the s6-underflow blocks took the 4-candidate (nonzero scale)
-            assert (bs.view(torch.uint8)[3:64:8] == 1).all() and (codes.view(R, 8)[3:64:8] != 0).any()
+        # the s6-underflow blocks: 4/6 took the 4-candidate, the "4" rule has only it (the
+        # nonzero scale 2^-9)
+        assert (bs.view(torch.uint8)[3:64:8] == 1).all() and (codes.view(R, 8)[3:64:8] != 0).any()
 
 
 def _sr_oracle(a, u):

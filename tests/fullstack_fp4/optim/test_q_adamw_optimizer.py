@@ -1,5 +1,6 @@
 """QAdamW: tracks torch AdamW, exact resume, grad None, flat shards, FP32 small params, bytes."""
 
+import pytest
 import torch
 
 from fullstack_fp4.optim import QAdamW, state_bytes_per_param
@@ -162,7 +163,7 @@ def test_pieces_with_placement_equal_whole_tensor():
         assert torch.equal(cat, t), k
     # the first piece (384 entries) is below min_numel but part of a quantized tensor
     assert ops[-1].state[pieces[0]]["exp_avg_codes"].dtype == torch.uint8
-    # a piece not starting on a 32-tile is refused
+    # a piece not starting on a 64-tile is refused
     bad = torch.nn.Parameter(torch.zeros(100))
     setattr(bad, PLACE_ATTR, Placement(key=0, offset=16, full_numel=200))
     bad.grad = torch.zeros(100)
@@ -261,3 +262,52 @@ def test_state_bytes_count_a_subclass_by_its_inner_tensors():
     assert optimizer_state_bytes(opt) == 2 * (512 + 8 * 4)
     opt.state[p] = {"exp_avg": torch.zeros(1024), "step": torch.tensor(1.0)}
     assert optimizer_state_bytes(opt) == 4096
+
+
+def test_state_dict_carries_the_codec_version_and_another_is_refused():
+    """state_dict() records codecs.CODEC_VERSION; load_state_dict() reads its own state back
+    bit for bit, and refuses — before loading anything — a 4-bit state without the key (codec
+    version 1, 2026-12-03 and before: v with 32-entry tile means and the 6-rule) or whose
+    tensors have other sizes than this codec gives the parameter. A state of FP32 moments only
+    (every parameter below min_numel) has no codec and loads as before."""
+    import copy
+
+    from fullstack_fp4.optim.q_adamw.codecs import CODEC_VERSION
+
+    def opt_for(seed, min_numel=1):
+        p = torch.nn.Parameter(torch.randn(40, 48, generator=torch.Generator().manual_seed(seed)))
+        return p, QAdamW([p], lr=1e-2, min_numel=min_numel)
+
+    p, opt = opt_for(0)
+    p.grad = torch.randn(40, 48, generator=torch.Generator().manual_seed(1))
+    opt.step()
+    sd = opt.state_dict()
+    assert sd["q_adamw_codec"] == CODEC_VERSION == 2
+    # 40 · 48 = 1920 entries: 30 tiles of 64
+    assert sd["state"][0]["exp_avg_sq_means"].numel() == 30
+    q, fresh = opt_for(2)
+    fresh.load_state_dict(copy.deepcopy(sd))
+    assert all(torch.equal(fresh.state[q][k], opt.state[p][k]) for k in opt.state[p])
+
+    old = copy.deepcopy(sd)
+    del old["q_adamw_codec"]
+    _, o1 = opt_for(3)
+    with pytest.raises(ValueError, match="codec version 1, this code reads version 2"):
+        o1.load_state_dict(old)
+    assert not o1.state                       # nothing loaded
+
+    wrong = copy.deepcopy(sd)
+    wrong["state"][0]["exp_avg_sq_means"] = torch.zeros(60, dtype=torch.int16)   # 32-tiles
+    _, o2 = opt_for(4)
+    with pytest.raises(ValueError, match="does not fit codec version 2"):
+        o2.load_state_dict(wrong)
+    assert not o2.state
+
+    r, small = opt_for(5, min_numel=10 ** 6)      # FP32 moments only
+    r.grad = torch.ones(40, 48)
+    small.step()
+    sd32 = small.state_dict()
+    del sd32["q_adamw_codec"]
+    _, o3 = opt_for(6, min_numel=10 ** 6)
+    o3.load_state_dict(sd32)
+    assert len(o3.state) == 1

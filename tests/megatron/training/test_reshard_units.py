@@ -19,7 +19,7 @@ import torch
 from fullstack_fp4.integration.lora_svd_layers import (dense_moments, route_moments,
                                                        transfer_moments)
 from fullstack_fp4.linear.lora_svd import lora_svd_split, merge, subspace_basis
-from fullstack_fp4.optim.q_adamw.codecs import CHUNK, padded_numel
+from fullstack_fp4.optim.q_adamw.codecs import CHUNK, CODEC_VERSION, padded_numel
 from fullstack_fp4.optim.q_adamw.optimizer import decode_param_state, encode_param_state
 from megatron.training.reshard_convert import (SavedRank, encode_piece, lora_from_whole,
                                                lora_to_whole)
@@ -169,9 +169,11 @@ def test_resharded_moments_keep_the_dense_first_moment(axis, glu):
 
 
 # ------------------------------------------------------------------ Q-AdamW
-def _payload(states: list[dict], numels: list[int], places=None) -> dict:
+def _payload(states: list[dict], numels: list[int], places=None,
+             codec=CODEC_VERSION) -> dict:
     layout = {"numels": numels, **({"q_adamw_places": places} if places else {})}
-    return {"layout": layout, "inner": {"state": dict(enumerate(states))}, "main_params": None}
+    inner = {"state": dict(enumerate(states)), "q_adamw_codec": codec}
+    return {"layout": layout, "inner": inner, "main_params": None}
 
 
 def _uniforms(n, seed):
@@ -189,9 +191,10 @@ def moments():
 def test_q_adamw_reencode_is_decode_recut_encode(moments, axis):
     """A TP=2 4-bit state (two shards, each encoded on its own tiles and chunks) resharded to
     TP=1: exactly the codecs composed by hand (decode each shard, join, encode the whole with
-    the same uniforms), and off the saved values by less than half the error the codec made
-    when it first encoded the same moments (measured relL2: m 0.041 after 0.123, sqrt(v) 0.040
-    after 0.085 for the row split; the column split cuts on the whole tensor's 1024-chunk grid,
+    the same uniforms), and off the saved values by less than the error the codec made when it
+    first encoded the same moments (measured relL2: m 0.041 after 0.123, sqrt(v) 0.039 after
+    0.077 for the row split, 0.042 after 0.077 for the column split — codec version 2; version
+    1 measured sqrt(v) 0.040 after 0.085; the column split cuts on the whole tensor's 1024-chunk grid,
     where most blocks of m re-encode to themselves: 3e-8 here, 1e-2 for the output layer of
     test_reshard_resume.py, where rounded block scales moved)."""
     m, v = moments
@@ -226,7 +229,7 @@ def test_q_adamw_reencode_is_decode_recut_encode(moments, axis):
     first_m, first_sv = _rel(x_m.view(-1), m.view(-1)), _rel(x_v.view(-1).sqrt(), v.view(-1).sqrt())
     again_m, again_sv = _rel(y_m, x_m.view(-1)), _rel(y_v.sqrt(), x_v.view(-1).sqrt())
     assert 0 < again_m <= 0.5 * first_m, (again_m, first_m)
-    assert 0 < again_sv <= 0.5 * first_sv, (again_sv, first_sv)
+    assert 0 < again_sv <= 0.7 * first_sv, (again_sv, first_sv)
 
 
 def test_distributed_optimizer_pieces_join_into_the_whole_state(moments):
@@ -235,7 +238,7 @@ def test_distributed_optimizer_pieces_join_into_the_whole_state(moments):
     and a tensor that crosses min_numel (FP32 moments at TP=2, 4-bit at TP=1) converts."""
     m, v = (x.reshape(-1) for x in moments)
     half = m.numel() // 2
-    phase = 3 * 32
+    phase = 3 * 64
     pieces, places, oracle_m = [], [], []
     for off in (0, half):
         cph = (phase + off) % CHUNK
@@ -291,3 +294,20 @@ def test_payload_names_saved_from_placements_or_refused():
     assert payload_names(old, model, ["x", "y"], "FP32Optimizer") == ["x", "y"]
     with pytest.raises(ValueError, match="names no parameters"):
         payload_names(old, model, ["x", "y"], "DistributedOptimizer")
+
+
+def test_a_state_of_another_codec_version_is_refused(moments):
+    """4-bit moments saved by codec version 1 (no ``q_adamw_codec`` key: 32-entry tile means,
+    the 6-rule) would decode to wrong values here: the resharding read refuses them with a
+    ValueError naming the versions (load_resharded reports it as the checkpoint's error), and
+    reads the same state saved with the current version."""
+    m, v = (x.reshape(-1)[:4096] for x in moments)
+    st = encode_param_state(m, v, quantized=True, shape=(4096,), rand=_uniforms(4096, 0))
+    st["step"] = torch.tensor(3.0)
+    SavedRank().add(_payload([st], [4096]), ["w"], "cpu")
+    with pytest.raises(ValueError, match="codec version 1"):
+        SavedRank().add(_payload([st], [4096], codec=1), ["w"], "cpu")
+    old = _payload([st], [4096])
+    del old["inner"]["q_adamw_codec"]           # what version 1 wrote: no key at all
+    with pytest.raises(ValueError, match="codec version 1"):
+        SavedRank().add(old, ["w"], "cpu")
