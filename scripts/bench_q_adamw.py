@@ -474,6 +474,10 @@ def main():
         print(f"torchao not importable ({type(e).__name__}: {e}); skipping its rows")
 
     for name, mk in makers:
+        # each row's peak is its own: before the first row the kernel rows' buffers were still
+        # counted (run92's first QAdamW row: 10.57 GiB, its approx-division twin 8.68)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
         params, n = make_params(args.params, gd)
         try:
             opt = mk(params)
@@ -493,8 +497,6 @@ def main():
         res["rows"].append(row)
         print(row)
         del opt, params
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
     base = next(r for r in res["rows"] if r["optimizer"].startswith("torch AdamW"))
     print(f"\n{res['device']}, {base['params'] / 1e9:.3f}B params, grads {args.grad_dtype}\n")

@@ -52,14 +52,14 @@ Why these sizes (bytes per parameter, B/param):
   chunk is self-contained. Bigger Hadamards (the calibration run used 128) mix outliers across
   blocks, which only spreads one block's large scale over its neighbours.
 * ``TILE = 64`` for the mean: one BF16 per 64 entries = 0.031 B/param. Measured with the
-  "4" rule on v (√v error against direct NVFP4 on the same v, mean of eight draws;
-  ``scripts/q_adamw_iid_floor.py`` has the rows, BENCHMARKS.md §T.1): TILE 64 −51.7% (iid) /
-  −65.1% (structured), TILE 32 −48.0% / −64.9%, TILE 128 −51.0% / −65.9% (−45.5% in its worst
-  iid draw of four). TILE 16 would cost 0.125 B/param and take the state over the 1.2 budget.
-  With the 6-rule TILE 64 was no better than 32 (−45.1% / −61.8% against −43.7% / −63.7%):
-  a longer tile leaves more spread in the residual, which a finer grid near zero (the "4"
-  rule's) quantizes better. Until 2026-12-03 the codec used TILE 32 with the 6-rule
-  (``CODEC_VERSION`` 1; a state of that codec is refused at load, optimizer.py).
+  "4" rule on v (√v error against direct NVFP4 on the same v, mean of eight draws,
+  ``python scripts/q_adamw_iid_floor.py --seeds 8``, BENCHMARKS.md §T.1): TILE 64 −51.8% (iid)
+  / −65.4% (structured), TILE 32 −48.6% / −65.2%, TILE 128 −51.4% / −65.6% (but −45.5% in its
+  worst iid draw against TILE 64's −48.9%). TILE 16 would cost 0.125 B/param and take the state
+  over the 1.2 budget. With the 6-rule TILE 64 was barely better than 32 (−45.7% / −62.3%
+  against −43.8% / −63.8%): a longer tile leaves more spread in the residual, which the "4"
+  rule's finer grid near zero quantizes better. Until 2026-12-03 the codec used TILE 32 with
+  the 6-rule (``CODEC_VERSION`` 1; a state of that codec is refused at load, optimizer.py).
 * ``CHUNK = 1024``: one Triton program owns one chunk — loads it, takes its amax in registers,
   computes its scales, quantizes and stores — so the fused optimizer step is a *single pass*
   over memory with no global-amax reduction (a per-tensor scale would need a second pass, or
@@ -71,14 +71,14 @@ Why these sizes (bytes per parameter, B/param):
 * v's residual maps every block max to 4 (the "4" rule: ``SCALE_RULES``), nearest rounding.
   After the RHT the residual's blocks are near-Gaussian: most of their entries are small, and
   the block max at 4 puts the E2M1 grid's fine steps (0.5 below 2) under more of them than the
-  max at 6 does, at the price of the code 6, which only clamped values reach. Measured
-  (eight draws, tile 64): iid −51.7% / structured −65.1% against −45.1% / −61.8% for the
-  6-rule and −52.6% / −66.4% for 4/6, which picks the better of 4 and 6 per block. 4/6 costs
-  a second candidate's block error per entry: +338 SASS instructions per 16 entries (+14.7%,
-  2636 against 2298; ``scripts/sass_q_adamw.py``), and the kernel is instruction-issue-bound,
-  so it would cost the step ~15% for one more point of √v error; the "4" rule costs what the
-  6-rule cost. A bias-free SR buys little for v, an average that changes slowly (β2 = 0.999).
-  Targets 3, 4.5 and 5 measured worse (−42.5%, −47.3%, −34.9% iid).
+  max at 6 does, at the price of the code 6, which only clamped values reach. Measured (eight
+  draws, tile 64): iid −51.8% / structured −65.4% against −45.7% / −62.3% for the 6-rule and
+  −52.7% / −66.7% for 4/6, which keeps the better of 4 and 6 per block. 4/6 costs a second
+  candidate's block error per entry: +338 SASS instructions per 16 entries (+14.7%, 2636
+  against 2298; ``scripts/sass_q_adamw.py``), and the kernel is instruction-issue-bound, so it
+  would cost the step ~15% for one more point of √v error; the "4" rule costs what the 6-rule
+  cost (PERF.md "v10"). Block-max targets 3, 4.5 and 5 measured worse (−42.5%, −47.4%,
+  −35.3% iid). A bias-free SR buys little for v, an average that changes slowly (β2 = 0.999).
 
 Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0313 + 0.0039 → **1.164 B/param**
 (:func:`state_bytes_per_param` counts a given length exactly, padding included).
