@@ -281,8 +281,8 @@ def check_codec_version(state_dict: dict, numels: dict) -> None:
         raise ValueError(
             f"QAdamW state of codec version {version}, this code reads version {CODEC_VERSION} "
             "(version 1: v with the 6-rule and 32-entry tile means, until 2026-12-03; version 2: "
-            "the \"4\" rule and 64-entry tiles): its 4-bit moments would decode wrongly. Resume "
-            "with the fullstack_fp4 version that wrote it, or restart the optimizer state")
+            "the \"4\" rule and 64-entry tiles): its 4-bit moments would decode wrongly; resume "
+            "it with the fullstack_fp4 version that wrote it")
     for i in quantized:
         if i not in numels:
             continue
