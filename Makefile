@@ -35,7 +35,8 @@ quickstart: $(STAMP)
 # each test file on one worker (its module fixtures run once). On the 2-core development
 # machine of 2026-12-03: 19-25 min (21-27 with the install) on a clean clone, with Triton's
 # cache (~/.triton) already holding the sm_90 compile gate's kernels; with an empty cache, as
-# on a fresh machine, 36.6 min, 17 of them in the gate (BENCHMARKS.md §S.4). CI: 11.5 min.
+# on a fresh machine, 36.6 min, 17 of them in the gate (BENCHMARKS.md §S.4, §T.4). CI: 11.5
+# and 24 min (stops 29 and 30).
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
