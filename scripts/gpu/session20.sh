@@ -45,11 +45,7 @@ case "${1:-pow2}" in
     PER_TEST=360 TAILN=14 gpu_pytest pytest_tests 560 -q -n 6 --dist loadfile $Q_TESTS
     ;;
   loss)
-    ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 --time-budget 420"
-    for sd in 1234 4321 99; do
-      timeout 480 $ABL --arms bf16,q_adamw --jobs 2 --out "/tmp/abl_qadamw_$sd" \
-        --set "train.seed=$sd" >"$OUT/abl_seed$sd.txt" 2>&1 &
-    done
+    start_ablations bf16,q_adamw abl_qadamw "$OUT" 1234 4321 99
     wait
     for d in /tmp/abl_qadamw_*; do b=$(basename "$d")
       cp "$d/ablation.md" "$OUT/$b.md" 2>/dev/null; cp "$d/ablation.json" "$OUT/$b.json" 2>/dev/null

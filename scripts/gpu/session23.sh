@@ -28,11 +28,7 @@ case "${1:-qadamw}" in
     cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
     ;;
   loss)
-    ABL="python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 --time-budget 420"
-    for sd in 1234 4321 99; do
-      timeout 480 $ABL --arms bf16,q_adamw --jobs 2 --out "/tmp/abl_qadamw_$sd" \
-        --set "train.seed=$sd" >"/tmp/pack/abl_seed$sd.txt" 2>&1 &
-    done
+    start_ablations bf16,q_adamw abl_qadamw /tmp/pack 1234 4321 99
     # run92's four test timeouts were cold compiles (60 s a test): the same tests again on the
     # warm machine (Triton's cache of the first call), beside the runs, 240 s a test
     PER_TEST=240 TAILN=15 gpu_pytest q_adamw_tests_warm 420 -q -n 6 --dist loadfile $QTESTS \

@@ -30,3 +30,14 @@ keep_ablation() { cp "$1"/ablation.md "$1"/ablation.json "$1"/*.png "$OUT"/ 2>/d
 gpu_pytest() { name=$1; limit=$2; shift 2
   run "$name" "$limit" python3 -m pytest -p no:cacheprovider --tb=short -rfE \
     --timeout ${PER_TEST:-$((limit / 4))} --session-timeout $((limit * 3 / 5)) "$@"; }
+
+# start_ablations ARMS NAME LOGDIR SEED...: scripts/ablation.py's arms ARMS (comma-separated, all
+# at once) at each SEED, §I.1's setup (8 × 512, 300 steps, data/quickstart), in the background
+# under `timeout 480`: results in /tmp/NAME_<seed>, logs in LOGDIR/abl_seed<seed>.txt. The
+# caller waits.
+start_ablations() { arms=$1; name=$2; logdir=$3; shift 3
+  for sd in "$@"; do
+    timeout 480 python3 scripts/ablation.py --iters 300 --ppl-tokens 65536 --cloze-items 200 \
+      --time-budget 420 --arms "$arms" --jobs "$(echo "$arms" | tr , '\n' | wc -l)" \
+      --out "/tmp/${name}_$sd" --set "train.seed=$sd" >"$logdir/abl_seed$sd.txt" 2>&1 &
+  done; }
