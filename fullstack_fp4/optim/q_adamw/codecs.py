@@ -526,7 +526,8 @@ def encode_exp_avg_sq(v: torch.Tensor, *, tile: int = TILE,
     s2 = s.view(-1, tile)
     cnt = valid.view(-1, tile).sum(dim=1).clamp(min=1).to(torch.float32)
     # · fl(1/cnt), not / cnt: the kernel reads the reciprocal from its table (recip_table);
-    # the same for the full tiles (cnt = 64: a power of two, exact either way), one rounding apart at the tail
+    # the same for the full tiles (cnt = 64: a power of two, exact either way), one rounding
+    # apart at the tail
     mean = (_pairwise_tile_sum(s2) * torch.div(1.0, cnt)).to(torch.bfloat16)     # RNE
     if not subtract_mean:
         mean = torch.zeros_like(mean)

@@ -95,9 +95,9 @@ from typing import Optional
 
 import torch
 
-from .codecs import (BLOCK, CHUNK, CODEC_VERSION, TILE, MomentState, _fma_rn, _sqrt_rn, decode_exp_avg,
-                     decode_exp_avg_parts, decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq,
-                     num_chunks, padded_numel)
+from .codecs import (BLOCK, CHUNK, CODEC_VERSION, TILE, MomentState, _fma_rn, _sqrt_rn,
+                     decode_exp_avg, decode_exp_avg_parts, decode_exp_avg_sq, encode_exp_avg,
+                     encode_exp_avg_sq, num_chunks, padded_numel)
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
            "kernel_uniforms", "optimizer_state_bytes", "decode_param_state", "encode_param_state",

@@ -233,7 +233,7 @@ def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vc
                                   u12, u13, u14, u15, rtab_ptr, R)
     _store_rows(mc_ptr, ms_ptr, mcs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c, R, MASK)
 
-    # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN 4/6 rule
+    # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN "4" rule
     bsum = _hsum16(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15)
     # a tile is 4 rows (b0 … b3); codecs._pairwise_tile_sum's halving: (b0+b2) + (b1+b3)
     ba, bb = tl.split(tl.reshape(bsum, (R // 4, 2, 2)))     # ba = (b0, b2), bb = (b1, b3)
