@@ -64,8 +64,9 @@ def test_exp_avg_sq_round_trip_lognormal_and_student_t():
 def test_second_moment_error_vs_direct_nvfp4(moments):
     """Pipeline vs direct NVFP4 of v on heavy-tailed (row×col×lognormal, t3) moments.
 
-    Measured on sqrt(v), the quantity Adam divides by: ~57% lower here (target ≥ 50%). On v
-    itself (relL2, dominated by the largest entries) the two are about equal — README.md.
+    Measured on sqrt(v), the quantity Adam divides by: 66% lower here (0.080 against 0.234;
+    target ≥ 50%). On v itself (relL2, dominated by the largest entries) the two are closer
+    (0.028 against 0.039 here; README.md has draws where direct NVFP4 is better on v).
     """
     m, v = moments
     vp = decode_exp_avg_sq(encode_exp_avg_sq(v))
@@ -73,6 +74,25 @@ def test_second_moment_error_vs_direct_nvfp4(moments):
     e_pipe = _rel(vp.sqrt(), v.sqrt())
     e_direct = _rel(vd.clamp(min=0).sqrt(), v.sqrt())
     assert e_pipe < 0.5 * e_direct, (e_pipe, e_direct)
+
+
+def test_second_moment_error_vs_direct_nvfp4_iid_over_draws():
+    """The same on the iid lognormal-σ set, the harder one, as a mean over four pinned draws of
+    32,768 entries (scripts/q_adamw_iid_floor.py's: global seed, then the set): the codec's
+    sqrt(v) error is below half of direct NVFP4's (measured 0.485); codec version 1 (6-rule,
+    32-entry tiles) on the same draws is not (0.572), so the test tells the two apart."""
+    ratios = {"now": [], "version 1": []}
+    for seed in range(4):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            _, v = synthetic_moments(1 << 15, seed=seed, structured=False)
+        s = v.double().sqrt()
+        direct = _rel(direct_nvfp4(v).clamp(min=0).sqrt(), s)
+        for name, kw in (("now", {}), ("version 1", {"tile": 32, "scale_rule": "6"})):
+            vh = decode_exp_avg_sq(encode_exp_avg_sq(v, **kw))
+            ratios[name].append(_rel(vh.sqrt(), s) / direct)
+    mean = {k: sum(r) / len(r) for k, r in ratios.items()}
+    assert mean["now"] < 0.5 < mean["version 1"], mean
 
 
 def test_update_error_vs_direct_nvfp4(moments):
