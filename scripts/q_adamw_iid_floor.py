@@ -27,7 +27,8 @@ direct NVFP4 on v (``direct_nvfp4``: one FP32 tensor scale, 1×16 E4M3 blocks, 6
 
 Rows:
 * codecs.py itself (version 1; 4/6 at tile 64; the default, version 2) and this script's
-  re-implementation of version 1;
+  re-implementation of version 1 (``V2``, its re-implementation of version 2, is tested
+  against the codec in tests/scripts/test_q_adamw_iid_floor.py);
 * one idealisation or knob at a time: exact FP32 tile mean, no guard or a lower one (μ/8,
   μ/16), 4/6 rule, no Hadamard, Hadamard 32/64/128 (orthonormal Sylvester, random signs;
   crosses 16-blocks, never a chunk), tile 16/64/128, no mean, per-block FP32 scales (no E4M3
@@ -173,9 +174,9 @@ def nvfp4_blocks(z: torch.Tensor, rule: str, scale: str, grid: str = "e2m1"):
         return q, sd, ((q - z3) ** 2).sum(-1, keepdim=True)
 
     # the block max goes to the grid max ("6"), or the better of that and 2/3 of it ("4over6",
-    # E2M1's 6 and 4), or to 2/3 of it ("4", codec version 2), or to a fixed other fraction
-    # ("3", "4.5", "5": E2M1 values 3, 4.5, 5), or the best of 3/6..9/6 of it ("search", FP32
-    # scales only)
+    # E2M1's 6 and 4), or to 2/3 of it ("4", codec version 2), or to another fixed target
+    # ("3", "4.5", "5": the block max lands on 3, 4.5 or 5 of the grid's scale), or the best of
+    # 3/6..9/6 of it ("search", FP32 scales only)
     fracs = {"6": (1.0,), "4over6": (1.0, 2 / 3), "4": (2 / 3,), "3": (0.5,), "4.5": (0.75,),
              "5": (5 / 6,), "search": tuple((3.0 + 0.25 * k) / 6 for k in range(25))}[rule]
     if rule == "search" and scale != "fp32":
