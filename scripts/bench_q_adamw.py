@@ -58,7 +58,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from fullstack_fp4.optim import QAdamW, optimizer_state_bytes  # noqa: E402
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
 from fullstack_fp4.optim.q_adamw.optimizer import (  # noqa: E402
-    _hyper, _init_state, _kernel_views, kernel_uniforms, q_adamw_step_reference)
+    _hyper, _kernel_views, kernel_uniforms, q_adamw_step_reference)
+from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
 from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
 
 SHAPES = ((3072, 3072), (3072, 8192), (8192, 3072))

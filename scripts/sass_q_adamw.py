@@ -11,7 +11,10 @@ whose rows are all real (every program but a tensor's first and last one or two)
 These are static counts, not timings.
 
 ``python scripts/sass_q_adamw.py [--sass PATH] [--model-out] [--rand] [--u16] [--rounds N]
-[--fast-div] [--multi]``
+[--fast-div] [--multi] [--v-rule 4over6]``
+(``--v-rule 4over6``: v's encoder with the 4/6 rule, m's ``_encode46`` with nearest rounding, put in
+place of the kernel's own for this count only — the alternative to codec version 2's "4" rule
+that PERF.md "v10" counted; not a kernel the optimizer runs)
 (``--u16``: the 16-bit uniforms of ``launch(u8=False)``, the default before PERF.md "v5");
 run with the GPU image's triton first on PYTHONPATH to count for 3.6.
 """
@@ -24,6 +27,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sass  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402  (the jit below: its annotations resolve here)
 
 
 def main(argv=None) -> int:
@@ -38,11 +43,16 @@ def main(argv=None) -> int:
                     help="Adam's m'/d as m' * rcp.approx(d) (launch(fast_div=True))")
     ap.add_argument("--multi", action="store_true",
                     help="the multi-tensor kernel (triton_multi.launch_multi) over two params")
+    ap.add_argument("--v-rule", choices=("4", "4over6"), default="4",
+                    help="v's block-scale rule: the kernel's (4) or, to count it, 4/6")
     a = ap.parse_args(argv)
     gate = _sass.gate()
+    if a.v_rule == "4over6":
+        _use_v_encoder_46()
     import torch
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
-    from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _init_state, _kernel_views
+    from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _kernel_views
+    from fullstack_fp4.optim.q_adamw.state import _init_state
     from fullstack_fp4.optim.q_adamw.triton_step import launch
 
     n = 4096
@@ -70,6 +80,22 @@ def main(argv=None) -> int:
           f"stack {r['stack']}, spills {r['spills']}, sha1 {r['sha1']}")
     print("  " + " ".join(f"{o}:{c}" for o, c in r["top"]))
     return 0
+
+
+def _use_v_encoder_46() -> None:
+    """Swap the kernel's v encoder for the 4/6 one before anything compiles: Triton resolves the
+    callee from triton_step's globals when it first compiles (and hashes) the kernel."""
+    from fullstack_fp4.optim.q_adamw import triton_step
+    from fullstack_fp4.optim.q_adamw.triton_rows import _encode46
+
+    @triton.jit
+    def _encode_v46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                    rtab_ptr, R: tl.constexpr):
+        return _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                         y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                         rtab_ptr, R, False)
+
+    triton_step._encode_v = _encode_v46
 
 
 if __name__ == "__main__":

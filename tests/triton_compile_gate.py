@@ -302,7 +302,8 @@ def run_scenarios():
 
     # --- Q-AdamW fused step ----------------------------------------------------------------
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
-    from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _init_state, _kernel_views
+    from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _kernel_views
+    from fullstack_fp4.optim.q_adamw.state import _init_state
     from fullstack_fp4.optim.q_adamw.triton_step import launch
     # model_out: the fused BF16 model-param write (megatron's Float16 / distributed optimizer)
     # fd: the approximate update division (launch(fast_div=), QAdamW(approx_division=))

@@ -298,7 +298,7 @@ def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2:
     (``state``: its optimizer state *before* this step; empty = zero moments, step 1;
     ``phase``: the chunk-grid phase of a piece of a larger tensor, QAdamW's placement)."""
     from fullstack_fp4.optim.q_adamw.codecs import CHUNK
-    from fullstack_fp4.optim.q_adamw.optimizer import _unpack_state
+    from fullstack_fp4.optim.q_adamw.state import _unpack_state
 
     n = grad.numel()
     g = grad.detach().reshape(-1)
@@ -353,7 +353,7 @@ def q_adamw_group_sums(items: list, *, beta1: float, beta2: float, eps: float, c
     """
     from fullstack_fp4.optim.q_adamw import decode_exp_avg, decode_exp_avg_sq
     from fullstack_fp4.optim.q_adamw.codecs import BLOCK, CHUNK, padded_numel
-    from fullstack_fp4.optim.q_adamw.optimizer import _unpack_state
+    from fullstack_fp4.optim.q_adamw.state import _unpack_state
 
     out: list = [dict() for _ in items]
     batches: Dict[int, list] = {}                   # step -> [(item index, m state, v state, g piece, rand)]

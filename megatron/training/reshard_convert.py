@@ -44,7 +44,7 @@ class SavedRank:
         the distributed optimizer's: `layout["q_adamw_places"]` = ``[key, offset, whole numel,
         chunk phase]`` per inner param)."""
         from fullstack_fp4.optim.q_adamw.codecs import CHUNK
-        from fullstack_fp4.optim.q_adamw.optimizer import check_codec_version, decode_param_state
+        from fullstack_fp4.optim.q_adamw.state import check_codec_version, decode_param_state
 
         layout, inner = payload["layout"], payload["inner"]
         numels = layout["numels"]
@@ -148,7 +148,7 @@ def encode_piece(m: torch.Tensor, v: torch.Tensor, step, *, shape, offset: int,
     the whole tensor has ``full_numel >= min_numel`` (QAdamW's rule), on the chunk grid at
     ``chunk_phase``; the first moment's stochastic rounding draws from ``generator``."""
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
-    from fullstack_fp4.optim.q_adamw.optimizer import encode_param_state
+    from fullstack_fp4.optim.q_adamw.state import encode_param_state
 
     n = torch.Size(shape).numel()
     quantized = full_numel >= min_numel

@@ -15,7 +15,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
-from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _init_state, _kernel_views  # noqa: E402
+from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _kernel_views  # noqa: E402
+from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
 from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
 
 

@@ -59,7 +59,7 @@ Why these sizes (bytes per parameter, B/param):
   over the 1.2 budget. With the 6-rule TILE 64 was barely better than 32 (−45.7% / −62.3%
   against −43.8% / −63.8%): a longer tile leaves more spread in the residual, which the "4"
   rule's finer grid near zero quantizes better. Until 2026-12-03 the codec used TILE 32 with
-  the 6-rule (``CODEC_VERSION`` 1; a state of that codec is refused at load, optimizer.py).
+  the 6-rule (``CODEC_VERSION`` 1; a state of that codec is refused at load, state.py).
 * ``CHUNK = 1024``: one Triton program owns one chunk — loads it, takes its amax in registers,
   computes its scales, quantizes and stores — so the fused optimizer step is a *single pass*
   over memory with no global-amax reduction (a per-tensor scale would need a second pass, or
@@ -75,9 +75,9 @@ Why these sizes (bytes per parameter, B/param):
   draws, tile 64): iid −51.8% / structured −65.4% against −45.7% / −62.3% for the 6-rule and
   −52.7% / −66.7% for 4/6, which keeps the better of 4 and 6 per block. 4/6 costs a second
   candidate's block error per entry: +338 SASS instructions per 16 entries (+14.7%, 2636
-  against 2298; ``scripts/sass_q_adamw.py``), and the kernel is instruction-issue-bound, so it
-  would cost the step ~15% for one more point of √v error; the "4" rule costs what the 6-rule
-  cost (PERF.md "v10"). Block-max targets 3, 4.5 and 5 measured worse (−42.5%, −47.4%,
+  against 2298; ``scripts/sass_q_adamw.py --v-rule 4over6``), and the kernel is
+  instruction-issue-bound, so it would cost the step ~15% for one more point of √v error; the
+  "4" rule costs what the 6-rule cost (PERF.md "v10"). Block-max targets 3, 4.5 and 5 measured worse (−42.5%, −47.4%,
   −35.3% iid). A bias-free SR buys little for v, an average that changes slowly (β2 = 0.999).
 
 Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0313 + 0.0039 → **1.164 B/param**
@@ -152,7 +152,7 @@ SCALE_RULES = {"6": (448.0, (6.0,)), "4over6": (256.0, (6.0, 4.0)), "4": (256.0,
 # The state layout's version, saved with every QAdamW state dict: 1 = v with the 6-rule and
 # 32-entry tiles (until 2026-12-03), 2 = v with the "4" rule and 64-entry tiles (now). The m
 # codec is the same in both; v's bytes mean something else, so a state of another version is
-# refused at load (optimizer.check_codec_version) rather than decoded wrongly.
+# refused at load (state.check_codec_version) rather than decoded wrongly.
 CODEC_VERSION = 2
 
 

@@ -326,6 +326,21 @@ def _pack8(c0, c1, c2, c3, c4, c5, c6, c7):
             | (c7 << 28))
 
 
+@triton.jit
+def _codes16(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15,
+             f, STOCH: tl.constexpr):
+    """A row's 16 codes of y · f packed into two words (_q; ``u`` the dithers with STOCH,
+    unused without)."""
+    w0 = _pack8(_q(y0, f, u0, STOCH), _q(y1, f, u1, STOCH), _q(y2, f, u2, STOCH),
+                _q(y3, f, u3, STOCH), _q(y4, f, u4, STOCH), _q(y5, f, u5, STOCH),
+                _q(y6, f, u6, STOCH), _q(y7, f, u7, STOCH))
+    w1 = _pack8(_q(y8, f, u8, STOCH), _q(y9, f, u9, STOCH), _q(y10, f, u10, STOCH),
+                _q(y11, f, u11, STOCH), _q(y12, f, u12, STOCH), _q(y13, f, u13, STOCH),
+                _q(y14, f, u14, STOCH), _q(y15, f, u15, STOCH))
+    return w0, w1
+
+
 # ----------------------------------------------------------------------------- chunk codec
 @triton.jit
 def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.constexpr,
@@ -409,10 +424,13 @@ def _store_rows(codes_ptr, scale_ptr, cs_ptr, rows, nrows, pid, nch, w0, w1, sc,
 
 
 @triton.jit
-def _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+def _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
               u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15,
-              rtab_ptr, R: tl.constexpr):
-    """NVFP4, 4/6 scale rule, stochastic rounding: (word0, word1, scale code, dec per chunk)."""
+              rtab_ptr, R: tl.constexpr, STOCH: tl.constexpr):
+    """NVFP4, 4/6 scale rule: (word0, word1, scale code, dec per chunk). m's encoder with
+    ``STOCH`` (stochastic rounding with the dithers ``u``; codecs.encode_exp_avg); without it,
+    nearest rounding (``u`` unused): what v's encoder would be with the 4/6 rule, which
+    scripts/sass_q_adamw.py --v-rule 4over6 counts (PERF.md "v10")."""
     bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
@@ -443,12 +461,9 @@ def _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
     use4 = (e4 * sd4 < e6 * sd6) | (sd6 == 0.0)
     sc = tl.where(use4, sc4, sc6)
     f = tl.where(use4, f4, f6)
-    w0 = _pack8(_q(y0, f, u0, True), _q(y1, f, u1, True), _q(y2, f, u2, True),
-                _q(y3, f, u3, True), _q(y4, f, u4, True), _q(y5, f, u5, True),
-                _q(y6, f, u6, True), _q(y7, f, u7, True))
-    w1 = _pack8(_q(y8, f, u8, True), _q(y9, f, u9, True), _q(y10, f, u10, True),
-                _q(y11, f, u11, True), _q(y12, f, u12, True), _q(y13, f, u13, True),
-                _q(y14, f, u14, True), _q(y15, f, u15, True))
+    w0, w1 = _codes16(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                      u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15,
+                      f, STOCH)
     return w0, w1, sc, dec_c
 
 
@@ -463,12 +478,9 @@ def _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
     bamax = bamax * 0.25                # = the amax of the × 1/4 RHT (rounding is monotone)
     enc, dec, dec_c = _chunk_scales(bamax, 0.0006510416860692203, R)   # fl(1/1536), 1536 = 256·6
     s4, sc, f, sd = _candidate(bamax, enc, dec, 0.25, rtab_ptr)
-    w0 = _pack8(_q(y0, f, y0, False), _q(y1, f, y1, False), _q(y2, f, y2, False),
-                _q(y3, f, y3, False), _q(y4, f, y4, False), _q(y5, f, y5, False),
-                _q(y6, f, y6, False), _q(y7, f, y7, False))
-    w1 = _pack8(_q(y8, f, y8, False), _q(y9, f, y9, False), _q(y10, f, y10, False),
-                _q(y11, f, y11, False), _q(y12, f, y12, False), _q(y13, f, y13, False),
-                _q(y14, f, y14, False), _q(y15, f, y15, False))
+    w0, w1 = _codes16(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                      y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                      f, False)
     return w0, w1, sc, dec_c
 
 

@@ -55,7 +55,7 @@ from fullstack_fp4.nvfp4.triton_launch import launch as launch_kernel
 
 from .codecs import BLOCK, CHUNK, TILE
 # The per-row register arithmetic (one thread = one 16-block) lives in triton_rows.py.
-from .triton_rows import (REL_FLOOR_C, _adam, _dec_factor, _decode_rows, _dither, _encode_m,
+from .triton_rows import (REL_FLOOR_C, _adam, _dec_factor, _decode_rows, _dither, _encode46,
                           _encode_v, _hsum16, _irht16, _ld16, _rht16, _st16, _st16_bf16,
                           _store_rows, _u16, _u8, _vhat)
 
@@ -228,9 +228,9 @@ def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vc
             u14, u15 = _u16(k7)
     y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _rht16(
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
-    w0, w1, sc, dec_c = _encode_m(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13,
+    w0, w1, sc, dec_c = _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13,
                                   y14, y15, u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11,
-                                  u12, u13, u14, u15, rtab_ptr, R)
+                                  u12, u13, u14, u15, rtab_ptr, R, True)
     _store_rows(mc_ptr, ms_ptr, mcs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c, R, MASK)
 
     # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN "4" rule

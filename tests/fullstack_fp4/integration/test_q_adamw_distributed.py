@@ -52,7 +52,7 @@ def _worker(rank: int, world: int, init: str, out: str):
     cfg.logging.dir = None
     tr = trainer_mod.Trainer(cfg, verbose=False)
     from fullstack_fp4.optim.q_adamw.optimizer import PLACE_ATTR
-    from fullstack_fp4.optim.q_adamw.optimizer import _unpack_state
+    from fullstack_fp4.optim.q_adamw.state import _unpack_state
     from fullstack_fp4.optim.q_adamw.codecs import decode_exp_avg, decode_exp_avg_sq
 
     named = [(n, p) for n, p in tr.model.named_parameters() if p.requires_grad]

@@ -10,8 +10,9 @@ if not torch.cuda.is_available():  # CPU: the interpreter (set before triton loa
 triton = pytest.importorskip("triton")
 
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
-from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _init_state,  # noqa: E402
-                                                   _kernel_views, q_adamw_step_reference)
+from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _kernel_views,  # noqa: E402
+                                                   q_adamw_step_reference)
+from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
 from fullstack_fp4.optim.q_adamw import triton_rows as ts  # noqa: E402
 from fullstack_fp4.optim.q_adamw.triton_step import recip_table  # noqa: E402
 
@@ -368,7 +369,7 @@ def test_decode_rows_all_codes_scales_extreme_decs(fast):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="checks the kernel's row encoders in the interpreter")
 def test_encode_rows_match_reference_on_edge_blocks():
-    """_encode_m / _encode_v == codecs._quantize_chunked (4/6 + SR, "4" + RTN) bit for bit on
+    """_encode46 (m: SR) / _encode_v == codecs._quantize_chunked (4/6 + SR, "4" + RTN) bit for bit on
     chunks with edge blocks: all zero, subnormal, a block whose 6-candidate E4M3 scale
     underflows to 0 while the 4-candidate's does not (the 4/6 rule must then pick 4), blocks
     across 2^-40..1 of the chunk amax, and chunks of amax 1e38 / 1e-38 / 0."""
@@ -383,12 +384,12 @@ def test_encode_rows_match_reference_on_edge_blocks():
             y_ptr, rows, R * 16, 0.0)
         u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15 = ts._ld16(
             u_ptr, rows, R * 16, 0.0)
-        w0, w1, sc, dec = ts._encode_m(
+        w0, w1, sc, dec = ts._encode46(
             y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
             ts._dither(u0), ts._dither(u1), ts._dither(u2), ts._dither(u3), ts._dither(u4),
             ts._dither(u5), ts._dither(u6), ts._dither(u7), ts._dither(u8), ts._dither(u9),
             ts._dither(u10), ts._dither(u11), ts._dither(u12), ts._dither(u13),
-            ts._dither(u14), ts._dither(u15), tab_ptr, R)
+            ts._dither(u14), ts._dither(u15), tab_ptr, R, True)
         tl.store(o_ptr + rows * 4, w0)
         tl.store(o_ptr + rows * 4 + 1, w1)
         tl.store(o_ptr + rows * 4 + 2, sc)

@@ -13,7 +13,8 @@ triton = pytest.importorskip("triton")
 
 from fullstack_fp4.optim.q_adamw import triton_multi  # noqa: E402
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
-from fullstack_fp4.optim.q_adamw.optimizer import (QAdamW, _hyper, _init_state,  # noqa: E402
+from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
+from fullstack_fp4.optim.q_adamw.optimizer import (QAdamW, _hyper,  # noqa: E402
                                                    _kernel_views, _seed, kernel_uniforms,
                                                    q_adamw_step_reference)
 from fullstack_fp4.optim.q_adamw.triton_multi import (Item, batchable,  # noqa: E402

@@ -174,7 +174,7 @@ def test_pieces_with_placement_equal_whole_tensor():
 
 def test_zero_state_without_temporaries_equals_encoded_zeros():
     """_init_state broadcasts one encoded zero chunk; the oracle encodes the zeros directly."""
-    from fullstack_fp4.optim.q_adamw.optimizer import _init_state, _init_state_by_encoding
+    from fullstack_fp4.optim.q_adamw.state import _init_state, _init_state_by_encoding
 
     for n in (1, 1000, 1024, 5000):
         for phase in (0, 448, 992):

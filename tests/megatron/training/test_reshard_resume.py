@@ -191,7 +191,7 @@ def test_loaded_state_is_the_saved_state_reencoded(loaded):
     the two saved shards joined along the vocabulary) decode to the saved shards' decoded
     moments up to one more quantization, below the codec's own error (relL2 0.12 for m, 0.085
     for sqrt(v) on the synthetic moments of test_reshard_units.py)."""
-    from fullstack_fp4.optim.q_adamw.optimizer import decode_param_state
+    from fullstack_fp4.optim.q_adamw.state import decode_param_state
 
     tr, _, objects = loaded
     w = tr.optimizer.chained_optimizers[0]

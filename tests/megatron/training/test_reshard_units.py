@@ -20,7 +20,7 @@ from fullstack_fp4.integration.lora_svd_layers import (dense_moments, route_mome
                                                        transfer_moments)
 from fullstack_fp4.linear.lora_svd import lora_svd_split, merge, subspace_basis
 from fullstack_fp4.optim.q_adamw.codecs import CHUNK, CODEC_VERSION, padded_numel
-from fullstack_fp4.optim.q_adamw.optimizer import decode_param_state, encode_param_state
+from fullstack_fp4.optim.q_adamw.state import decode_param_state, encode_param_state
 from megatron.training.reshard_convert import (SavedRank, encode_piece, lora_from_whole,
                                                lora_to_whole)
 from megatron.training.tp_layout import from_canonical, local_index, to_canonical
