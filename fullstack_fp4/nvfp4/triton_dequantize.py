@@ -58,51 +58,75 @@ def _e4m3_value(b):
 
 
 @triton.jit
+def _decode_half(byte, s, dec, OUT_BF16: tl.constexpr, APPLY_DEC: tl.constexpr,
+                 out_ty: tl.constexpr):
+    """``[R, 4]`` code bytes (a half-block a row) and their ``[R]`` scales -> ``[R, 8]`` outputs
+    (element 2i from byte i's low nibble, 2i+1 from its high nibble)."""
+    v_even = _e2m1_value(byte & 15) * s[:, None]
+    v_odd = _e2m1_value(byte >> 4) * s[:, None]
+    if APPLY_DEC:
+        v_even = v_even * dec
+        v_odd = v_odd * dec
+    v = tl.reshape(tl.join(v_even, v_odd), (byte.shape[0], 8))
+    if OUT_BF16:
+        # FP32 -> BF16 RNE in integer arithmetic (finite values only): the Triton
+        # interpreter's FP32 -> BF16 cast truncates, the GPU's rounds; exact on both.
+        bits = v.to(tl.int32, bitcast=True)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
+    return v.to(out_ty)
+
+
+@triton.jit
 def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
                             OUT_BF16: tl.constexpr, NBP: tl.constexpr, APPLY_DEC: tl.constexpr,
-                            I64: tl.constexpr):
-    """``NBP`` consecutive 16-blocks of the flat tensor (module docstring), one half-block
-    (4 code bytes, 8 outputs) at a time: ``[NBP, 4]`` bytes in, ``[NBP, 8]`` values out."""
-    if I64:
-        blk = tl.program_id(0).to(tl.int64) * NBP + tl.arange(0, NBP)
-    else:
-        blk = tl.program_id(0) * NBP + tl.arange(0, NBP)
-    bmask = blk < NBLK_ALL
-    m2 = bmask[:, None]
+                            I64: tl.constexpr, HALVES: tl.constexpr):
+    """``NBP`` consecutive 16-blocks of the flat tensor (module docstring). HALVES: a lane a
+    half-block, consecutive lanes consecutive halves (``[2·NBP, 4]`` bytes in, ``[2·NBP, 8]``
+    values out), so each load and store instruction of a warp covers whole 32-byte sectors;
+    else a lane a block, its two halves in turn (each instruction half of every sector)."""
     q = tl.arange(0, 4)
     j = tl.arange(0, 8)
-    s = _e4m3_value(tl.load(scale_ptr + blk, mask=bmask, other=0).to(tl.int32))
+    dec = 1.0
     if APPLY_DEC:
         dec = tl.load(dec_ptr)
-    for h in tl.static_range(2):
-        byte = tl.load(data_ptr + blk[:, None] * 8 + 4 * h + q[None, :], mask=m2, other=0,
-                       eviction_policy="evict_first").to(tl.int32)
-        v_even = _e2m1_value(byte & 15) * s[:, None]
-        v_odd = _e2m1_value(byte >> 4) * s[:, None]
-        if APPLY_DEC:
-            v_even = v_even * dec
-            v_odd = v_odd * dec
-        v = tl.reshape(tl.join(v_even, v_odd), (NBP, 8))   # element 2i low nibble, 2i+1 high
-        if OUT_BF16:
-            # FP32 -> BF16 RNE in integer arithmetic (finite values only): the Triton
-            # interpreter's FP32 -> BF16 cast truncates, the GPU's rounds; exact on both.
-            bits = v.to(tl.int32, bitcast=True)
-            v = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
+    if HALVES:
+        if I64:
+            hb = tl.program_id(0).to(tl.int64) * (2 * NBP) + tl.arange(0, 2 * NBP)
         else:
-            v = v.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + blk[:, None] * 16 + 8 * h + j[None, :], v, mask=m2)
+            hb = tl.program_id(0) * (2 * NBP) + tl.arange(0, 2 * NBP)
+        hmask = hb < 2 * NBLK_ALL
+        s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
+        byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
+                       eviction_policy="evict_first").to(tl.int32)
+        v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + hb[:, None] * 8 + j[None, :], v, mask=hmask[:, None])
+    else:
+        if I64:
+            blk = tl.program_id(0).to(tl.int64) * NBP + tl.arange(0, NBP)
+        else:
+            blk = tl.program_id(0) * NBP + tl.arange(0, NBP)
+        bmask = blk < NBLK_ALL
+        m2 = bmask[:, None]
+        s = _e4m3_value(tl.load(scale_ptr + blk, mask=bmask, other=0).to(tl.int32))
+        for h in tl.static_range(2):
+            byte = tl.load(data_ptr + blk[:, None] * 8 + 4 * h + q[None, :], mask=m2, other=0,
+                           eviction_policy="evict_first").to(tl.int32)
+            v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
+            tl.store(out_ptr + blk[:, None] * 16 + 8 * h + j[None, :], v, mask=m2)
 
 
 def _flat_config():
-    """(NBP blocks per program, num_warps): 256 blocks on 8 warps, the fastest of the H200 sweep
-    (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.7). Env overrides for the sweep."""
+    """(NBP blocks per program, num_warps, HALVES): 256 blocks on 8 warps, the fastest of the
+    H200 sweep (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.7), a lane a half-block.
+    Env overrides for the sweep (``FP4_DEQUANT_HALVES=0``: a lane a block)."""
+    halves = os.environ.get("FP4_DEQUANT_HALVES", "1") != "0"
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return 8, 1
+        return 8, 1, halves
     nbp = int(os.environ.get("FP4_DEQUANT_NBP", "256"))
     warps = int(os.environ.get("FP4_DEQUANT_WARPS", "8"))
     if nbp < 1 or nbp & (nbp - 1) or warps not in (1, 2, 4, 8, 16):
         raise ValueError("FP4_DEQUANT_NBP: a power of two; FP4_DEQUANT_WARPS: 1, 2, 4, 8 or 16")
-    return nbp, warps
+    return nbp, warps, halves
 
 
 def decode_bf16_triton(t: NVFP4Tensor) -> torch.Tensor:
@@ -126,10 +150,10 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
     scale = t.block_scale.reshape(rows, k // 16).contiguous().view(torch.uint8)
     dec = t.tensor_scale.to(torch.float32).reshape(1)
     nblk_all = rows * (k // 16)
-    nbp, warps = _flat_config()
+    nbp, warps, halves = _flat_config()
     out_k = out.view(torch.int16) if dtype == torch.bfloat16 else out
     launch(_dequantize_flat_kernel, (cdiv(nblk_all, nbp),),
         data, scale, dec, out_k, nblk_all, OUT_BF16=dtype == torch.bfloat16, NBP=nbp,
-        APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, num_warps=warps,
-        enable_fp_fusion=False)
+        APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, HALVES=halves,
+        num_warps=warps, enable_fp_fusion=False)
     return out.reshape(shape)

@@ -29,14 +29,35 @@ def _row_mask(cmask, t, T):
 
 
 @triton.jit
-def _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW: tl.constexpr, I64: tl.constexpr):
+def _eo_words(w8, NB: tl.constexpr):
+    """A row's ``[NB, 8]`` words (word j = elements 2j, 2j+1 of a block) -> the eo form's
+    ``[NB, 4]`` word pair (words q and 4 + q). Triton moves the words between the two layouts
+    (through shared memory on the GPU), so the global load stays one contiguous run a warp."""
+    return tl.split(tl.permute(tl.reshape(w8, (NB, 2, 4)), (0, 2, 1)))
+
+
+@triton.jit
+def _words8(lo, hi, NB: tl.constexpr):
+    """Inverse of :func:`_eo_words`: the eo form's ``[NB, 4]`` word pair -> ``[NB, 8]``."""
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (NB, 8))
+
+
+@triton.jit
+def _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW: tl.constexpr,
+               I64: tl.constexpr, CO: tl.constexpr):
     """The 16 token rows of token block ``tb`` as four 16-tuples (e0, o0, e1, o1) of FP32
     ``[NB, 4]`` (tokens past ``T`` and channels past C load as 0: the column way's zero padding).
-    XW: ``x_ptr`` is BF16 viewed as int32 words (``stride_t`` in words): one word = (e, o)."""
+    XW: ``x_ptr`` is BF16 viewed as int32 words (``stride_t`` in words): one word = (e, o).
+    CO (with XW): each row is read as ``[NB, 8]`` words, a block's 32 bytes in one request,
+    then put in eo form (:func:`_eo_words`); else as two ``[NB, 4]`` halves, whose loads each
+    touch every 32-byte sector of the row half-way."""
     E0 = ()
     O0 = ()
     E1 = ()
     O1 = ()
+    NB: tl.constexpr = blk.shape[0]
+    j8 = tl.arange(0, 8)
+    cmask8 = (blk < C // 16)[:, None] & (j8 < 8)[None, :]
     for i in tl.static_range(16):
         t = tb * 16 + i
         m = _row_mask(cmask, t, T)
@@ -44,7 +65,12 @@ def _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW: tl.constexpr, I64: tl.
             roff = t.to(tl.int64) * stride_t
         else:
             roff = t * stride_t
-        if XW:
+        if XW and CO:
+            p8 = x_ptr + roff + (blk * 8)[:, None] + j8[None, :]
+            lo, hi = _eo_words(tl.load(p8, mask=_row_mask(cmask8, t, T), other=0), NB)
+            e0, o0 = _bf16w_to_f32(lo)
+            e1, o1 = _bf16w_to_f32(hi)
+        elif XW:
             p = x_ptr + roff + (blk * 8)[:, None] + q[None, :]
             e0, o0 = _bf16w_to_f32(tl.load(p, mask=m, other=0))
             e1, o1 = _bf16w_to_f32(tl.load(p + 4, mask=m, other=0))
@@ -249,10 +275,10 @@ def _tile_coords(T, C, NB: tl.constexpr):
 @triton.jit
 def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
                           ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
-                          I64: tl.constexpr, NB: tl.constexpr):
+                          I64: tl.constexpr, NB: tl.constexpr, CO: tl.constexpr):
     """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL)."""
     pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
-    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW, I64)
+    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, CO)
     if ROW:
         m = tl.maximum(tl.maximum(_bits_max_tuple(E0), _bits_max_tuple(O0)),
                        tl.maximum(_bits_max_tuple(E1), _bits_max_tuple(O1)))
@@ -321,10 +347,12 @@ def _quantize_two_ways_kernel(
         ROW_DEC: tl.constexpr, ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr,
         TILE2D: tl.constexpr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
         COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
-        NB: tl.constexpr):
+        NB: tl.constexpr, CO: tl.constexpr):
     pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
     nblk = C // 16
-    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, stride_t, XW, I64)
+    j8 = tl.arange(0, 8)
+    cmask8 = (blk < nblk)[:, None] & (j8 < 8)[None, :]
+    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, CO)
 
     if ROW_DEC or ROW_CODES:
         enc, dec, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
@@ -379,13 +407,23 @@ def _quantize_two_ways_kernel(
                     else:
                         w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
                         w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
-                    p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]   # words
-                    tl.store(p, w_lo, mask=m)
-                    tl.store(p + 4, w_hi, mask=m)
+                    if CO:      # a block's 8 words in one request (see _load_rows)
+                        p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + j8[None, :]
+                        tl.store(p, _words8(w_lo, w_hi, NB), mask=_row_mask(cmask8, t, T))
+                    else:
+                        p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]
+                        tl.store(p, w_lo, mask=m)
+                        tl.store(p + 4, w_hi, mask=m)
                 if ROW_CODES:
-                    p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]  # bytes
-                    tl.store(p, (n0 | (n1 << 4)).to(tl.uint8), mask=m)
-                    tl.store(p + 4, (n2 | (n3 << 4)).to(tl.uint8), mask=m)
+                    b_lo = (n0 | (n1 << 4)).to(tl.uint8)
+                    b_hi = (n2 | (n3 << 4)).to(tl.uint8)
+                    if CO:
+                        p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + j8[None, :]
+                        tl.store(p, _words8(b_lo, b_hi, NB), mask=_row_mask(cmask8, t, T))
+                    else:
+                        p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]
+                        tl.store(p, b_lo, mask=m)
+                        tl.store(p + 4, b_hi, mask=m)
                     tl.store(row_scale_ptr + t_ * nblk + blk, s_bits.to(tl.uint8),
                              mask=(blk < nblk) & ((blk * 0 + t) < T))
 

@@ -11,7 +11,8 @@ kernels at 2×24×4096×128 (8 KV heads), for ``ncu -k regex:... --launch-skip``
 calling shell script picks the sections (speed of light, occupancy, warp stall reasons).
 
 Usage (GPU): ``python scripts/gpu/diag_two_ways.py`` (events table) or
-``ncu ... python scripts/gpu/diag_two_ways.py --ncu-target`` (one launch each, after warm-up).
+``ncu ... python scripts/gpu/diag_two_ways.py --ncu-target`` (one launch each, after warm-up);
+``--ncu-linear``: the 8 operand launches of one linear fwd+bwd at 8192 × 3072 → 3072, twice.
 """
 
 import argparse
@@ -93,11 +94,38 @@ def ncu_target():
     torch.cuda.synchronize()
 
 
+def ncu_linear():
+    """The operand kernels of one NVFP4 linear fwd+bwd at 8192 tokens × 3072 → 3072, in the
+    linear's order, each launched once: amax x, x's two ways, amax W, W's, amax dY, dY's, then
+    the decodes of the two saved operands (W's 16×16 codes, RHT(xᵀ)'s codes): 8 launches."""
+    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton
+    R, C = tqd.RowWay, tqd.ColWay
+    torch.manual_seed(0)
+    x, w, dy = (torch.randn(s, device="cuda", dtype=torch.bfloat16)
+                for s in ((T, 3072), (3072, 3072), (T, 3072)))
+    qx = call(x, tqd.amax_two_ways(x), R("nearest"), C("nearest"))
+    qw = call(w, tqd.amax_two_ways(w, col=False), R("nearest", (16, 16), codes=True), None)
+    call(dy, tqd.amax_two_ways(dy), R("stochastic"), C("stochastic", decoded=True, codes=False))
+    decode_bf16_triton(qw.row_q)
+    decode_bf16_triton(qx.col_q)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--ncu-target", action="store_true")
+    ap.add_argument("--ncu-linear", action="store_true")
+    ap.add_argument("--before", action="store_true",
+                    help="the forms before session 24: half-block row accesses, a lane a block "
+                         "in the decode")
     a = ap.parse_args()
-    if a.ncu_target:
+    if a.before:
+        tqd.COALESCED_ROWS = False
+        os.environ["FP4_DEQUANT_HALVES"] = "0"
+    if a.ncu_linear:
+        ncu_linear()   # the first pass compiles; ncu skips its 8 launches
+        ncu_linear()
+    elif a.ncu_target:
         ncu_target()   # first pass compiles; ncu skips the first launch of each kernel
         ncu_target()
     else:

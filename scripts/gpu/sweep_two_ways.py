@@ -25,7 +25,11 @@ straight to the decoded value, uncapped or capped at 128), at 8192 × 3072 and 8
 checked bit for bit against the nibble form; the fastest (summed over both shapes) is written to
 ``$OUT/dy_choice.json`` for ``scripts/gpu/run_with_dy_choice.py``.
 
-Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy]``.
+``--coalesced``: every call at its default launch configuration with the token rows read and
+the row way written as whole 32-byte blocks a request (``triton_quantize_decode.COALESCED_ROWS``)
+against as two half-block word accesses, each checked bit for bit against the other.
+
+Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy | --coalesced]``.
 """
 
 import argparse
@@ -103,8 +107,8 @@ def _input(shape):
 
 def apply(setting):
     """``("launch", NB, warps, maxnreg)``: :func:`configure`; ``("dy", SR_DIRECT, cap)``:
-    :func:`dy_form`."""
-    (configure if setting[0] == "launch" else dy_form)(*setting[1:])
+    :func:`dy_form`; ``("co", on)``: :func:`coalesced`."""
+    {"launch": configure, "dy": dy_form, "co": coalesced}[setting[0]](*setting[1:])
 
 
 def warm(job):
@@ -174,13 +178,44 @@ def dy_main(jobs):
                        "summed_ms": {f"{k[0]},{k[1]}": v for k, v in total.items()}}, fh)
 
 
+def coalesced(on):
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    tqd.COALESCED_ROWS = on
+
+
+def coalesced_main(jobs):
+    """Each mode and shape with ``COALESCED_ROWS`` off and on (launches as the library makes
+    them): bits equal, device ms, and the ratio."""
+    warm_all([(name, shape, ("co", on)) for name, (shapes, *_) in modes().items()
+              for shape in shapes[:1] for on in (False, True)], jobs)
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    print("| kernel | shape | bits equal | halves ms | whole blocks ms | ratio | copy ms |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for name, (shapes, *_) in modes().items():
+        for shape in shapes:
+            m = _input(shape)
+            dst = torch.empty_like(m)
+            t_copy = graph_ms(lambda: dst.copy_(m))
+            cfg = {"obs": tqd.amax_two_ways(m)}
+            res, ms = [], []
+            for on in (False, True):
+                coalesced(on)
+                res.append([o.clone() for o in call(name, m, cfg)])
+                ms.append(graph_ms(lambda: call(name, m, cfg)))
+            print(f"| {name} | {shape[0]}x{shape[1]} | {same(*res)} | {ms[0]:.4f} | "
+                  f"{ms[1]:.4f} | {ms[1] / ms[0]:.3f} | {t_copy:.4f} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--dy", action="store_true")
+    ap.add_argument("--coalesced", action="store_true")
     a = ap.parse_args()
     if a.dy:
         return dy_main(a.jobs)
+    if a.coalesced:
+        return coalesced_main(a.jobs)
     jobs = [(name, shape, ("launch",) + c) for name, (shapes, _, _, _, cfgs) in modes().items()
             for shape in shapes[:1] for c in cfgs]
     warm_all(jobs, a.jobs)

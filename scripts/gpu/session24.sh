@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Device call of session 24 (one nvidia-h200): the NVFP4 linear's operand kernels with whole
+# 32-byte sectors a request (issue 3).
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session24.sh rows        (carry .whl)
+# 1. the two-way kernels (amax and quantize, every call of the linear) with token rows read and
+#    the row way written as whole blocks against the half-block accesses before, bit for bit
+#    and timed (CUDA graphs);
+# 2. the decode of saved codes, a lane a half-block against a lane a block, bit for bit against
+#    the PyTorch decode and timed;
+# 3. the linear's device time per kernel (torch.profiler) and its fwd+bwd against BF16 F.linear
+#    (eager and CUDA graph; the bench checks against the reference first);
+# 4. Nsight Compute on the 8 operand launches of one fwd+bwd at 8192 × 3072 → 3072, the new
+#    forms and the old, with L2 request and DRAM byte counts.
+# Packs its files into $OUT/<mode>.tgz.
+set -u
+source scripts/gpu/setup_env.sh
+mkdir -p /tmp/pack
+NCU_METRICS=lts__t_requests_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_write.sum,\
+lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,\
+dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,\
+sm__inst_executed.sum,lts__t_sectors.avg.pct_of_peak_sustained_elapsed
+
+case "${1:-rows}" in
+  rows)
+    TAILN=30 run sweep_coalesced 240 python3 scripts/gpu/sweep_two_ways.py --coalesced --jobs 12
+    TAILN=15 run decode 90 python3 scripts/bench_decode.py
+    TAILN=25 run profile_linear 150 python3 scripts/gpu/profile_linear_device.py
+    TAILN=30 run bench_linear 200 python3 scripts/bench_nvfp4_linear.py
+    for form in new before; do
+      flag=""; [ "$form" = before ] && flag="--before"
+      TAILN=5 run "ncu_$form" 110 ncu --clock-control none --launch-skip 8 --launch-count 8 \
+        -k regex:'_amax_two_ways|_quantize_two_ways|_dequantize_flat' \
+        --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
+        --section SchedulerStats --metrics "$NCU_METRICS" \
+        python3 scripts/gpu/diag_two_ways.py --ncu-linear $flag
+    done
+    cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+esac
+tar -czf "$OUT/${1:-rows}.tgz" -C /tmp/pack .
