@@ -126,10 +126,12 @@ def _interpreter() -> bool:
 # 0.2565 ms, direct uncapped 0.1080 / 0.2834, direct capped at 128 0.0944 / 0.2428.
 SR_DIRECT = True
 WIDE_MAXNREG = 128
-# Token rows read (and the row way's outputs written) as whole 32-byte blocks a request
-# (``_load_rows``' CO) rather than as two half-block word loads that each touch every sector
-# half-way: Nsight Compute had x's call at 82% of L2 throughput and 27% of DRAM's (§L.1).
-COALESCED_ROWS = True
+# Token blocks a program when the column way writes codes (x's call): the codes and scale
+# bytes of a channel for 4 token blocks are one 32-byte and one 4-byte store, where one program
+# a token block wrote 8 bytes and 1 byte of a channel (Nsight Compute, x's call at 8192 × 3072:
+# 3.5M L2 write requests, 3.1M of them those two, L2 at 77–82% of its peak, DRAM at 27%;
+# BENCHMARKS.md §U.1). 1 where the token blocks are not a multiple of it.
+COL_CODES_TBS = 4
 
 
 def _config(nblk: int, wide: bool = False):
@@ -210,8 +212,8 @@ def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
     grid = (cdiv(t, 16) * cdiv(c // 16, nb),)
     xp, stride, xw = _x_args(m)
     launch(_amax_two_ways_kernel, grid, xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs),
-           ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb, CO=COALESCED_ROWS,
-           num_warps=nw, enable_fp_fusion=False)
+           ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb, num_warps=nw,
+           enable_fp_fusion=False)
     return obs
 
 
@@ -298,9 +300,13 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
     wide = row_sr and col is not None and col_sr and col.decoded
     nb, nw = _config(nblk, wide)
     cap = dict(maxnreg=WIDE_MAXNREG) if wide and WIDE_MAXNREG and not _interpreter() else {}
-    grid = (cdiv(t, 16) * cdiv(nblk, nb),)
+    ntb = tpad // 16
+    tbs = COL_CODES_TBS if col is not None and col.codes and ntb % COL_CODES_TBS == 0 else 1
+    grid = (cdiv(ntb, tbs) * cdiv(nblk, nb),)
     xp, stride, xw = _x_args(m)
     words = (lambda b: b.view(torch.int32) if b is not dummy else b)   # BF16 / code words
+    if tbs > 1:                    # a channel's TBS scale bytes as one word
+        col_scale = col_scale.view({2: torch.int16, 4: torch.int32}[tbs])
     launch(_quantize_two_ways_kernel, grid,
         xp, g_row, g_col, obs, ts, words(row_dec), row_data, row_scale, words(col_dec),
         words(col_data), col_scale, int(seed_row or 0), int(seed_col or 0), t, c, stride,
@@ -309,5 +315,5 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
         ROW_SR=row_sr, TILE2D=row is not None and tuple(row.tile) == (16, 16),
         COL_DEC=col is not None and col.decoded, COL_CODES=col is not None and col.codes,
         COL_SR=col_sr, SR_DIRECT=SR_DIRECT, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb,
-        CO=COALESCED_ROWS, num_warps=nw, enable_fp_fusion=False, **cap)
+        TBS=tbs, num_warps=nw, enable_fp_fusion=False, **cap)
     return out

@@ -37,12 +37,6 @@ def _eo_words(w8, NB: tl.constexpr):
 
 
 @triton.jit
-def _words8(lo, hi, NB: tl.constexpr):
-    """Inverse of :func:`_eo_words`: the eo form's ``[NB, 4]`` word pair -> ``[NB, 8]``."""
-    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (NB, 8))
-
-
-@triton.jit
 def _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW: tl.constexpr,
                I64: tl.constexpr, CO: tl.constexpr):
     """The 16 token rows of token block ``tb`` as four 16-tuples (e0, o0, e1, o1) of FP32
@@ -261,24 +255,29 @@ def _row_sr_words(seed, tb, K: tl.constexpr, blk, q, NBLK, I64: tl.constexpr):
 
 
 @triton.jit
-def _tile_coords(T, C, NB: tl.constexpr):
+def _tile_coords(T, C, NB: tl.constexpr, TBS: tl.constexpr):
+    """(pid, token blocks, the program's first token block, its blocks, q, channel mask): a
+    program owns TBS consecutive token blocks (16·TBS tokens) × NB 16-channel blocks."""
     pid = tl.program_id(0)
     ntb = tl.cdiv(T, 16)
-    tb = pid % ntb
-    blk = (pid // ntb) * NB + tl.arange(0, NB)
+    ntbp = tl.cdiv(ntb, TBS)
+    tb0 = (pid % ntbp) * TBS
+    blk = (pid // ntbp) * NB + tl.arange(0, NB)
     q = tl.arange(0, 4)
     cmask = (blk < C // 16)[:, None] & (q < 4)[None, :]
-    return pid, ntb, tb, blk, q, cmask
+    return pid, ntb, tb0, blk, q, cmask
 
 
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
 def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
                           ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
-                          I64: tl.constexpr, NB: tl.constexpr, CO: tl.constexpr):
-    """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL)."""
-    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
-    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, CO)
+                          I64: tl.constexpr, NB: tl.constexpr):
+    """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL).
+    Rows are read a whole 32-byte block a request (``_load_rows``' CO): 4% faster here on the
+    H200, where the quantize kernel was slower with it (BENCHMARKS.md §U.1)."""
+    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB, 1)
+    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, True)
     if ROW:
         m = tl.maximum(tl.maximum(_bits_max_tuple(E0), _bits_max_tuple(O0)),
                        tl.maximum(_bits_max_tuple(E1), _bits_max_tuple(O1)))
@@ -293,10 +292,14 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
 
 @triton.jit
 def _col_group(z, c, tb, tpad, ntb, enc, dec, u, cmask, col_dec_ptr, col_data_ptr,
-               col_scale_ptr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
-               COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, I64: tl.constexpr):
+               col_scale_ptr, acc, sc, sub, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
+               COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, I64: tl.constexpr,
+               TBS: tl.constexpr):
     """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``; ``u``
-    their 16 uniforms (:func:`_col_group_uniforms`) when ``COL_SR``."""
+    their 16 uniforms (:func:`_col_group_uniforms`) when ``COL_SR``. With ``TBS > 1`` the codes
+    (2 words) and the scale byte of token block ``tb`` (the program's ``sub``-th) go into the
+    program's ``acc`` ``[NB, 4, 2·TBS]`` words and ``sc`` (byte ``sub``), stored by the caller
+    after its last token block; returns (acc, sc)."""
     s_val, s_bits, f = _candidate_fast(_abs_max_tuple(z), enc, dec, INV6)    # per channel
     if I64:
         cc = c.to(tl.int64)
@@ -332,11 +335,104 @@ def _col_group(z, c, tb, tpad, ntb, enc, dec, u, cmask, col_dec_ptr, col_data_pt
                 w0 = w0 | (nib << (4 * k))
             else:
                 w1 = w1 | (nib << (4 * (k - 8)))
-        # 16 codes = 8 bytes = 2 words per channel ([C, T_pad / 2] viewed as int32)
-        k2 = tl.arange(0, 2)[None, None, :]
-        tl.store(col_data_ptr + (cc * (tpad // 8) + tb * 2)[:, :, None] + k2,
-                 tl.join(w0, w1), mask=cmask[:, :, None])
-        tl.store(col_scale_ptr + cc * ntb + tb, s_bits.to(tl.uint8), mask=cmask)
+        if TBS == 1:
+            # 16 codes = 8 bytes = 2 words per channel ([C, T_pad / 2] viewed as int32)
+            k2 = tl.arange(0, 2)[None, None, :]
+            tl.store(col_data_ptr + (cc * (tpad // 8) + tb * 2)[:, :, None] + k2,
+                     tl.join(w0, w1), mask=cmask[:, :, None])
+            tl.store(col_scale_ptr + cc * ntb + tb, s_bits.to(tl.uint8), mask=cmask)
+        else:
+            kk = tl.arange(0, 2 * TBS)[None, None, :]
+            acc = tl.where(kk == 2 * sub, w0[:, :, None], acc)
+            acc = tl.where(kk == 2 * sub + 1, w1[:, :, None], acc)
+            sc = sc | ((s_bits & 0xFF) << (8 * sub))
+    return acc, sc
+
+
+@triton.jit
+def _store_col_codes(acc, sc, c, tb0, tpad, ntb, cmask, col_data_ptr, col_scale_ptr,
+                     I64: tl.constexpr, TBS: tl.constexpr):
+    """A channel group's codes and scales of the program's TBS token blocks: ``2·TBS`` words
+    (8·TBS bytes) and ``TBS`` scale bytes a channel, each one contiguous run, so a channel's
+    codes fill whole 32-byte sectors at TBS = 4 (one 8-byte store and one 1-byte store a token
+    block each wrote part of a sector). ``col_scale_ptr`` is the scales viewed as TBS-byte
+    words."""
+    if I64:
+        cc = c.to(tl.int64)
+    else:
+        cc = c
+    kk = tl.arange(0, 2 * TBS)[None, None, :]
+    tl.store(col_data_ptr + (cc * (tpad // 8) + tb0 * 2)[:, :, None] + kk, acc,
+             mask=cmask[:, :, None])
+    tl.store(col_scale_ptr + (cc * ntb + tb0) // TBS, sc.to(col_scale_ptr.dtype.element_ty),
+             mask=cmask)
+
+
+@triton.jit
+def _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc, dec, seed_row,
+             row_dec_ptr, row_data_ptr, row_scale_ptr, ROW_DEC: tl.constexpr,
+             ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr, TILE2D: tl.constexpr,
+             SR_DIRECT: tl.constexpr, I64: tl.constexpr):
+    """The row way of token block ``tb`` (1×16 blocks along the channels, or 16×16 tiles):
+    decoded BF16 words and/or codes + scales."""
+    if TILE2D:
+        # 16x16 tile = these 16 rows x one 16-channel block: one scale for the tile.
+        bm = tl.max(tl.maximum(tl.maximum(_abs_max_tuple(E0), _abs_max_tuple(O0)),
+                               tl.maximum(_abs_max_tuple(E1), _abs_max_tuple(O1))), 1)
+        s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+    # Tokens in the order of their Philox calls (sr_stream.py): call k covers the tokens
+    # 2k, 2k+1, 8+2k, 9+2k (its words 0..3), so one call serves 4 tokens of the lane.
+    for k in tl.static_range(4):
+        if ROW_SR:
+            words = _row_sr_words(seed_row, tb, k, blk, q, nblk, I64)
+        for pp in tl.static_range(4):
+            # token (pp // 2)·8 + 2k + pp % 2, written inline: a name assigned inside the
+            # loop is not a compile-time constant for the tuple subscripts (sm_90 compiler)
+            e0, o0, e1, o1 = _token(E0, O0, E1, O1, (pp // 2) * 8 + 2 * k + pp % 2)
+            t = tb * 16 + (pp // 2) * 8 + 2 * k + pp % 2
+            m = _row_mask(cmask, t, T)
+            if not TILE2D:
+                bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
+                                       tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
+                s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+            f2 = f[:, None]
+            s2 = s_val[:, None]
+            if I64:
+                t_ = t.to(tl.int64)
+            else:
+                t_ = t
+            if ROW_SR:
+                w = words[pp]
+                u0, u1, u2, u3 = _sr_u8(w, 0), _sr_u8(w, 1), _sr_u8(w, 2), _sr_u8(w, 3)
+                if ROW_CODES or not SR_DIRECT:
+                    n0 = _nib_sr(e0, f2, u0)
+                    n1 = _nib_sr(o0, f2, u1)
+                    n2 = _nib_sr(e1, f2, u2)
+                    n3 = _nib_sr(o1, f2, u3)
+            elif ROW_CODES:
+                n0 = _nib_rne(e0, f2)
+                n1 = _nib_rne(o0, f2)
+                n2 = _nib_rne(e1, f2)
+                n3 = _nib_rne(o1, f2)
+            if ROW_DEC:
+                if ROW_SR and (ROW_CODES or not SR_DIRECT):
+                    w_lo = _bf16_word(_dec_nib_bits(n0, s2), _dec_nib_bits(n1, s2))
+                    w_hi = _bf16_word(_dec_nib_bits(n2, s2), _dec_nib_bits(n3, s2))
+                elif ROW_SR:
+                    w_lo = _bf16_word(_dec_sr_bits(e0, f2, u0, s2), _dec_sr_bits(o0, f2, u1, s2))
+                    w_hi = _bf16_word(_dec_sr_bits(e1, f2, u2, s2), _dec_sr_bits(o1, f2, u3, s2))
+                else:
+                    w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
+                    w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
+                p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]   # words
+                tl.store(p, w_lo, mask=m)
+                tl.store(p + 4, w_hi, mask=m)
+            if ROW_CODES:
+                p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]  # bytes
+                tl.store(p, (n0 | (n1 << 4)).to(tl.uint8), mask=m)
+                tl.store(p + 4, (n2 | (n3 << 4)).to(tl.uint8), mask=m)
+                tl.store(row_scale_ptr + t_ * nblk + blk, s_bits.to(tl.uint8),
+                         mask=(blk < nblk) & ((blk * 0 + t) < T))
 
 
 @triton.jit(do_not_specialize=["seed_row", "seed_col"])
@@ -347,107 +443,66 @@ def _quantize_two_ways_kernel(
         ROW_DEC: tl.constexpr, ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr,
         TILE2D: tl.constexpr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
         COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
-        NB: tl.constexpr, CO: tl.constexpr):
-    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB)
+        NB: tl.constexpr, TBS: tl.constexpr):
+    """TBS token blocks (a loop, not unrolled) × NB channel blocks a program; TBS > 1 only
+    where the column way writes codes and the token blocks are a multiple of TBS (the host's
+    choice), so every block of the program exists."""
+    pid, ntb, tb0, blk, q, cmask = _tile_coords(T, C, NB, TBS)
     nblk = C // 16
-    j8 = tl.arange(0, 8)
-    cmask8 = (blk < nblk)[:, None] & (j8 < 8)[None, :]
-    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, CO)
-
-    if ROW_DEC or ROW_CODES:
-        enc, dec, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
-        if pid == 0:
-            tl.store(ts_ptr, dec_out)
-        if TILE2D:
-            # 16x16 tile = these 16 rows x one 16-channel block: one scale for the tile.
-            bm = tl.max(tl.maximum(tl.maximum(_abs_max_tuple(E0), _abs_max_tuple(O0)),
-                                   tl.maximum(_abs_max_tuple(E1), _abs_max_tuple(O1))), 1)
-            s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
-        # Tokens in the order of their Philox calls (sr_stream.py): call k covers the tokens
-        # 2k, 2k+1, 8+2k, 9+2k (its words 0..3), so one call serves 4 tokens of the lane.
-        for k in tl.static_range(4):
-            if ROW_SR:
-                words = _row_sr_words(seed_row, tb, k, blk, q, nblk, I64)
-            for pp in tl.static_range(4):
-                # token (pp // 2)·8 + 2k + pp % 2, written inline: a name assigned inside the
-                # loop is not a compile-time constant for the tuple subscripts (sm_90 compiler)
-                e0, o0, e1, o1 = _token(E0, O0, E1, O1, (pp // 2) * 8 + 2 * k + pp % 2)
-                t = tb * 16 + (pp // 2) * 8 + 2 * k + pp % 2
-                m = _row_mask(cmask, t, T)
-                if not TILE2D:
-                    bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
-                                           tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
-                    s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
-                f2 = f[:, None]
-                s2 = s_val[:, None]
-                if I64:
-                    t_ = t.to(tl.int64)
-                else:
-                    t_ = t
-                if ROW_SR:
-                    w = words[pp]
-                    u0, u1, u2, u3 = _sr_u8(w, 0), _sr_u8(w, 1), _sr_u8(w, 2), _sr_u8(w, 3)
-                    if ROW_CODES or not SR_DIRECT:
-                        n0 = _nib_sr(e0, f2, u0)
-                        n1 = _nib_sr(o0, f2, u1)
-                        n2 = _nib_sr(e1, f2, u2)
-                        n3 = _nib_sr(o1, f2, u3)
-                elif ROW_CODES:
-                    n0 = _nib_rne(e0, f2)
-                    n1 = _nib_rne(o0, f2)
-                    n2 = _nib_rne(e1, f2)
-                    n3 = _nib_rne(o1, f2)
-                if ROW_DEC:
-                    if ROW_SR and (ROW_CODES or not SR_DIRECT):
-                        w_lo = _bf16_word(_dec_nib_bits(n0, s2), _dec_nib_bits(n1, s2))
-                        w_hi = _bf16_word(_dec_nib_bits(n2, s2), _dec_nib_bits(n3, s2))
-                    elif ROW_SR:
-                        w_lo = _bf16_word(_dec_sr_bits(e0, f2, u0, s2), _dec_sr_bits(o0, f2, u1, s2))
-                        w_hi = _bf16_word(_dec_sr_bits(e1, f2, u2, s2), _dec_sr_bits(o1, f2, u3, s2))
-                    else:
-                        w_lo = _bf16_word(_dec_rne_bits(e0, f2, s2), _dec_rne_bits(o0, f2, s2))
-                        w_hi = _bf16_word(_dec_rne_bits(e1, f2, s2), _dec_rne_bits(o1, f2, s2))
-                    if CO:      # a block's 8 words in one request (see _load_rows)
-                        p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + j8[None, :]
-                        tl.store(p, _words8(w_lo, w_hi, NB), mask=_row_mask(cmask8, t, T))
-                    else:
-                        p = row_dec_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]
-                        tl.store(p, w_lo, mask=m)
-                        tl.store(p + 4, w_hi, mask=m)
-                if ROW_CODES:
-                    b_lo = (n0 | (n1 << 4)).to(tl.uint8)
-                    b_hi = (n2 | (n3 << 4)).to(tl.uint8)
-                    if CO:
-                        p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + j8[None, :]
-                        tl.store(p, _words8(b_lo, b_hi, NB), mask=_row_mask(cmask8, t, T))
-                    else:
-                        p = row_data_ptr + t_ * (C // 2) + (blk * 8)[:, None] + q[None, :]
-                        tl.store(p, b_lo, mask=m)
-                        tl.store(p + 4, b_hi, mask=m)
-                    tl.store(row_scale_ptr + t_ * nblk + blk, s_bits.to(tl.uint8),
-                             mask=(blk < nblk) & ((blk * 0 + t) < T))
-
-    if COL_DEC or COL_CODES:
-        enc, dec, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
-        if pid == 0:
-            tl.store(ts_ptr + 1, dec_out)
-        tpad = ntb * 16
-        c0 = (blk * 16)[:, None] + 2 * q[None, :]          # channel of e0; o0 = +1, e1 = +8
-        if COL_SR:
-            cw = _col_sr_words(seed_col, blk, q, tb, ntb, I64)
-            u_e0, u_o0 = _col_group_uniforms(cw, 0), _col_group_uniforms(cw, 1)
-            u_e1, u_o1 = _col_group_uniforms(cw, 2), _col_group_uniforms(cw, 3)
-        else:
-            u_e0, u_o0, u_e1, u_o1 = seed_col, seed_col, seed_col, seed_col   # unused
-        _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc, dec, u_e0, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
-                   I64)
-        _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc, dec, u_o0, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
-                   I64)
-        _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc, dec, u_e1, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
-                   I64)
-        _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc, dec, u_o1, cmask,
-                   col_dec_ptr, col_data_ptr, col_scale_ptr, COL_DEC, COL_CODES, COL_SR, SR_DIRECT,
-                   I64)
+    tpad = ntb * 16
+    c0 = (blk * 16)[:, None] + 2 * q[None, :]          # channel of e0; o0 = +1, e1 = +8
+    acc_e0 = tl.zeros((NB, 4, 2 * TBS), tl.int32)
+    acc_o0 = tl.zeros((NB, 4, 2 * TBS), tl.int32)
+    acc_e1 = tl.zeros((NB, 4, 2 * TBS), tl.int32)
+    acc_o1 = tl.zeros((NB, 4, 2 * TBS), tl.int32)
+    sc_e0 = tl.zeros((NB, 4), tl.int32)
+    sc_o0 = tl.zeros((NB, 4), tl.int32)
+    sc_e1 = tl.zeros((NB, 4), tl.int32)
+    sc_o1 = tl.zeros((NB, 4), tl.int32)
+    for sub in range(TBS):
+        tb = tb0 + sub
+        E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, False)
+        # the tensor scales are loaded where each way starts (per token block: a few
+        # instructions), so the row way's registers do not hold the column way's
+        if ROW_DEC or ROW_CODES:
+            enc_r, dec_r, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
+            if pid == 0:
+                tl.store(ts_ptr, dec_out)
+            _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc_r, dec_r, seed_row,
+                     row_dec_ptr, row_data_ptr, row_scale_ptr, ROW_DEC, ROW_CODES, ROW_SR,
+                     TILE2D, SR_DIRECT, I64)
+        if COL_DEC or COL_CODES:
+            enc_c, dec_c, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
+            if pid == 0:
+                tl.store(ts_ptr + 1, dec_out)
+            if COL_SR:
+                cw = _col_sr_words(seed_col, blk, q, tb, ntb, I64)
+                u_e0, u_o0 = _col_group_uniforms(cw, 0), _col_group_uniforms(cw, 1)
+                u_e1, u_o1 = _col_group_uniforms(cw, 2), _col_group_uniforms(cw, 3)
+            else:
+                u_e0, u_o0, u_e1, u_o1 = seed_col, seed_col, seed_col, seed_col   # unused
+            acc_e0, sc_e0 = _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc_c, dec_c,
+                                       u_e0, cmask, col_dec_ptr, col_data_ptr, col_scale_ptr,
+                                       acc_e0, sc_e0, sub, COL_DEC, COL_CODES, COL_SR,
+                                       SR_DIRECT, I64, TBS)
+            acc_o0, sc_o0 = _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc_c,
+                                       dec_c, u_o0, cmask, col_dec_ptr, col_data_ptr,
+                                       col_scale_ptr, acc_o0, sc_o0, sub, COL_DEC, COL_CODES,
+                                       COL_SR, SR_DIRECT, I64, TBS)
+            acc_e1, sc_e1 = _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc_c,
+                                       dec_c, u_e1, cmask, col_dec_ptr, col_data_ptr,
+                                       col_scale_ptr, acc_e1, sc_e1, sub, COL_DEC, COL_CODES,
+                                       COL_SR, SR_DIRECT, I64, TBS)
+            acc_o1, sc_o1 = _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc_c,
+                                       dec_c, u_o1, cmask, col_dec_ptr, col_data_ptr,
+                                       col_scale_ptr, acc_o1, sc_o1, sub, COL_DEC, COL_CODES,
+                                       COL_SR, SR_DIRECT, I64, TBS)
+    if COL_CODES and TBS > 1:
+        _store_col_codes(acc_e0, sc_e0, c0, tb0, tpad, ntb, cmask, col_data_ptr, col_scale_ptr,
+                         I64, TBS)
+        _store_col_codes(acc_o0, sc_o0, c0 + 1, tb0, tpad, ntb, cmask, col_data_ptr,
+                         col_scale_ptr, I64, TBS)
+        _store_col_codes(acc_e1, sc_e1, c0 + 8, tb0, tpad, ntb, cmask, col_data_ptr,
+                         col_scale_ptr, I64, TBS)
+        _store_col_codes(acc_o1, sc_o1, c0 + 9, tb0, tpad, ntb, cmask, col_data_ptr,
+                         col_scale_ptr, I64, TBS)

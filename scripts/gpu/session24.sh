@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Device call of session 24 (one nvidia-h200): the NVFP4 linear's operand kernels with whole
+# Device calls of session 24 (one nvidia-h200): the NVFP4 linear's operand kernels with whole
 # 32-byte sectors a request (issue 3).
-#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session24.sh rows        (carry .whl)
+#   FULLSTACK_COMMIT=176f77b bash scripts/gpu/session24.sh rows      (carry .whl; run94 — the
+#   `--coalesced` sweep and the COALESCED_ROWS switch it measured exist at 176f77b only)
 # 1. the two-way kernels (amax and quantize, every call of the linear) with token rows read and
 #    the row way written as whole blocks against the half-block accesses before, bit for bit
 #    and timed (CUDA graphs);
@@ -11,6 +12,11 @@
 #    (eager and CUDA graph; the bench checks against the reference first);
 # 4. Nsight Compute on the 8 operand launches of one fwd+bwd at 8192 × 3072 → 3072, the new
 #    forms and the old, with L2 request and DRAM byte counts.
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session24.sh tbs         (carry .whl; run95)
+# 5. x's call with 1, 2 or 4 token blocks a program (a channel's column codes and scales stored
+#    as one run), uncapped and capped at 128 registers, bit for bit against 1;
+# 6. 3. and 4. (the new forms only) again at the chosen default, and the GPU tests of the
+#    two-way kernels, the decode and the fused linear.
 # Packs its files into $OUT/<mode>.tgz.
 set -u
 source scripts/gpu/setup_env.sh
@@ -34,6 +40,20 @@ case "${1:-rows}" in
         --section SchedulerStats --metrics "$NCU_METRICS" \
         python3 scripts/gpu/diag_two_ways.py --ncu-linear $flag
     done
+    cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+  tbs)
+    TAILN=14 run sweep_tbs 200 python3 scripts/gpu/sweep_two_ways.py --tbs --jobs 10
+    TAILN=25 run profile_linear 120 python3 scripts/gpu/profile_linear_device.py
+    TAILN=8 run bench_linear 150 python3 scripts/bench_nvfp4_linear.py
+    TAILN=5 run ncu_new 90 ncu --clock-control none --launch-skip 8 --launch-count 8 \
+      -k regex:'_amax_two_ways|_quantize_two_ways|_dequantize_flat' \
+      --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
+      --section SchedulerStats --metrics "$NCU_METRICS" \
+      python3 scripts/gpu/diag_two_ways.py --ncu-linear
+    PER_TEST=150 TAILN=12 gpu_pytest two_ways_tests 150 -q -n 6 \
+      tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
+      tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py
     cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
     ;;
 esac

@@ -25,11 +25,12 @@ straight to the decoded value, uncapped or capped at 128), at 8192 × 3072 and 8
 checked bit for bit against the nibble form; the fastest (summed over both shapes) is written to
 ``$OUT/dy_choice.json`` for ``scripts/gpu/run_with_dy_choice.py``.
 
-``--coalesced``: every call at its default launch configuration with the token rows read and
-the row way written as whole 32-byte blocks a request (``triton_quantize_decode.COALESCED_ROWS``)
-against as two half-block word accesses, each checked bit for bit against the other.
+``--tbs``: x's call (row decoded + column codes) with 1, 2 or 4 token blocks a program
+(``triton_quantize_decode.COL_CODES_TBS``: a channel's codes and scales of the program's token
+blocks stored as one run each), uncapped and capped at 128 registers, at 8192 × 3072 and
+8192 × 8192, each checked bit for bit against one token block a program.
 
-Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy | --coalesced]``.
+Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy | --tbs]``.
 """
 
 import argparse
@@ -107,8 +108,8 @@ def _input(shape):
 
 def apply(setting):
     """``("launch", NB, warps, maxnreg)``: :func:`configure`; ``("dy", SR_DIRECT, cap)``:
-    :func:`dy_form`; ``("co", on)``: :func:`coalesced`."""
-    {"launch": configure, "dy": dy_form, "co": coalesced}[setting[0]](*setting[1:])
+    :func:`dy_form`; ``("tbs", COL_CODES_TBS, maxnreg)``: :func:`tbs_form`."""
+    {"launch": configure, "dy": dy_form, "tbs": tbs_form}[setting[0]](*setting[1:])
 
 
 def warm(job):
@@ -178,44 +179,49 @@ def dy_main(jobs):
                        "summed_ms": {f"{k[0]},{k[1]}": v for k, v in total.items()}}, fh)
 
 
-def coalesced(on):
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    tqd.COALESCED_ROWS = on
+TBS_FORMS = [(1, None), (2, None), (4, None), (2, 128), (4, 128)]   # (COL_CODES_TBS, maxnreg)
+X_NAME = "x: row dec + col codes"
 
 
-def coalesced_main(jobs):
-    """Each mode and shape with ``COALESCED_ROWS`` off and on (launches as the library makes
-    them): bits equal, device ms, and the ratio."""
-    warm_all([(name, shape, ("co", on)) for name, (shapes, *_) in modes().items()
-              for shape in shapes[:1] for on in (False, True)], jobs)
+def tbs_form(tbs, maxnreg):
+    """x's call with ``tbs`` token blocks a program (``COL_CODES_TBS``) and a register cap."""
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    print("| kernel | shape | bits equal | halves ms | whole blocks ms | ratio | copy ms |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
-    for name, (shapes, *_) in modes().items():
-        for shape in shapes:
-            m = _input(shape)
-            dst = torch.empty_like(m)
-            t_copy = graph_ms(lambda: dst.copy_(m))
-            cfg = {"obs": tqd.amax_two_ways(m)}
-            res, ms = [], []
-            for on in (False, True):
-                coalesced(on)
-                res.append([o.clone() for o in call(name, m, cfg)])
-                ms.append(graph_ms(lambda: call(name, m, cfg)))
-            print(f"| {name} | {shape[0]}x{shape[1]} | {same(*res)} | {ms[0]:.4f} | "
-                  f"{ms[1]:.4f} | {ms[1] / ms[0]:.3f} | {t_copy:.4f} |", flush=True)
+    configure(32, 4, maxnreg)
+    tqd.COL_CODES_TBS = tbs
+
+
+def tbs_main(jobs):
+    """x's call (row decoded + column codes) at each (token blocks a program, register cap),
+    bit for bit against one token block a program, timed."""
+    warm_all([(X_NAME, (T, 3072), ("tbs",) + f) for f in TBS_FORMS], jobs)
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    print("| x call, shape | token blocks a program | maxnreg | bits = 1 block | ms | / copy |")
+    print("| --- | ---: | ---: | --- | ---: | ---: |")
+    for shape in ((T, 3072), (T, 8192)):
+        m = _input(shape)
+        dst = torch.empty_like(m)
+        t_copy = graph_ms(lambda: dst.copy_(m))
+        tbs_form(*TBS_FORMS[0])
+        cfg = {"obs": tqd.amax_two_ways(m)}
+        ref = [o.clone() for o in call(X_NAME, m, cfg)]
+        for f in TBS_FORMS:
+            tbs_form(*f)
+            ok = same(call(X_NAME, m, cfg), ref)
+            t = graph_ms(lambda: call(X_NAME, m, cfg))
+            print(f"| {shape[0]}x{shape[1]} | {f[0]} | {f[1] or '-'} | {ok} | {t:.4f} | "
+                  f"{t / t_copy:.2f} |", flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--dy", action="store_true")
-    ap.add_argument("--coalesced", action="store_true")
+    ap.add_argument("--tbs", action="store_true")
     a = ap.parse_args()
     if a.dy:
         return dy_main(a.jobs)
-    if a.coalesced:
-        return coalesced_main(a.jobs)
+    if a.tbs:
+        return tbs_main(a.jobs)
     jobs = [(name, shape, ("launch",) + c) for name, (shapes, _, _, _, cfgs) in modes().items()
             for shape in shapes[:1] for c in cfgs]
     warm_all(jobs, a.jobs)

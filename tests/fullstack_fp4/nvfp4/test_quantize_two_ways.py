@@ -99,6 +99,34 @@ def test_x_operands_nearest(dtype, c):
         assert bool((s == 0).any()) and bool(((s > 0) & (s < 8)).any())
 
 
+@pytest.mark.parametrize("tbs,t,rounding,i64", [(4, 56, "nearest", False),
+                                                (2, 56, "stochastic", False),
+                                                (4, 64, "stochastic", True)])
+def test_column_codes_of_several_token_blocks_a_program(tbs, t, rounding, i64, monkeypatch):
+    """With ``COL_CODES_TBS`` token blocks a program (a channel's codes and scale bytes of those
+    blocks stored as one run each; what x's call takes when the token blocks divide), both ways
+    equal the reference. T = 56 zero-pads the program's last token block; 128 channels make two
+    channel programs under the interpreter; the 2-block form stores its scales as 16-bit words,
+    the 4-block form as 32-bit ones; int64 offsets and counters too."""
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    monkeypatch.setattr(tqd, "COL_CODES_TBS", tbs)
+    monkeypatch.setattr(tqd, "_needs_i64", lambda t, c, stride: i64)
+    m = _m(t, 128, 11)
+    md = m.to(DEV)
+    sr = rounding == "stochastic"
+    q = tqd.quantize_two_ways(md, tqd.amax_two_ways(md), row=tqd.RowWay(rounding),
+                              col=tqd.ColWay(rounding, decoded=True, codes=True),
+                              seed_row=21 if sr else None, seed_col=22 if sr else None)
+    mt = _col_ref(m)
+    kw = lambda shape, seed: dict(rounding="stochastic", rand=sr_uniforms(shape, seed)) if sr else {}
+    rr, rc = quantize_reference(m, **kw(m.shape, 21)), quantize_reference(mt, **kw(mt.shape, 22))
+    rc.dtype = m.dtype
+    _same_bf16(q.row_decoded, decode_to_bf16(rr))
+    _same_q(q.col_q, rc)
+    _same_bf16(q.col_decoded, decode_to_bf16(rc))
+    assert q.col_q.shape == (128, 64)
+
+
 @pytest.mark.parametrize("codes,direct", [(True, True), (False, True), (False, False)])
 def test_dy_operands_stochastic_match_philox_draws(codes, direct, monkeypatch):
     """dgrad dY (1×16, SR) and wgrad RHT(dYᵀ) (SR), decoded, with quantize_triton's Philox
