@@ -8,8 +8,7 @@ bit with the PyTorch decode (``e2m1(code) · fp32(scale)`` → BF16, gemm.py's C
 the GPU), then timed (median of CUDA-event timings of 20 calls, each on a tensor larger than L2)
 beside a device-to-device copy of the same output bytes. Bytes moved: 0.5625 B per element
 read, 2 written. ``--sweep`` also times every ``FP4_DEQUANT_NBP`` × ``FP4_DEQUANT_WARPS`` pair of
-SWEEP (the flat kernel's blocks per program and warps), each checked bit for bit first. The
-default is always timed beside the form before it (a lane a block, ``FP4_DEQUANT_HALVES=0``).
+SWEEP (the flat kernel's blocks per program and warps), each checked bit for bit first.
 Writes ``bench_decode.json`` into ``$OUT`` if set.
 """
 
@@ -27,8 +26,6 @@ from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton  # noqa: E4
 
 SHAPES = ((3072, 5120), (3072, 16384), (8192, 3072), (8192, 8192))
 SWEEP = ((256, 8), (512, 8), (1024, 8), (2048, 8), (1024, 4), (512, 4), (2048, 16))
-# a lane a block (the form before, FP4_DEQUANT_HALVES=0) at the default blocks and warps
-BLOCKS = (256, 8, "0")
 
 
 def torch_decode(t):
@@ -41,8 +38,7 @@ def torch_decode(t):
 def run(cfg, qs):
     env = {}
     if cfg is not None:
-        env = {"FP4_DEQUANT_NBP": str(cfg[0]), "FP4_DEQUANT_WARPS": str(cfg[1]),
-               "FP4_DEQUANT_HALVES": cfg[2] if len(cfg) > 2 else "1"}
+        env = {"FP4_DEQUANT_NBP": str(cfg[0]), "FP4_DEQUANT_WARPS": str(cfg[1])}
     os.environ.update(env)
     try:
         rows = []
@@ -71,10 +67,9 @@ def main():
     print(f"device-to-device copy of 8192x8192 BF16: {copy_ms:.4f} ms, {copy_gbs:.0f} GB/s\n")
     print("| config (blocks/program, warps) | shape | exact | ms | GB/s | % of copy |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
-    cfgs = [None, BLOCKS] + (list(SWEEP) if "--sweep" in sys.argv else [])
+    cfgs = [None] + (list(SWEEP) if "--sweep" in sys.argv else [])
     for cfg in cfgs:
-        name = ("default" if cfg is None else f"{cfg[0]},{cfg[1]}"
-                + (", a lane a block" if len(cfg) > 2 else ""))
+        name = "default" if cfg is None else f"{cfg[0]},{cfg[1]}"
         rows = run(cfg, qs)
         out["configs"][name] = rows
         for r in rows:

@@ -15,9 +15,10 @@ Layout of the work (``_dequantize_flat_kernel``, the one used). The codes ``[row
 the block scales ``[rows, K/16]`` of a row-major tensor with K % 16 == 0 are, read flat, the
 blocks in order: block ``b`` is code bytes ``8b .. 8b+7`` and scale byte ``b`` (no block straddles
 a row; 16×16 tiles store their scale on each row, so the same holds). A program takes ``NBP``
-consecutive blocks and walks their two halves: ``[NBP, 4]`` code bytes (4-byte loads,
-consecutive blocks at an 8-byte stride) and ``[NBP, 8]`` BF16 outputs (16-byte stores) a half, one
-scale byte a block. On the H200 it decodes 8192×8192 in 0.12 ms against 0.24 ms for the tiled
+consecutive blocks as ``2·NBP`` half-blocks, a lane each: ``[2·NBP, 4]`` code bytes (4-byte
+loads, consecutive lanes consecutive) and ``[2·NBP, 8]`` BF16 outputs (16-byte stores), the
+block's scale byte read by both its lanes. (Before session 24 a lane took a block's two halves
+in turn.) On the H200 it decodes 8192×8192 in 0.12 ms against 0.24 ms for the tiled
 kernel it replaced (``BM`` rows × ``NB`` blocks, each thread a [row, block] pair), ~40% of copy
 bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.7). Bytes moved: 0.5625 B/element
 read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and
@@ -79,54 +80,40 @@ def _decode_half(byte, s, dec, OUT_BF16: tl.constexpr, APPLY_DEC: tl.constexpr,
 @triton.jit
 def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
                             OUT_BF16: tl.constexpr, NBP: tl.constexpr, APPLY_DEC: tl.constexpr,
-                            I64: tl.constexpr, HALVES: tl.constexpr):
-    """``NBP`` consecutive 16-blocks of the flat tensor (module docstring). HALVES: a lane a
-    half-block, consecutive lanes consecutive halves (``[2·NBP, 4]`` bytes in, ``[2·NBP, 8]``
-    values out), so each load and store instruction of a warp covers whole 32-byte sectors;
-    else a lane a block, its two halves in turn (each instruction half of every sector)."""
+                            I64: tl.constexpr):
+    """``NBP`` consecutive 16-blocks of the flat tensor (module docstring), a lane a
+    half-block, consecutive lanes consecutive halves: ``[2·NBP, 4]`` bytes in, ``[2·NBP, 8]``
+    values out, so each load and store instruction of a warp covers whole 32-byte sectors. (A
+    lane a block, its two halves in turn, made each instruction write half of every sector:
+    twice the L2 write requests, 13.3 / 30.5 µs against 11.3 / 26.1 µs for the linear's two
+    decodes under Nsight Compute, BENCHMARKS.md §U.2.)"""
     q = tl.arange(0, 4)
     j = tl.arange(0, 8)
     dec = 1.0
     if APPLY_DEC:
         dec = tl.load(dec_ptr)
-    if HALVES:
-        if I64:
-            hb = tl.program_id(0).to(tl.int64) * (2 * NBP) + tl.arange(0, 2 * NBP)
-        else:
-            hb = tl.program_id(0) * (2 * NBP) + tl.arange(0, 2 * NBP)
-        hmask = hb < 2 * NBLK_ALL
-        s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
-        byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
-                       eviction_policy="evict_first").to(tl.int32)
-        v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
-        tl.store(out_ptr + hb[:, None] * 8 + j[None, :], v, mask=hmask[:, None])
+    if I64:
+        hb = tl.program_id(0).to(tl.int64) * (2 * NBP) + tl.arange(0, 2 * NBP)
     else:
-        if I64:
-            blk = tl.program_id(0).to(tl.int64) * NBP + tl.arange(0, NBP)
-        else:
-            blk = tl.program_id(0) * NBP + tl.arange(0, NBP)
-        bmask = blk < NBLK_ALL
-        m2 = bmask[:, None]
-        s = _e4m3_value(tl.load(scale_ptr + blk, mask=bmask, other=0).to(tl.int32))
-        for h in tl.static_range(2):
-            byte = tl.load(data_ptr + blk[:, None] * 8 + 4 * h + q[None, :], mask=m2, other=0,
-                           eviction_policy="evict_first").to(tl.int32)
-            v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
-            tl.store(out_ptr + blk[:, None] * 16 + 8 * h + j[None, :], v, mask=m2)
+        hb = tl.program_id(0) * (2 * NBP) + tl.arange(0, 2 * NBP)
+    hmask = hb < 2 * NBLK_ALL
+    s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
+    byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
+                   eviction_policy="evict_first").to(tl.int32)
+    v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + hb[:, None] * 8 + j[None, :], v, mask=hmask[:, None])
 
 
 def _flat_config():
-    """(NBP blocks per program, num_warps, HALVES): 256 blocks on 8 warps, the fastest of the
-    H200 sweep (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.7), a lane a half-block.
-    Env overrides for the sweep (``FP4_DEQUANT_HALVES=0``: a lane a block)."""
-    halves = os.environ.get("FP4_DEQUANT_HALVES", "1") != "0"
+    """(NBP blocks per program, num_warps): 256 blocks on 8 warps, the fastest of the H200 sweep
+    (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.7). Env overrides for the sweep."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return 8, 1, halves
+        return 8, 1
     nbp = int(os.environ.get("FP4_DEQUANT_NBP", "256"))
     warps = int(os.environ.get("FP4_DEQUANT_WARPS", "8"))
     if nbp < 1 or nbp & (nbp - 1) or warps not in (1, 2, 4, 8, 16):
         raise ValueError("FP4_DEQUANT_NBP: a power of two; FP4_DEQUANT_WARPS: 1, 2, 4, 8 or 16")
-    return nbp, warps, halves
+    return nbp, warps
 
 
 def decode_bf16_triton(t: NVFP4Tensor) -> torch.Tensor:
@@ -150,10 +137,10 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
     scale = t.block_scale.reshape(rows, k // 16).contiguous().view(torch.uint8)
     dec = t.tensor_scale.to(torch.float32).reshape(1)
     nblk_all = rows * (k // 16)
-    nbp, warps, halves = _flat_config()
+    nbp, warps = _flat_config()
     out_k = out.view(torch.int16) if dtype == torch.bfloat16 else out
     launch(_dequantize_flat_kernel, (cdiv(nblk_all, nbp),),
         data, scale, dec, out_k, nblk_all, OUT_BF16=dtype == torch.bfloat16, NBP=nbp,
-        APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, HALVES=halves,
-        num_warps=warps, enable_fp_fusion=False)
+        APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, num_warps=warps,
+        enable_fp_fusion=False)
     return out.reshape(shape)

@@ -2,7 +2,7 @@
 
 Layouts of the same arithmetic, each compared bit for bit with the PyTorch decode on quantized
 random tensors and timed at 8192×8192 and 3072×16384, all at 128 blocks a program: A = the
-committed ``_dequantize_flat_kernel`` at ``HALVES=False`` (a half-block at a time; in run36's first calls A was an
+committed ``_dequantize_flat_kernel`` (since session 24 a lane a half-block; before, a block's halves in turn; in run36's first calls A was an
 earlier form, one [NBP, 2, 4] load and one store); B = the same half-block walk written here;
 C = no join: the even and odd elements stored separately at stride 2; D = the tiled kernel the
 flat one replaced. Prints mismatch counts and the first mismatches.
@@ -109,8 +109,7 @@ def launch(variant, t):
         dec = t.tensor_scale.to(torch.float32).reshape(1)
         _dequantize_flat_kernel[(triton.cdiv(n, 128),)](data, scale, dec, o16, n, OUT_BF16=True,
                                                         NBP=128, APPLY_DEC=False, I64=False,
-                                                        HALVES=False, num_warps=8,
-                                                        enable_fp_fusion=False)
+                                                        num_warps=8, enable_fp_fusion=False)
     elif variant == "B":
         _kernel_b[(triton.cdiv(n, 128),)](data, scale, o16, n, NBP=128, num_warps=8,
                                           enable_fp_fusion=False)

@@ -116,12 +116,10 @@ if __name__ == "__main__":
     ap.add_argument("--ncu-target", action="store_true")
     ap.add_argument("--ncu-linear", action="store_true")
     ap.add_argument("--before", action="store_true",
-                    help="x's call one token block a program, the decode a lane a block (the "
-                         "forms before session 24; the amax pass keeps its whole-block reads)")
+                    help="x's call one token block a program (the form before session 24)")
     a = ap.parse_args()
     if a.before:
         tqd.COL_CODES_TBS = 1
-        os.environ["FP4_DEQUANT_HALVES"] = "0"
     if a.ncu_linear:
         ncu_linear()   # the first pass compiles; ncu skips its 8 launches
         ncu_linear()
