@@ -17,6 +17,9 @@
 #    as one run), uncapped and capped at 128 registers, bit for bit against 1;
 # 6. 3. and 4. (the new forms only) again at the chosen default, and the GPU tests of the
 #    two-way kernels, the decode and the fused linear.
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session24.sh linear      (carry .whl; run96)
+# 7. the linear's fwd+bwd against BF16 F.linear, eager and CUDA graph (run95's bench ran past
+#    its limit in cold compiles), and its device time per kernel.
 # Packs its files into $OUT/<mode>.tgz.
 set -u
 source scripts/gpu/setup_env.sh
@@ -54,6 +57,11 @@ case "${1:-rows}" in
     PER_TEST=150 TAILN=12 gpu_pytest two_ways_tests 150 -q -n 6 \
       tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
       tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py
+    cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+  linear)
+    TAILN=12 run bench_linear 330 python3 scripts/bench_nvfp4_linear.py
+    TAILN=25 run profile_linear 100 python3 scripts/gpu/profile_linear_device.py
     cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
     ;;
 esac
