@@ -41,7 +41,9 @@ through ``_philox10`` (the same rounds as ``tl.randint4x``), larger ones through
 ``tl.randint4x`` on int64 (``I64``, chosen on the host with the offsets' width).
 
 **Layout.** A program owns 16 tokens × ``16·NB`` channels (NB = 32: 512 channels, 4 warps;
-dY's call NB = 64 on 8 warps, :func:`_config`).
+dY's call NB = 64 on 8 warps, :func:`_config`); where the column way writes codes (x's call)
+it walks ``COL_CODES_TBS`` = 4 such token blocks in a loop and stores a channel's codes and
+scale bytes of all four as one run each (``_store_col_codes``).
 Each token row is held in triton_quantize's "eo" form: four ``[NB, 4]`` tensors, elements
 ``2q, 2q+1`` (low half) and ``8+2q, 9+2q`` (high half) of each block, read as int32 words of
 two BF16. The 16 rows are 16-tuples, so the lane of ``(block, q)`` holds its four channels for
