@@ -151,22 +151,29 @@ def dy_form(direct, cap):
     tqd.SR_DIRECT, tqd.WIDE_MAXNREG = direct, cap
 
 
+def time_forms(name, m, forms, set_form):
+    """Each form of one call on ``m``: (form, bits equal to the first form's, device ms); the
+    amax both ways is taken once, under the first form."""
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    set_form(*forms[0])
+    cfg = {"obs": tqd.amax_two_ways(m)}
+    ref = [o.clone() for o in call(name, m, cfg)]
+    rows = []
+    for f in forms:
+        set_form(*f)
+        rows.append((f, same(call(name, m, cfg), ref), graph_ms(lambda: call(name, m, cfg))))
+    return rows
+
+
 def dy_main(jobs):
     import json
     warm_all([(DY_NAME, (T, 3072), ("dy",) + f) for f in DY_FORMS], jobs)
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     total = {f: 0.0 for f in DY_FORMS}
     print("| dY call, shape | SR_DIRECT | maxnreg | bits = nibble form | ms | GB/s |")
     print("| --- | --- | ---: | --- | ---: | ---: |")
     for shape in ((T, 3072), (T, 8192)):
         m = _input(shape)
-        dy_form(*DY_FORMS[0])
-        cfg = {"obs": tqd.amax_two_ways(m)}
-        ref = [o.clone() for o in call(DY_NAME, m, cfg)]
-        for f in DY_FORMS:
-            dy_form(*f)
-            ok = same(call(DY_NAME, m, cfg), ref)
-            t = graph_ms(lambda: call(DY_NAME, m, cfg))
+        for f, ok, t in time_forms(DY_NAME, m, DY_FORMS, dy_form):
             total[f] += t if ok else float("inf")
             print(f"| {shape[0]}x{shape[1]} | {f[0]} | {f[1] or '-'} | {ok} | {t:.4f} | "
                   f"{m.numel() * 6 / t / 1e6:.0f} |", flush=True)
@@ -194,20 +201,13 @@ def tbs_main(jobs):
     """x's call (row decoded + column codes) at each (token blocks a program, register cap),
     bit for bit against one token block a program, timed."""
     warm_all([(X_NAME, (T, 3072), ("tbs",) + f) for f in TBS_FORMS], jobs)
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     print("| x call, shape | token blocks a program | maxnreg | bits = 1 block | ms | / copy |")
     print("| --- | ---: | ---: | --- | ---: | ---: |")
     for shape in ((T, 3072), (T, 8192)):
         m = _input(shape)
         dst = torch.empty_like(m)
         t_copy = graph_ms(lambda: dst.copy_(m))
-        tbs_form(*TBS_FORMS[0])
-        cfg = {"obs": tqd.amax_two_ways(m)}
-        ref = [o.clone() for o in call(X_NAME, m, cfg)]
-        for f in TBS_FORMS:
-            tbs_form(*f)
-            ok = same(call(X_NAME, m, cfg), ref)
-            t = graph_ms(lambda: call(X_NAME, m, cfg))
+        for f, ok, t in time_forms(X_NAME, m, TBS_FORMS, tbs_form):
             print(f"| {shape[0]}x{shape[1]} | {f[0]} | {f[1] or '-'} | {ok} | {t:.4f} | "
                   f"{t / t_copy:.2f} |", flush=True)
 
