@@ -32,7 +32,7 @@ def _row_mask(cmask, t, T):
 def _eo_words(w8, NB: tl.constexpr):
     """A row's ``[NB, 8]`` words (word j = elements 2j, 2j+1 of a block) -> the eo form's
     ``[NB, 4]`` word pair (words q and 4 + q). Triton moves the words between the two layouts
-    (through shared memory on the GPU), so the global load stays one contiguous run a warp."""
+    (warp shuffles on sm_90), so the global load stays one contiguous run a warp."""
     return tl.split(tl.permute(tl.reshape(w8, (NB, 2, 4)), (0, 2, 1)))
 
 
@@ -274,8 +274,8 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
                           ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
                           I64: tl.constexpr, NB: tl.constexpr):
     """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL).
-    Rows are read a whole 32-byte block a request (``_load_rows``' CO): 4% faster here on the
-    H200, where the quantize kernel was slower with it (BENCHMARKS.md §U.1)."""
+    Rows are read a whole 32-byte block a request (``_load_rows``' CO): 3-4% faster here on the
+    H200, where the quantize kernel was slower with it (BENCHMARKS.md §U.2)."""
     pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB, 1)
     E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, True)
     if ROW:
