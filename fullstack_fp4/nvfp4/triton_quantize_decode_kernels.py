@@ -171,7 +171,7 @@ def _dec_nib_bits(nib, s_val):
 def _dec_sr_bits(x, f, u, s_val):
     """FP32 bits of the decoded stochastically rounded value: ``_dec_nib_bits(_nib_sr(x, f, u),
     s)`` without the nibble. ``_nib_sr``'s ``v = a·inv`` (exact, in [0, 4)) rounds to
-    ``n = floor(v) + (u < frac(v))`` grid steps, and the E2M1 magnitude is ``n · step`` with
+    ``n = floor(v) + (u < frac(v)) = ceil(v − u)`` grid steps (one FADD and one FRND), and the E2M1 magnitude is ``n · step`` with
     ``step = 1/inv`` (½, 1 or 2: ``bits(1/inv) = 0x7F000000 − bits(inv)`` for a power of two),
     exact; × s exact; the sign is ``y < 0``'s as in the nibble (so ``-0`` for a negative ``y``
     that rounds to 0, ``+0`` for ``y = -0``). For a dY element (both ways decoded, not stored
@@ -180,13 +180,13 @@ def _dec_sr_bits(x, f, u, s_val):
     a = tl.minimum(tl.abs(y), 6.0)
     invb = tl.minimum(~a.to(tl.int32, bitcast=True) & 0x7F800000, 0x40000000)
     v = a * invb.to(tl.float32, bitcast=True)
-    r = (v + MAGIC) - MAGIC
-    d = v - r
-    neg = d < 0.0
-    frac = tl.where(neg, d + 1.0, d)
-    n = r + tl.where(u < frac, 1.0, 0.0) - tl.where(neg, 1.0, 0.0)
+    # n = floor(v) + (u < frac(v)) = ceil(v - u), exactly: u = (b + 1/2)/256 is a multiple of
+    # 2^-9 and v < 4, so for v >= u the difference is a multiple of ulp(v) below v (exact);
+    # for v < u it lies in (-1, 0) however it rounds (ceil 0 = floor(v), and u > v = frac).
+    # Then v - u = floor(v) + (frac - u) with frac - u in (-1, 1): ceil adds 1 iff frac > u.
+    n = tl.math.ceil(v - u)                   # -0 where v - u is in (-1, 0): cleared below
     mag = (n * (0x7F000000 - invb).to(tl.float32, bitcast=True)) * s_val
-    return mag.to(tl.int32, bitcast=True) | tl.where(y < 0.0, -2147483648, 0)
+    return (mag.to(tl.int32, bitcast=True) & 0x7FFFFFFF) | tl.where(y < 0.0, -2147483648, 0)
 
 
 @triton.jit

@@ -20,6 +20,10 @@
 #   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session24.sh linear      (carry .whl; run96)
 # 7. the linear's fwd+bwd against BF16 F.linear, eager and CUDA graph (run95's bench ran past
 #    its limit in cold compiles), and its device time per kernel.
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session24.sh dy          (carry .whl; run97)
+# 8. dY's call with its stochastic rounding as ceil(v - u) (_dec_sr_bits): the --dy sweep
+#    checks it bit for bit against the nibble form at 8192 x 3072 / 8192 and times it; then
+#    the linear's device time per kernel.
 # Packs its files into $OUT/<mode>.tgz.
 set -u
 source scripts/gpu/setup_env.sh
@@ -57,6 +61,11 @@ case "${1:-rows}" in
     PER_TEST=150 TAILN=12 gpu_pytest two_ways_tests 150 -q -n 6 \
       tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
       tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py
+    cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+  dy)
+    TAILN=12 run sweep_dy 150 python3 scripts/gpu/sweep_two_ways.py --dy --jobs 3
+    TAILN=25 run profile_linear 120 python3 scripts/gpu/profile_linear_device.py
     cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
     ;;
   linear)
