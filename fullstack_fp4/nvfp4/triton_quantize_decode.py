@@ -125,7 +125,8 @@ def _interpreter() -> bool:
 # EXIT than through the nibble, sm_90, triton 3.6) and the register cap its launch gets (the
 # direct form compiles to 184 registers, 1 CTA of 8 warps an SM; capped at 128 it spills 64 B
 # a thread). On the H200 (BENCHMARKS.md §L.4), 8192 × 3072 / × 8192: nibble form 0.0995 /
-# 0.2565 ms, direct uncapped 0.1080 / 0.2834, direct capped at 128 0.0944 / 0.2428.
+# 0.2565 ms, direct uncapped 0.1080 / 0.2834, direct capped at 128 0.0944 / 0.2428; with the
+# direct form's rounding as ceil(v - u) (§U.5) capped at 128 0.0797 / 0.2025.
 SR_DIRECT = True
 WIDE_MAXNREG = 128
 # Token blocks a program when the column way writes codes (x's call): the codes and scale
