@@ -2,8 +2,9 @@
 
 Layouts of the same arithmetic, each compared bit for bit with the PyTorch decode on quantized
 random tensors and timed at 8192×8192 and 3072×16384, all at 128 blocks a program: A = the
-committed ``_dequantize_flat_kernel`` (since session 24 a lane a half-block; before, a block's halves in turn; in run36's first calls A was an
-earlier form, one [NBP, 2, 4] load and one store); B = the same half-block walk written here;
+committed ``_dequantize_flat_kernel`` (since session 24 a lane a half-block; before, a block's
+halves in turn; in run36's first calls A was an earlier form, one [NBP, 2, 4] load and one
+store); B = the same half-block walk written here;
 C = no join: the even and odd elements stored separately at stride 2; D = the tiled kernel the
 flat one replaced. Prints mismatch counts and the first mismatches.
 
