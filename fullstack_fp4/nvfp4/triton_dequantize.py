@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .tensor import NVFP4Tensor
 from .triton_launch import cdiv, launch
+from .triton_quantize_decode_kernels import _bf16_word, _dec_nib_bits
 
 __all__ = ["dequantize_triton", "decode_bf16_triton"]
 
@@ -78,6 +79,17 @@ def _decode_half(byte, s, dec, OUT_BF16: tl.constexpr, APPLY_DEC: tl.constexpr,
 
 
 @triton.jit
+def _decode_half_words(byte, s):
+    """``[R, 4]`` code bytes and their ``[R]`` scales -> ``[R, 4]`` int32 words of two BF16
+    (byte i's low nibble in the low half): the GEMM operand ``e2m1 · s`` without the tensor
+    scale. The product is exact in FP32 and in BF16 (at most 5 significant bits), so its BF16
+    is the top half of its FP32 bits, built from the code's bits (``_dec_nib_bits``: no
+    int -> float conversions, which issue at a quarter of the FP32 rate, and no rounding)."""
+    s2 = s[:, None]
+    return _bf16_word(_dec_nib_bits(byte & 15, s2), _dec_nib_bits(byte >> 4, s2))
+
+
+@triton.jit
 def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
                             OUT_BF16: tl.constexpr, NBP: tl.constexpr, APPLY_DEC: tl.constexpr,
                             I64: tl.constexpr):
@@ -100,8 +112,12 @@ def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
     s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
     byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
                    eviction_policy="evict_first").to(tl.int32)
-    v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
-    tl.store(out_ptr + hb[:, None] * 8 + j[None, :], v, mask=hmask[:, None])
+    if OUT_BF16 and not APPLY_DEC:
+        tl.store(out_ptr + hb[:, None] * 4 + q[None, :], _decode_half_words(byte, s),
+                 mask=hmask[:, None])
+    else:
+        v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + hb[:, None] * 8 + j[None, :], v, mask=hmask[:, None])
 
 
 def _flat_config():
@@ -138,7 +154,10 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
     dec = t.tensor_scale.to(torch.float32).reshape(1)
     nblk_all = rows * (k // 16)
     nbp, warps = _flat_config()
-    out_k = out.view(torch.int16) if dtype == torch.bfloat16 else out
+    if dtype == torch.bfloat16:       # words of two BF16 for the GEMM operand, else halves
+        out_k = out.view(torch.int16 if _apply_dec else torch.int32)
+    else:
+        out_k = out
     launch(_dequantize_flat_kernel, (cdiv(nblk_all, nbp),),
         data, scale, dec, out_k, nblk_all, OUT_BF16=dtype == torch.bfloat16, NBP=nbp,
         APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, num_warps=warps,

@@ -152,6 +152,20 @@ def _config(nblk: int, wide: bool = False):
     return nb, max(1, nb // 8)
 
 
+# The amax pass: words (or elements) a program, token blocks a program, warps. A lane takes one
+# word (two channels) of 16 tokens a token block, so BLOCK = 32 · warps.
+AMAX_BLOCK, AMAX_TBS, AMAX_WARPS = 128, 4, 4
+
+
+def _amax_config(nidx: int, ntb: int):
+    """(BLOCK, TBS, num_warps) of the amax pass over ``nidx`` words (or elements) a row and
+    ``ntb`` token blocks: fewer lanes for a narrow row, one token block for a short input."""
+    if _interpreter():
+        return min(16, next_pow2(max(nidx, 1))), 2, 1
+    block = min(AMAX_BLOCK, max(32, next_pow2(max(nidx, 1))))
+    return block, max(1, min(AMAX_TBS, ntb)), max(1, min(AMAX_WARPS, block // 32))
+
+
 def _x_args(m: torch.Tensor):
     """(kernel pointer, row stride, XW): BF16 with an even row stride and a 4-byte aligned base
     is read as int32 words (one word = an even/odd element pair); anything else per element."""
@@ -211,11 +225,13 @@ def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
     obs = torch.zeros((2,), dtype=torch.int32, device=m.device)
     if t == 0 or c == 0 or not (row or col):
         return obs
-    nb, nw = _config(c // 16)
-    grid = (cdiv(t, 16) * cdiv(c // 16, nb),)
     xp, stride, xw = _x_args(m)
+    nidx = c // 2 if xw else c
+    block, tbs, nw = _amax_config(nidx, cdiv(t, 16))
+    grid = (cdiv(cdiv(t, 16), tbs) * cdiv(nidx, block),)
     launch(_amax_two_ways_kernel, grid, xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs),
-           ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb, num_warps=nw,
+           ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), BLOCK=block, TBS=tbs,
+           EVEN=t % (16 * tbs) == 0 and nidx % block == 0, num_warps=nw,
            enable_fp_fusion=False)
     return obs
 

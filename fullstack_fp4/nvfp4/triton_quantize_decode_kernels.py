@@ -11,8 +11,8 @@ import triton.language as tl
 from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
 
 from .triton_quantize_jit import (INV6, MAGIC, NAN_BITS, _bf16w_to_f32, _candidate_fast,
-                                  _e2m1_rne_val, _neg_where, _nib_rne, _nib_sr, _philox10,
-                                  _sr_u8, _tensor_scales)
+                                  _e2m1_rne_val, _max_nan, _neg_where, _nib_rne, _nib_sr,
+                                  _philox10, _sr_u8, _tensor_scales)
 
 
 
@@ -29,29 +29,17 @@ def _row_mask(cmask, t, T):
 
 
 @triton.jit
-def _eo_words(w8, NB: tl.constexpr):
-    """A row's ``[NB, 8]`` words (word j = elements 2j, 2j+1 of a block) -> the eo form's
-    ``[NB, 4]`` word pair (words q and 4 + q). Triton moves the words between the two layouts
-    (warp shuffles on sm_90), so the global load stays one contiguous run a warp."""
-    return tl.split(tl.permute(tl.reshape(w8, (NB, 2, 4)), (0, 2, 1)))
-
-
-@triton.jit
 def _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW: tl.constexpr,
-               I64: tl.constexpr, CO: tl.constexpr):
+               I64: tl.constexpr):
     """The 16 token rows of token block ``tb`` as four 16-tuples (e0, o0, e1, o1) of FP32
     ``[NB, 4]`` (tokens past ``T`` and channels past C load as 0: the column way's zero padding).
-    XW: ``x_ptr`` is BF16 viewed as int32 words (``stride_t`` in words): one word = (e, o).
-    CO (with XW): each row is read as ``[NB, 8]`` words, a block's 32 bytes in one request,
-    then put in eo form (:func:`_eo_words`); else as two ``[NB, 4]`` halves, whose loads each
-    touch every 32-byte sector of the row half-way."""
+    XW: ``x_ptr`` is BF16 viewed as int32 words (``stride_t`` in words): one word = (e, o),
+    read as two ``[NB, 4]`` halves. (Reading a block's 32 bytes as ``[NB, 8]`` words and moving
+    them to the eo form was slower here on the H200: warp shuffles, BENCHMARKS.md §U.2.)"""
     E0 = ()
     O0 = ()
     E1 = ()
     O1 = ()
-    NB: tl.constexpr = blk.shape[0]
-    j8 = tl.arange(0, 8)
-    cmask8 = (blk < C // 16)[:, None] & (j8 < 8)[None, :]
     for i in tl.static_range(16):
         t = tb * 16 + i
         m = _row_mask(cmask, t, T)
@@ -59,12 +47,7 @@ def _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW: tl.constexpr,
             roff = t.to(tl.int64) * stride_t
         else:
             roff = t * stride_t
-        if XW and CO:
-            p8 = x_ptr + roff + (blk * 8)[:, None] + j8[None, :]
-            lo, hi = _eo_words(tl.load(p8, mask=_row_mask(cmask8, t, T), other=0), NB)
-            e0, o0 = _bf16w_to_f32(lo)
-            e1, o1 = _bf16w_to_f32(hi)
-        elif XW:
+        if XW:
             p = x_ptr + roff + (blk * 8)[:, None] + q[None, :]
             e0, o0 = _bf16w_to_f32(tl.load(p, mask=m, other=0))
             e1, o1 = _bf16w_to_f32(tl.load(p + 4, mask=m, other=0))
@@ -82,8 +65,9 @@ def _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW: tl.constexpr,
 
 
 @triton.jit
-def _rht16_tokens(v, SIGNS: tl.constexpr):
-    """hadamard16 along the tuple (the 16 tokens of a block): × signs, strides 1, 2, 4, 8, × ¼.
+def _rht16_tokens(v, SIGNS: tl.constexpr, QUARTER: tl.constexpr = True):
+    """hadamard16 along the tuple (the 16 tokens of a block): × signs, strides 1, 2, 4, 8, × ¼
+    (without the ``× ¼`` unless QUARTER: a caller that takes it later, exactly).
     ``SIGNS`` has bit i set where s_i = −1: ``x · (−1)`` is written ``−x`` (the same value, an
     exact negation), which the compiler folds into the first butterfly's adds."""
     s = ()
@@ -100,6 +84,8 @@ def _rht16_tokens(v, SIGNS: tl.constexpr):
             else:
                 o = o + (s[i - (1 << k)] - s[i],)
         s = o
+    if not QUARTER:
+        return s
     o = ()
     for i in tl.static_range(16):
         o = o + (s[i] * 0.25,)
@@ -112,14 +98,6 @@ def _abs_max_tuple(v):
     for i in tl.static_range(1, 16):
         a = tl.maximum(a, tl.abs(v[i]))
     return a
-
-
-@triton.jit
-def _bits_max_tuple(v):
-    a = v[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    for i in tl.static_range(1, 16):
-        a = tl.maximum(a, v[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    return tl.max(tl.max(a, 1), 0)
 
 
 @triton.jit
@@ -270,24 +248,84 @@ def _tile_coords(T, C, NB: tl.constexpr, TBS: tl.constexpr):
 
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
+def _amax_row_values(p, t, imask, T, stride_t, XW: tl.constexpr, I64: tl.constexpr,
+                     EVEN: tl.constexpr):
+    """Token row ``t`` at the program's pointers ``p`` (``x_ptr`` + its indices: words with XW,
+    BF16 viewed as int32, a word two channels; else elements of any float dtype) as FP32:
+    (even, odd) elements of each word, or (element, element). Tokens past ``T`` and indices
+    past the row load as 0; EVEN: neither exists (no masks)."""
+    if I64:
+        roff = t.to(tl.int64) * stride_t
+    else:
+        roff = t * stride_t
+    if EVEN:
+        w = tl.load(p + roff)
+    else:
+        w = tl.load(p + roff, mask=imask & ((imask.to(tl.int32) * 0 + t) < T), other=0)
+    if XW:
+        return _bf16w_to_f32(w)
+    v = w.to(tl.float32)
+    return v, v
+
+
+@triton.jit
+def _abs_max_nan_tuple(acc, v):
+    """``acc`` and the 16 ``|v[i]|`` folded with a NaN-propagating max (FMNMX.NAN on sm_90)."""
+    for i in tl.static_range(16):
+        acc = _max_nan(acc, tl.abs(v[i]))
+    return acc
+
+
+@triton.jit
 def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
                           ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
-                          I64: tl.constexpr, NB: tl.constexpr):
+                          I64: tl.constexpr, BLOCK: tl.constexpr, TBS: tl.constexpr,
+                          EVEN: tl.constexpr):
     """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL).
-    Rows are read a whole 32-byte block a request (``_load_rows``' CO): 3-4% faster here on the
-    H200, where the quantize kernel was slower with it (BENCHMARKS.md §U.2)."""
-    pid, ntb, tb, blk, q, cmask = _tile_coords(T, C, NB, 1)
-    E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, True)
+
+    A program owns ``BLOCK`` words (XW) or channels of ``TBS`` consecutive token blocks: a lane
+    holds its word's two channels for the 16 tokens of a block (coalesced row loads, no layout
+    moves; the quantize kernel's eo form is not needed to take maxima) and keeps running maxima
+    in registers across its token blocks, reduced and atomically merged once at the end.
+    Token blocks past the last one load as zeros, which leave a max of absolute values as it is
+    (EVEN: the host saw that the program grid covers ``m`` exactly, so nothing is masked).
+    The RHT's ``× ¼`` is taken once, on the program's max: ``fl(a/4)`` is monotone, so
+    ``max fl(|z_i|/4) = fl(max |z_i| / 4)`` for any inputs. The maxima propagate NaN, and the
+    stored bits of a non-finite input are >= 0x7F800000 as the module docstring says."""
+    pid = tl.program_id(0)
+    ntbp = tl.cdiv(tl.cdiv(T, 16), TBS)
+    tb0 = (pid % ntbp) * TBS
+    if XW:
+        nidx = C // 2
+    else:
+        nidx = C
+    idx = (pid // ntbp) * BLOCK + tl.arange(0, BLOCK)
+    imask = idx < nidx
+    p = x_ptr + idx
+    acc_row = tl.zeros((BLOCK,), tl.float32)
+    acc_col = tl.zeros((BLOCK,), tl.float32)
+    for sub in range(TBS):
+        E = ()
+        O = ()
+        for i in tl.static_range(16):
+            e, o = _amax_row_values(p, (tb0 + sub) * 16 + i, imask, T, stride_t, XW, I64,
+                                    EVEN)
+            E = E + (e,)
+            O = O + (o,)
+        if ROW:
+            acc_row = _abs_max_nan_tuple(acc_row, E)
+            if XW:
+                acc_row = _abs_max_nan_tuple(acc_row, O)
+        if COL:
+            acc_col = _abs_max_nan_tuple(acc_col, _rht16_tokens(E, SIGNS, False))
+            if XW:
+                acc_col = _abs_max_nan_tuple(acc_col, _rht16_tokens(O, SIGNS, False))
     if ROW:
-        m = tl.maximum(tl.maximum(_bits_max_tuple(E0), _bits_max_tuple(O0)),
-                       tl.maximum(_bits_max_tuple(E1), _bits_max_tuple(O1)))
-        tl.atomic_max(obs_ptr, m)
+        m = tl.reduce(acc_row, 0, _max_nan)
+        tl.atomic_max(obs_ptr, m.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     if COL:
-        m = tl.maximum(tl.maximum(_bits_max_tuple(_rht16_tokens(E0, SIGNS)),
-                                  _bits_max_tuple(_rht16_tokens(O0, SIGNS))),
-                       tl.maximum(_bits_max_tuple(_rht16_tokens(E1, SIGNS)),
-                                  _bits_max_tuple(_rht16_tokens(O1, SIGNS))))
-        tl.atomic_max(obs_ptr + 1, m)
+        m = tl.reduce(acc_col, 0, _max_nan) * 0.25
+        tl.atomic_max(obs_ptr + 1, m.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
 
 
 @triton.jit
@@ -461,7 +499,7 @@ def _quantize_two_ways_kernel(
     sc_o1 = tl.zeros((NB, 4), tl.int32)
     for sub in range(TBS):
         tb = tb0 + sub
-        E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64, False)
+        E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64)
         # the tensor scales are loaded where each way starts (per token block: a few
         # instructions), so the row way's registers do not hold the column way's
         if ROW_DEC or ROW_CODES:

@@ -84,6 +84,23 @@ def test_decode_bf16_triton_bit_exact(tile):
 
 
 @needs_kernels
+def test_decode_bf16_triton_every_code_and_scale():
+    """Every code byte (two nibbles, signs and -0 included) under every finite E4M3 block
+    scale (0, the subnormals, the normals to 448), against the PyTorch decode."""
+    from fullstack_fp4.nvfp4.tensor import NVFP4Tensor
+    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton
+    rows = 127                                   # E4M3 bytes 0..126: every finite value >= 0
+    data = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(rows, 1)  # [rows, 256]
+    scale = torch.arange(rows, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 32)
+    q = NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.tensor(1.0),
+                    torch.Size((rows, 512)), torch.bfloat16)
+    qd = NVFP4Tensor(data.to(DEV), q.block_scale.to(DEV), q.tensor_scale.to(DEV), q.shape,
+                     q.dtype)
+    got = decode_bf16_triton(qd).cpu()
+    assert torch.equal(got.view(torch.int16), decode_to_bf16(q).view(torch.int16))
+
+
+@needs_kernels
 def test_fused_rht_via_public_quantize_on_transposed_copy():
     from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
     m = _x(64, 48, 5)                                           # [T, C]

@@ -68,6 +68,21 @@ def test_amax_both_ways(t):
     assert int(amax_two_ways(m.to(DEV), col=False).cpu()[1]) == 0
 
 
+@pytest.mark.parametrize("dtype,scale,odd_stride", [(torch.float32, 1e-40, False),
+                                                    (torch.float16, 1.0, False),
+                                                    (torch.bfloat16, 1.0, True)])
+def test_amax_element_reads(dtype, scale, odd_stride):
+    """The element path (FP32, FP16, BF16 with an odd row stride), FP32 subnormals included:
+    the kernel takes the RHT's ``× ¼`` once on its max, the reference on every element."""
+    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+    m = (_m(40, 96, 4, torch.float32) * scale).to(dtype)
+    if odd_stride:
+        m = torch.cat([m, m[:, :1]], 1)[:, :96]       # row stride 97: not read as words
+    obs = amax_two_ways(m.to(DEV)).cpu()
+    assert int(obs[0]) == _bits(m.float().abs().amax())
+    assert int(obs[1]) == _bits(_col_ref(m).abs().amax())
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_amax_sees_non_finite(bad):
     from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
