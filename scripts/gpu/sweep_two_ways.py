@@ -25,12 +25,18 @@ straight to the decoded value, uncapped or capped at 128), at 8192 × 3072 and 8
 checked bit for bit against the nibble form; the fastest (summed over both shapes) is written to
 ``$OUT/dy_choice.json`` for ``scripts/gpu/run_with_dy_choice.py``.
 
+``--amax``: the amax pass (``triton_quantize_decode.AMAX_BLOCK`` words a program,
+``AMAX_TBS`` token blocks a program, ``AMAX_WARPS``) at the linear's shapes, both ways (x, dY)
+and the row way alone (W), each result checked bit for bit against PyTorch's max of ``|m|`` and
+of ``|hadamard16(pad(m)ᵀ)|`` (the reference function, on the GPU), timed against a
+device-to-device copy of the same input (the pass reads what the copy reads and writes nothing).
+
 ``--tbs``: x's call (row decoded + column codes) with 1, 2 or 4 token blocks a program
 (``triton_quantize_decode.COL_CODES_TBS``: a channel's codes and scales of the program's token
 blocks stored as one run each), uncapped and capped at 128 registers, at 8192 × 3072 and
 8192 × 8192, each checked bit for bit against one token block a program.
 
-Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy | --tbs]``.
+Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy | --tbs | --amax]``.
 """
 
 import argparse
@@ -61,8 +67,6 @@ def modes():
         "dY: row SR dec + col SR dec": ([(T, 3072), (T, 8192)], R("stochastic"),
                                         C("stochastic", decoded=True, codes=False), 4,
                                         base + [(32, 4, 96), (16, 2, 96)]),
-        "amax both ways": ([(T, 3072), (T, 8192)], "amax", (True, True), 0, base),
-        "amax row (W)": ([(3072, 3072), (8192, 3072)], "amax", (True, False), 0, base),
     }
 
 
@@ -86,9 +90,6 @@ def configure(nb, nw, maxnreg):
 def call(name, m, cfg):
     """One call of the mode's kernel; returns its outputs (a tuple of tensors)."""
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    shapes, row, col, _, _ = modes()[name]
-    if row == "amax":
-        return (tqd.amax_two_ways(m, row=col[0], col=col[1]),)
     obs = cfg["obs"]
     q = tqd.quantize_two_ways(m, obs, row=row, col=col, seed_row=11, seed_col=12)
     outs = [q.row_decoded, q.col_decoded]
@@ -212,12 +213,62 @@ def tbs_main(jobs):
                   f"{t / t_copy:.2f} |", flush=True)
 
 
+AMAX_FORMS = [(128, 4, 4), (128, 2, 4), (128, 8, 4), (256, 4, 4), (256, 4, 8), (64, 4, 2),
+              (256, 8, 8), (128, 16, 4)]                   # (AMAX_BLOCK, AMAX_TBS, AMAX_WARPS)
+AMAX_SHAPES = [((T, 3072), True), ((T, 8192), True), ((3072, 3072), False), ((T, 3072), False)]
+
+
+def amax_form(block, tbs, warps):
+    from fullstack_fp4.nvfp4 import triton_launch
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    triton_launch.set_mode("0")
+    tqd.AMAX_BLOCK, tqd.AMAX_TBS, tqd.AMAX_WARPS = block, tbs, warps
+
+
+def _amax_want(m, col):
+    """PyTorch's amax bits of ``m`` and (``col``) of ``hadamard16(pad(m)ᵀ)``, as amax_two_ways
+    returns them."""
+    import torch.nn.functional as F
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16
+    bits = (lambda v: v.float().reshape(1).view(torch.int32))
+    row = bits(m.float().abs().amax())
+    if not col:
+        return torch.cat([row, torch.zeros_like(row)])
+    pad = F.pad(m.float(), (0, 0, 0, (-m.shape[0]) % 16))
+    return torch.cat([row, bits(hadamard16(pad.t(), DEFAULT_SIGNS).abs().amax())])
+
+
+def amax_main():
+    """The amax pass at each (words a program, token blocks a program, warps), bit for bit
+    against PyTorch, timed against a copy of its input."""
+    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    print("| amax, shape | ways | BLOCK / TBS / warps | bits = PyTorch | ms | GB/s read | copy ms "
+          "| / copy |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for shape, col in AMAX_SHAPES:
+        m = _input(shape)
+        want = _amax_want(m, col)
+        dst = torch.empty_like(m)
+        t_copy = graph_ms(lambda: dst.copy_(m))
+        for f in AMAX_FORMS:
+            amax_form(*f)
+            fn = (lambda: tqd.amax_two_ways(m, col=col))
+            ok = torch.equal(fn(), want)
+            t = graph_ms(fn)
+            print(f"| {shape[0]}x{shape[1]} | {'both' if col else 'row'} | {f[0]} / {f[1]} / "
+                  f"{f[2]} | {ok} | {t:.4f} | {m.numel() * 2 / t / 1e6:.0f} | {t_copy:.4f} | "
+                  f"{t / t_copy:.2f} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--dy", action="store_true")
     ap.add_argument("--tbs", action="store_true")
+    ap.add_argument("--amax", action="store_true")
     a = ap.parse_args()
+    if a.amax:
+        return amax_main()
     if a.dy:
         return dy_main(a.jobs)
     if a.tbs:

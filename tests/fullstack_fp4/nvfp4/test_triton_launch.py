@@ -39,7 +39,7 @@ def test_bind_matches_inspect(n_positional):
 
 
 def test_bind_errors():
-    with pytest.raises(TypeError, match="missing argument 'NB'"):
+    with pytest.raises(TypeError, match="missing argument 'BLOCK'"):
         tl_launch.bind_arguments(_amax_two_ways_kernel, (1, 2, 3, 4, 5),
                                  dict(SIGNS=0, ROW=True, COL=True, XW=True, I64=False))
     with pytest.raises(TypeError, match="given twice"):
@@ -49,7 +49,7 @@ def test_bind_errors():
 def test_constexpr_parameters_hand_listed():
     sig = tl_launch._signature(_amax_two_ways_kernel)
     got = [n for n, c in zip(sig.names, sig.constexpr) if c]
-    assert got == ["SIGNS", "ROW", "COL", "XW", "I64", "NB"]
+    assert got == ["SIGNS", "ROW", "COL", "XW", "I64", "BLOCK", "TBS", "EVEN"]
     sig = tl_launch._signature(_quantize_two_ways_kernel)
     assert sig.names[15:17] == ["stride_t", "SIGNS"] and len(sig.names) == 29
     assert not any(sig.constexpr[:16]) and all(sig.constexpr[16:])
@@ -61,8 +61,9 @@ def _key(values, options=None, device=0):
                                         device)
 
 
-def _values(x, t=64, c=32, stride=32, nb=4):
-    return [x, torch.zeros(2, dtype=torch.int32), t, c, stride, 0, True, True, True, False, nb]
+def _values(x, t=64, c=32, stride=32, block=16):
+    return [x, torch.zeros(2, dtype=torch.int32), t, c, stride, 0, True, True, True, False, block,
+            2, False]
 
 
 def test_key_equal_when_triton_would_reuse_the_kernel():
@@ -80,10 +81,10 @@ def test_key_equal_when_triton_would_reuse_the_kernel():
     dict(t=1),                                                 # == 1
     dict(t=63),                                                # divisibility by 16
     dict(stride=2 ** 31),                                      # 64-bit int
-    dict(nb=8),                                                # a constexpr's value
+    dict(block=32),                                            # a constexpr's value
 ])
 def test_key_differs_where_triton_specialises(change):
-    base = dict(x=torch.zeros(256, dtype=torch.bfloat16), t=64, c=32, stride=32, nb=4)
+    base = dict(x=torch.zeros(256, dtype=torch.bfloat16), t=64, c=32, stride=32, block=16)
     assert _key(_values(**base)) != _key(_values(**{**base, **change}))
 
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Device calls of session 26 (one nvidia-h200): the NVFP4 linear's amax pass and decode with
+# fewer instructions (issue 3).
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh amax        (carry .whl)
+# 1. the GPU tests of the two-way kernels, the decode and the fused linear;
+# 2. the amax pass in word layout at each (words, token blocks, warps) a program, bit for bit
+#    against PyTorch, timed beside a copy (sweep_two_ways.py --amax);
+# 3. the decode of saved codes (bench_decode.py --sweep: bit for bit, then its launch sweep);
+# 4. the linear's device time per kernel (torch.profiler).
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh linear      (carry .whl)
+# 5. the linear's fwd+bwd against BF16 F.linear, eager and CUDA graph (the bench checks against
+#    the reference first), and its device time per kernel.
+# Packs its files into $OUT/<mode>.tgz.
+set -u
+source scripts/gpu/setup_env.sh
+mkdir -p /tmp/pack
+
+case "${1:-amax}" in
+  amax)
+    PER_TEST=150 TAILN=12 gpu_pytest two_ways_tests 170 -q -n 8 \
+      tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
+      tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py
+    TAILN=40 run sweep_amax 120 python3 scripts/gpu/sweep_two_ways.py --amax
+    TAILN=20 run decode 80 python3 scripts/bench_decode.py --sweep
+    TAILN=25 run profile_linear 120 python3 scripts/gpu/profile_linear_device.py
+    cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+  linear)
+    TAILN=12 run bench_linear 330 python3 scripts/bench_nvfp4_linear.py
+    TAILN=25 run profile_linear 100 python3 scripts/gpu/profile_linear_device.py
+    cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+esac
+tar -czf "$OUT/${1:-amax}.tgz" -C /tmp/pack .
