@@ -65,18 +65,18 @@ def _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW: tl.constexpr,
 
 
 @triton.jit
-def _rht16_tokens(v, SIGNS: tl.constexpr, QUARTER: tl.constexpr = True):
-    """hadamard16 along the tuple (the 16 tokens of a block): × signs, strides 1, 2, 4, 8, × ¼
-    (without the ``× ¼`` unless QUARTER: a caller that takes it later, exactly).
+def _rht16_tokens(v, SIGNS: tl.constexpr, STAGES: tl.constexpr = 4):
+    """hadamard16 along the tuple (the 16 tokens of a block): × signs, strides 1, 2, 4, 8, × ¼.
     ``SIGNS`` has bit i set where s_i = −1: ``x · (−1)`` is written ``−x`` (the same value, an
-    exact negation), which the compiler folds into the first butterfly's adds."""
+    exact negation), which the compiler folds into the first butterfly's adds. ``STAGES`` < 4:
+    only the first butterflies, without the ``× ¼`` (for :func:`_rht16_abs_max`)."""
     s = ()
     for i in tl.static_range(16):
         if ((SIGNS >> i) & 1) != 0:
             s = s + (-v[i],)
         else:
             s = s + (v[i],)
-    for k in tl.static_range(4):
+    for k in tl.static_range(STAGES):
         o = ()
         for i in tl.static_range(16):
             if (i & (1 << k)) == 0:
@@ -84,12 +84,26 @@ def _rht16_tokens(v, SIGNS: tl.constexpr, QUARTER: tl.constexpr = True):
             else:
                 o = o + (s[i - (1 << k)] - s[i],)
         s = o
-    if not QUARTER:
+    if STAGES < 4:
         return s
     o = ()
     for i in tl.static_range(16):
         o = o + (s[i] * 0.25,)
     return o
+
+
+@triton.jit
+def _rht16_abs_max(acc, v, SIGNS: tl.constexpr):
+    """``acc`` folded (NaN-propagating max) with the largest magnitude among the 16 outputs of
+    ``RHT16(v)``'s last butterfly, before the ``× ¼`` (the caller takes it on its final max).
+    That stage maps a pair (a, b) to (a + b, a − b), and ``max(|fl(a + b)|, |fl(a − b)|) =
+    fl(|a| + |b|)`` exactly (one of the two is ``±fl(|a| + |b|)``, the other's exact magnitude
+    is at most ``|a| + |b|`` and rounding is monotone), so 8 adds of magnitudes replace its 16
+    adds and 8 of the 16 maxima. A NaN or Inf still gives a result >= Inf."""
+    s = _rht16_tokens(v, SIGNS, 3)
+    for i in tl.static_range(8):
+        acc = _max_nan(acc, tl.abs(s[i]) + tl.abs(s[i + 8]))
+    return acc
 
 
 @triton.jit
@@ -317,9 +331,9 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
             if XW:
                 acc_row = _abs_max_nan_tuple(acc_row, O)
         if COL:
-            acc_col = _abs_max_nan_tuple(acc_col, _rht16_tokens(E, SIGNS, False))
+            acc_col = _rht16_abs_max(acc_col, E, SIGNS)
             if XW:
-                acc_col = _abs_max_nan_tuple(acc_col, _rht16_tokens(O, SIGNS, False))
+                acc_col = _rht16_abs_max(acc_col, O, SIGNS)
     if ROW:
         m = tl.reduce(acc_row, 0, _max_nan)
         tl.atomic_max(obs_ptr, m.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
