@@ -7,8 +7,12 @@
 #    against PyTorch, timed beside a copy (sweep_two_ways.py --amax);
 # 3. the decode of saved codes (bench_decode.py --sweep: bit for bit, then its launch sweep);
 # 4. the linear's device time per kernel (torch.profiler).
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh ftab        (carry .whl)
+# 5. the GPU tests of 1. (more time: run98's stopped at its session timeout after 49 passed);
+# 6. x's, W's and dY's calls with each block's factor from the program's table against the
+#    division (sweep_two_ways.py --ftab), bit for bit, timed; 4. again.
 #   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh linear      (carry .whl)
-# 5. the linear's fwd+bwd against BF16 F.linear, eager and CUDA graph (the bench checks against
+# 7. the linear's fwd+bwd against BF16 F.linear, eager and CUDA graph (the bench checks against
 #    the reference first), and its device time per kernel.
 # Packs its files into $OUT/<mode>.tgz.
 set -u
@@ -23,6 +27,14 @@ case "${1:-amax}" in
     TAILN=40 run sweep_amax 120 python3 scripts/gpu/sweep_two_ways.py --amax
     TAILN=20 run decode 80 python3 scripts/bench_decode.py --sweep
     TAILN=25 run profile_linear 120 python3 scripts/gpu/profile_linear_device.py
+    cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+  ftab)
+    PER_TEST=200 TAILN=12 gpu_pytest two_ways_tests 300 -q -n 8 \
+      tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
+      tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py
+    TAILN=16 run sweep_ftab 150 python3 scripts/gpu/sweep_two_ways.py --ftab --jobs 6
+    TAILN=25 run profile_linear 100 python3 scripts/gpu/profile_linear_device.py
     cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
     ;;
   linear)
