@@ -172,7 +172,8 @@ def _gather_f32(ptrs, ASM: tl.constexpr):
     conversions, 169 barriers a program, sm_90); an inline-asm load is elementwise, so
     nothing moves. The interpreter runs no PTX: it takes ``tl.load``."""
     if ASM:
-        return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=f,l", [ptrs],
+        # a plain (L1-cached) load: the table is written in this kernel, so not ``.nc``
+        return tl.inline_asm_elementwise("ld.global.f32 $0, [$1];", "=f,l", [ptrs],
                                          dtype=tl.float32, is_pure=True, pack=1)
     return tl.load(ptrs)
 

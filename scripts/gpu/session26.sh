@@ -11,6 +11,8 @@
 # 5. the GPU tests of 1. (more time: run98's stopped at its session timeout after 49 passed);
 # 6. x's, W's and dY's calls with each block's factor from the program's table against the
 #    division (sweep_two_ways.py --ftab), bit for bit, timed; 4. again.
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh sweep_ftab  (carry .whl)
+# 6'. the sweep of 6. alone (run99's stopped on a bug of the script: call() lost its ways).
 #   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh linear      (carry .whl)
 # 7. the linear's fwd+bwd against BF16 F.linear, eager and CUDA graph (the bench checks against
 #    the reference first), and its device time per kernel.
@@ -36,6 +38,10 @@ case "${1:-amax}" in
     TAILN=16 run sweep_ftab 150 python3 scripts/gpu/sweep_two_ways.py --ftab --jobs 6
     TAILN=25 run profile_linear 100 python3 scripts/gpu/profile_linear_device.py
     cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
+    ;;
+  sweep_ftab)
+    TAILN=16 run sweep_ftab 200 python3 scripts/gpu/sweep_two_ways.py --ftab --jobs 6
+    cp "$OUT"/*.txt /tmp/pack/ 2>/dev/null
     ;;
   linear)
     TAILN=12 run bench_linear 330 python3 scripts/bench_nvfp4_linear.py

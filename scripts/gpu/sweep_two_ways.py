@@ -94,6 +94,7 @@ def configure(nb, nw, maxnreg):
 def call(name, m, cfg):
     """One call of the mode's kernel; returns its outputs (a tuple of tensors)."""
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    _, row, col, _, _ = modes()[name]
     obs = cfg["obs"]
     q = tqd.quantize_two_ways(m, obs, row=row, col=col, seed_row=11, seed_col=12)
     outs = [q.row_decoded, q.col_decoded]
@@ -270,7 +271,7 @@ def ftab_form(lookup):
     from fullstack_fp4.nvfp4 import triton_launch
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     triton_launch.set_mode("0")
-    tqd.F_TABLE_LOOKUP = lookup
+    tqd.F_TABLE_LOOKUP = lookup          # each call's own launch configuration (dY's wide one)
 
 
 def ftab_main(jobs):
