@@ -135,10 +135,6 @@ WIDE_MAXNREG = 128
 # 3.5M L2 write requests, 3.1M of them those two, L2 at 77–82% of its peak, DRAM at 27%;
 # BENCHMARKS.md §U.1). 1 where the token blocks are not a multiple of it.
 COL_CODES_TBS = 4
-# Each block's element factor 1 / (s · dec) looked up by its scale code in a table the program
-# writes once a way (triton_quantize_decode_kernels._f_table), instead of a correctly rounded
-# division a block: the same values. False: the division (the form before, for A/B sweeps).
-F_TABLE_LOOKUP = True
 
 
 def _config(nblk: int, wide: bool = False):
@@ -295,8 +291,7 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
                             [i for i, w in enumerate((row, col)) if w is not None])
 
     nblk, tpad = c // 16, -(-t // 16) * 16
-    # the two tensor scales, then the kernel's two factor tables (_f_table: 128 FP32 a way)
-    ts = torch.empty((2 + 2 * 128,), dtype=torch.float32, device=dev)
+    ts = torch.empty((2,), dtype=torch.float32, device=dev)
     out = TwoWays()
     u8 = dict(dtype=torch.uint8, device=dev)
     dummy = ts                      # pointer never written when its output is off
@@ -339,6 +334,5 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
         ROW_SR=row_sr, TILE2D=row is not None and tuple(row.tile) == (16, 16),
         COL_DEC=col is not None and col.decoded, COL_CODES=col is not None and col.codes,
         COL_SR=col_sr, SR_DIRECT=SR_DIRECT, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb,
-        TBS=tbs, FTAB=F_TABLE_LOOKUP, ASM=not _interpreter(), num_warps=nw,
-        enable_fp_fusion=False, **cap)
+        TBS=tbs, num_warps=nw, enable_fp_fusion=False, **cap)
     return out

@@ -10,10 +10,9 @@ import triton
 import triton.language as tl
 from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
 
-from .triton_quantize_jit import (FP32_MAX, INV6, MAGIC, NAN_BITS, _bf16w_to_f32,
-                                  _candidate_fast, _e4m3_rne1, _e2m1_rne_val, _max_nan,
-                                  _neg_where, _nib_rne, _nib_sr, _philox10, _sr_u8,
-                                  _tensor_scales)
+from .triton_quantize_jit import (INV6, MAGIC, NAN_BITS, _bf16w_to_f32, _candidate_fast,
+                                  _e2m1_rne_val, _max_nan, _neg_where, _nib_rne, _nib_sr,
+                                  _philox10, _sr_u8, _tensor_scales)
 
 
 
@@ -139,54 +138,6 @@ def _tensor_scale(gamax_ptr, obs_ptr):
            | (tl.load(obs_ptr) >= 0x7F800000))
     nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
     return enc, dec, tl.where(bad, nan, dec)
-
-
-# The element factor of a block, ``f = min(1 / (s · dec), FP32_MAX)`` (``_candidate_fast``'s,
-# a correctly rounded division: ~12 instructions and a branch to a slow path, a region the
-# compiler does not schedule across), depends only on the block's E4M3 scale code for a given
-# tensor scale. A program writes the 127 factors of each way once (``_f_table``) and looks them
-# up by code (``_candidate_tab``): the same values, computed by the same expression.
-F_TABLE = tl.constexpr(128)
-
-
-@triton.jit
-def _f_table(tab_ptr, dec):
-    """``tab[code] = min(1 / (e4m3(code) · dec), FP32_MAX)`` for the codes 0..127 (126 = 448
-    is the largest a block scale takes). Every program writes the same values, so programs
-    that write the table at once write identical bits; the caller's barrier orders a
-    program's reads after its own writes."""
-    code = tl.arange(0, F_TABLE)
-    e = code >> 3
-    m = code & 7
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    s_val = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)     # subnormal: m · 2^-9
-    f = tl.minimum(tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * dec), FP32_MAX)
-    tl.store(tab_ptr + code, f)
-
-
-@triton.jit
-def _gather_f32(ptrs, ASM: tl.constexpr):
-    """``tl.load(ptrs)`` of a gather, in the layout ``ptrs`` has (ASM: as inline PTX). Triton's
-    coalescing pass gives a ``tl.load`` of unknown contiguity a layout of its own, and the
-    column way's 16-token values followed it into that layout through shared memory (84 layout
-    conversions, 169 barriers a program, sm_90); an inline-asm load is elementwise, so
-    nothing moves. The interpreter runs no PTX: it takes ``tl.load``."""
-    if ASM:
-        # a plain (L1-cached) load: the table is written in this kernel, so not ``.nc``
-        return tl.inline_asm_elementwise("ld.global.f32 $0, [$1];", "=f,l", [ptrs],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    return tl.load(ptrs)
-
-
-@triton.jit
-def _candidate_tab(bamax, enc, dec, tab_ptr, FTAB: tl.constexpr, ASM: tl.constexpr):
-    """``_candidate_fast(bamax, enc, dec, INV6)``; FTAB: with the factor looked up in the way's
-    :func:`_f_table` (``& 127``: any code a non-finite scale may make stays in the table)."""
-    if not FTAB:
-        return _candidate_fast(bamax, enc, dec, INV6)
-    s = tl.minimum(bamax * (enc * INV6), 448.0)
-    s_val, s_bits = _e4m3_rne1(s)
-    return s_val, s_bits, _gather_f32(tab_ptr + (s_bits & (F_TABLE - 1)), ASM)
 
 
 @triton.jit
@@ -392,16 +343,16 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
 
 
 @triton.jit
-def _col_group(z, c, tb, tpad, ntb, enc, dec, ftab, u, cmask, col_dec_ptr, col_data_ptr,
+def _col_group(z, c, tb, tpad, ntb, enc, dec, u, cmask, col_dec_ptr, col_data_ptr,
                col_scale_ptr, acc, sc, sub, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
                COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, I64: tl.constexpr,
-               TBS: tl.constexpr, FTAB: tl.constexpr, ASM: tl.constexpr):
+               TBS: tl.constexpr):
     """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``; ``u``
     their 16 uniforms (:func:`_col_group_uniforms`) when ``COL_SR``. With ``TBS > 1`` the codes
     (2 words) and the scale byte of token block ``tb`` (the program's ``sub``-th) go into the
     program's ``acc`` ``[NB, 4, 2·TBS]`` words and ``sc`` (byte ``sub``), stored by the caller
     after its last token block; returns (acc, sc)."""
-    s_val, s_bits, f = _candidate_tab(_abs_max_tuple(z), enc, dec, ftab, FTAB, ASM)    # per channel
+    s_val, s_bits, f = _candidate_fast(_abs_max_tuple(z), enc, dec, INV6)    # per channel
     if I64:
         cc = c.to(tl.int64)
     else:
@@ -470,18 +421,17 @@ def _store_col_codes(acc, sc, c, tb0, tpad, ntb, cmask, col_data_ptr, col_scale_
 
 
 @triton.jit
-def _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc, dec, ftab, seed_row,
+def _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc, dec, seed_row,
              row_dec_ptr, row_data_ptr, row_scale_ptr, ROW_DEC: tl.constexpr,
              ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr, TILE2D: tl.constexpr,
-             SR_DIRECT: tl.constexpr, I64: tl.constexpr, FTAB: tl.constexpr,
-             ASM: tl.constexpr):
+             SR_DIRECT: tl.constexpr, I64: tl.constexpr):
     """The row way of token block ``tb`` (1×16 blocks along the channels, or 16×16 tiles):
     decoded BF16 words and/or codes + scales."""
     if TILE2D:
         # 16x16 tile = these 16 rows x one 16-channel block: one scale for the tile.
         bm = tl.max(tl.maximum(tl.maximum(_abs_max_tuple(E0), _abs_max_tuple(O0)),
                                tl.maximum(_abs_max_tuple(E1), _abs_max_tuple(O1))), 1)
-        s_val, s_bits, f = _candidate_tab(bm, enc, dec, ftab, FTAB, ASM)
+        s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
     # Tokens in the order of their Philox calls (sr_stream.py): call k covers the tokens
     # 2k, 2k+1, 8+2k, 9+2k (its words 0..3), so one call serves 4 tokens of the lane.
     for k in tl.static_range(4):
@@ -496,7 +446,7 @@ def _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc, dec, ftab, seed
             if not TILE2D:
                 bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
                                        tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
-                s_val, s_bits, f = _candidate_tab(bm, enc, dec, ftab, FTAB, ASM)
+                s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
             f2 = f[:, None]
             s2 = s_val[:, None]
             if I64:
@@ -545,7 +495,7 @@ def _quantize_two_ways_kernel(
         ROW_DEC: tl.constexpr, ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr,
         TILE2D: tl.constexpr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
         COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
-        NB: tl.constexpr, TBS: tl.constexpr, FTAB: tl.constexpr, ASM: tl.constexpr):
+        NB: tl.constexpr, TBS: tl.constexpr):
     """TBS token blocks (a loop, not unrolled) × NB channel blocks a program; TBS > 1 only
     where the column way writes codes and the token blocks are a multiple of TBS (the host's
     choice), so every block of the program exists."""
@@ -561,54 +511,44 @@ def _quantize_two_ways_kernel(
     sc_o0 = tl.zeros((NB, 4), tl.int32)
     sc_e1 = tl.zeros((NB, 4), tl.int32)
     sc_o1 = tl.zeros((NB, 4), tl.int32)
-    # each way's tensor scales and factor table (ts_ptr: the two tensor scales, then the row
-    # way's table, then the column way's)
-    ftab_r = ts_ptr + 2
-    ftab_c = ts_ptr + 2 + F_TABLE
-    if ROW_DEC or ROW_CODES:
-        enc_r, dec_r, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
-        if pid == 0:
-            tl.store(ts_ptr, dec_out)
-        if FTAB:
-            _f_table(ftab_r, dec_r)
-    if COL_DEC or COL_CODES:
-        enc_c, dec_c, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
-        if pid == 0:
-            tl.store(ts_ptr + 1, dec_out)
-        if FTAB:
-            _f_table(ftab_c, dec_c)
-    tl.debug_barrier()
     for sub in range(TBS):
         tb = tb0 + sub
         E0, O0, E1, O1 = _load_rows(x_ptr, tb, blk, q, cmask, T, C, stride_t, XW, I64)
+        # the tensor scales are loaded where each way starts (per token block: a few
+        # instructions), so the row way's registers do not hold the column way's
         if ROW_DEC or ROW_CODES:
-            _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc_r, dec_r, ftab_r,
-                     seed_row,
+            enc_r, dec_r, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
+            if pid == 0:
+                tl.store(ts_ptr, dec_out)
+            _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc_r, dec_r, seed_row,
                      row_dec_ptr, row_data_ptr, row_scale_ptr, ROW_DEC, ROW_CODES, ROW_SR,
-                     TILE2D, SR_DIRECT, I64, FTAB, ASM)
+                     TILE2D, SR_DIRECT, I64)
         if COL_DEC or COL_CODES:
+            enc_c, dec_c, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
+            if pid == 0:
+                tl.store(ts_ptr + 1, dec_out)
             if COL_SR:
                 cw = _col_sr_words(seed_col, blk, q, tb, ntb, I64)
                 u_e0, u_o0 = _col_group_uniforms(cw, 0), _col_group_uniforms(cw, 1)
                 u_e1, u_o1 = _col_group_uniforms(cw, 2), _col_group_uniforms(cw, 3)
             else:
                 u_e0, u_o0, u_e1, u_o1 = seed_col, seed_col, seed_col, seed_col   # unused
-            acc_e0, sc_e0 = _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc_c,
-                                       dec_c, ftab_c, u_e0, cmask, col_dec_ptr, col_data_ptr,
-                                       col_scale_ptr, acc_e0, sc_e0, sub, COL_DEC, COL_CODES,
-                                       COL_SR, SR_DIRECT, I64, TBS, FTAB, ASM)
+            acc_e0, sc_e0 = _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc_c, dec_c,
+                                       u_e0, cmask, col_dec_ptr, col_data_ptr, col_scale_ptr,
+                                       acc_e0, sc_e0, sub, COL_DEC, COL_CODES, COL_SR,
+                                       SR_DIRECT, I64, TBS)
             acc_o0, sc_o0 = _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc_c,
-                                       dec_c, ftab_c, u_o0, cmask, col_dec_ptr, col_data_ptr,
+                                       dec_c, u_o0, cmask, col_dec_ptr, col_data_ptr,
                                        col_scale_ptr, acc_o0, sc_o0, sub, COL_DEC, COL_CODES,
-                                       COL_SR, SR_DIRECT, I64, TBS, FTAB, ASM)
+                                       COL_SR, SR_DIRECT, I64, TBS)
             acc_e1, sc_e1 = _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc_c,
-                                       dec_c, ftab_c, u_e1, cmask, col_dec_ptr, col_data_ptr,
+                                       dec_c, u_e1, cmask, col_dec_ptr, col_data_ptr,
                                        col_scale_ptr, acc_e1, sc_e1, sub, COL_DEC, COL_CODES,
-                                       COL_SR, SR_DIRECT, I64, TBS, FTAB, ASM)
+                                       COL_SR, SR_DIRECT, I64, TBS)
             acc_o1, sc_o1 = _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc_c,
-                                       dec_c, ftab_c, u_o1, cmask, col_dec_ptr, col_data_ptr,
+                                       dec_c, u_o1, cmask, col_dec_ptr, col_data_ptr,
                                        col_scale_ptr, acc_o1, sc_o1, sub, COL_DEC, COL_CODES,
-                                       COL_SR, SR_DIRECT, I64, TBS, FTAB, ASM)
+                                       COL_SR, SR_DIRECT, I64, TBS)
     if COL_CODES and TBS > 1:
         _store_col_codes(acc_e0, sc_e0, c0, tb0, tpad, ntb, cmask, col_data_ptr, col_scale_ptr,
                          I64, TBS)

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Device calls of session 26 (one nvidia-h200): the NVFP4 linear's amax pass and decode with
 # fewer instructions (issue 3).
-#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh amax        (carry .whl)
+#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh amax        (carry .whl; run98 at 94900c9)
 # 1. the GPU tests of the two-way kernels, the decode and the fused linear;
 # 2. the amax pass in word layout at each (words, token blocks, warps) a program, bit for bit
 #    against PyTorch, timed beside a copy (sweep_two_ways.py --amax);
 # 3. the decode of saved codes (bench_decode.py --sweep: bit for bit, then its launch sweep);
 # 4. the linear's device time per kernel (torch.profiler).
-#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh ftab        (carry .whl)
+#   FULLSTACK_COMMIT=0a46db1 bash scripts/gpu/session26.sh ftab      (carry .whl; run99, run100 —
+#   the factor table, F_TABLE_LOOKUP and sweep --ftab exist at 7f74c65..0a46db1 only: slower)
 # 5. the GPU tests of 1. (more time: run98's stopped at its session timeout after 49 passed);
 # 6. x's, W's and dY's calls with each block's factor from the program's table against the
 #    division (sweep_two_ways.py --ftab), bit for bit, timed; 4. again.
-#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh sweep_ftab  (carry .whl)
+#   FULLSTACK_COMMIT=0a46db1 bash scripts/gpu/session26.sh sweep_ftab  (carry .whl; run100)
 # 6'. the sweep of 6. alone (run99's stopped on a bug of the script: call() lost its ways).
 #   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session26.sh linear      (carry .whl)
 # 7. the linear's fwd+bwd against BF16 F.linear, eager and CUDA graph (the bench checks against

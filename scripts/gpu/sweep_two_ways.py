@@ -31,16 +31,12 @@ and the row way alone (W), each result checked bit for bit against PyTorch's max
 of ``|hadamard16(pad(m)ᵀ)|`` (the reference function, on the GPU), timed against a
 device-to-device copy of the same input (the pass reads what the copy reads and writes nothing).
 
-``--ftab``: x's, W's and dY's calls with each block's element factor looked up in the table the
-program writes (``triton_quantize_decode.F_TABLE_LOOKUP``) against the correctly rounded
-division a block, each checked bit for bit against the division.
-
 ``--tbs``: x's call (row decoded + column codes) with 1, 2 or 4 token blocks a program
 (``triton_quantize_decode.COL_CODES_TBS``: a channel's codes and scales of the program's token
 blocks stored as one run each), uncapped and capped at 128 registers, at 8192 × 3072 and
 8192 × 8192, each checked bit for bit against one token block a program.
 
-Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy | --tbs | --amax | --ftab]``.
+Usage (GPU): ``python scripts/gpu/sweep_two_ways.py [--jobs 8] [--dy | --tbs | --amax]``.
 """
 
 import argparse
@@ -114,10 +110,8 @@ def _input(shape):
 
 def apply(setting):
     """``("launch", NB, warps, maxnreg)``: :func:`configure`; ``("dy", SR_DIRECT, cap)``:
-    :func:`dy_form`; ``("tbs", COL_CODES_TBS, maxnreg)``: :func:`tbs_form`; ``("ftab",
-    F_TABLE_LOOKUP)``: :func:`ftab_form`."""
-    {"launch": configure, "dy": dy_form, "tbs": tbs_form, "ftab": ftab_form}[setting[0]](
-        *setting[1:])
+    :func:`dy_form`; ``("tbs", COL_CODES_TBS, maxnreg)``: :func:`tbs_form`."""
+    {"launch": configure, "dy": dy_form, "tbs": tbs_form}[setting[0]](*setting[1:])
 
 
 def warm(job):
@@ -267,42 +261,13 @@ def amax_main():
                   f"{t / t_copy:.2f} |", flush=True)
 
 
-def ftab_form(lookup):
-    from fullstack_fp4.nvfp4 import triton_launch
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    triton_launch.set_mode("0")
-    tqd.F_TABLE_LOOKUP = lookup          # each call's own launch configuration (dY's wide one)
-
-
-def ftab_main(jobs):
-    """x's, W's and dY's calls with each block's factor from the program's table against the
-    correctly rounded division (``F_TABLE_LOOKUP``), bit for bit, timed."""
-    names = [(X_NAME, [(T, 3072), (T, 8192)]), ("W 16x16: dec + codes", [(3072, 3072), (T, 3072)]),
-             (DY_NAME, [(T, 3072), (T, 8192)])]
-    forms = [(False,), (True,)]
-    warm_all([(n, sh[0], ("ftab",) + f) for n, sh in names for f in forms], jobs)
-    print("| call | shape | factor | bits = division | ms | / copy |")
-    print("| --- | --- | --- | --- | ---: | ---: |")
-    for name, shapes in names:
-        for shape in shapes:
-            m = _input(shape)
-            dst = torch.empty_like(m)
-            t_copy = graph_ms(lambda: dst.copy_(m))
-            for f, ok, t in time_forms(name, m, forms, ftab_form):
-                print(f"| {name} | {shape[0]}x{shape[1]} | {'table' if f[0] else 'division'} | "
-                      f"{ok} | {t:.4f} | {t / t_copy:.2f} |", flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--dy", action="store_true")
     ap.add_argument("--tbs", action="store_true")
     ap.add_argument("--amax", action="store_true")
-    ap.add_argument("--ftab", action="store_true")
     a = ap.parse_args()
-    if a.ftab:
-        return ftab_main(a.jobs)
     if a.amax:
         return amax_main()
     if a.dy:
