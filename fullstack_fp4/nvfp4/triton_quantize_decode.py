@@ -334,5 +334,6 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
         ROW_SR=row_sr, TILE2D=row is not None and tuple(row.tile) == (16, 16),
         COL_DEC=col is not None and col.decoded, COL_CODES=col is not None and col.codes,
         COL_SR=col_sr, SR_DIRECT=SR_DIRECT, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb,
-        TBS=tbs, num_warps=nw, enable_fp_fusion=False, **cap)
+        TBS=tbs, EVEN=t % (16 * tbs) == 0 and nblk % nb == 0, num_warps=nw,
+        enable_fp_fusion=False, **cap)
     return out

@@ -142,17 +142,19 @@ def test_column_codes_of_several_token_blocks_a_program(tbs, t, rounding, i64, m
     assert q.col_q.shape == (128, 64)
 
 
-@pytest.mark.parametrize("codes,direct", [(True, True), (False, True), (False, False)])
-def test_dy_operands_stochastic_match_philox_draws(codes, direct, monkeypatch):
+@pytest.mark.parametrize("codes,direct,t", [(True, True, 40), (False, True, 40),
+                                            (False, False, 40), (False, True, 48)])
+def test_dy_operands_stochastic_match_philox_draws(codes, direct, t, monkeypatch):
     """dgrad dY (1×16, SR) and wgrad RHT(dYᵀ) (SR), decoded, with quantize_triton's Philox
     draws for the two seeds. ``codes=False`` is the linear's own call: decoded operands only,
     rounded straight to values (``SR_DIRECT``: ``_dec_sr_bits``) or through the nibble. Row 1
     holds ``-0.0`` (decodes to +0), tiny negatives beside the 37 outlier (round to 0 as ``-0``,
-    or to the first step) and tiny positives."""
+    or to the first step) and tiny positives. T = 48: every program's tokens and channels
+    exist (the kernel's maskless EVEN form)."""
     from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
     from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
     monkeypatch.setattr(tqd, "SR_DIRECT", direct)
-    m = _m(40, 64, 4)
+    m = _m(t, 64, 4)
     m[1, 0], m[1, 1], m[1, 2], m[1, 4] = -0.0, -1e-3, 1e-3, -0.2
     md = m.to(DEV)
     q = quantize_two_ways(md, amax_two_ways(md), row=RowWay("stochastic", codes=codes),
