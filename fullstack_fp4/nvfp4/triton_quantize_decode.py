@@ -155,8 +155,6 @@ def _config(nblk: int, wide: bool = False):
 # The amax pass: words (or elements) a program, token blocks a program, warps. A lane takes one
 # word (two channels) of 16 tokens a token block, so BLOCK = 32 · warps.
 AMAX_BLOCK, AMAX_TBS, AMAX_WARPS = 128, 4, 4
-# Whether the amax pass walks its tiles last to first (amax_two_ways' ``reverse``).
-AMAX_REVERSE = True
 
 
 def _amax_config(nidx: int, ntb: int):
@@ -217,14 +215,11 @@ def draw_seed(generator: Optional[torch.Generator]) -> int:
 
 
 def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
-                  rht_signs=DEFAULT_SIGNS, reverse: Optional[bool] = None) -> torch.Tensor:
+                  rht_signs=DEFAULT_SIGNS) -> torch.Tensor:
     """One read of ``m [T, C]``: int32 ``[2]`` device tensor with the FP32 bits of
     ``max |m|`` (if ``row``) and of ``max |hadamard16(pad(m)ᵀ)|`` (if ``col``), 0 otherwise.
     NaN bit patterns order above +Inf, so a non-finite input shows as bits >= 0x7F800000.
-    ``obs.view(torch.float32)[i]`` is the amax as a 0-dim FP32 tensor (for ``amax_reduce``).
-    ``reverse``: read the tiles in the opposite order to :func:`quantize_two_ways` (None:
-    ``AMAX_REVERSE``), so that the quantize that follows starts on tiles still in L2; the
-    result does not depend on it."""
+    ``obs.view(torch.float32)[i]`` is the amax as a 0-dim FP32 tensor (for ``amax_reduce``)."""
     m = _check_m(m)
     t, c = m.shape
     obs = torch.zeros((2,), dtype=torch.int32, device=m.device)
@@ -236,8 +231,7 @@ def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
     grid = (cdiv(cdiv(t, 16), tbs) * cdiv(nidx, block),)
     launch(_amax_two_ways_kernel, grid, xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs),
            ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), BLOCK=block, TBS=tbs,
-           EVEN=t % (16 * tbs) == 0 and nidx % block == 0,
-           REVERSE=AMAX_REVERSE if reverse is None else bool(reverse), num_warps=nw,
+           EVEN=t % (16 * tbs) == 0 and nidx % block == 0, num_warps=nw,
            enable_fp_fusion=False)
     return obs
 

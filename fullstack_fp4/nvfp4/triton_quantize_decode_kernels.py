@@ -304,7 +304,7 @@ def _abs_max_nan_tuple(acc, v):
 def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
                           ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
                           I64: tl.constexpr, BLOCK: tl.constexpr, TBS: tl.constexpr,
-                          EVEN: tl.constexpr, REVERSE: tl.constexpr):
+                          EVEN: tl.constexpr):
     """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL).
 
     A program owns ``BLOCK`` words (XW) or channels of ``TBS`` consecutive token blocks: a lane
@@ -315,14 +315,8 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
     (EVEN: the host saw that the program grid covers ``m`` exactly, so nothing is masked).
     The RHT's ``× ¼`` is taken once, on the program's max: ``fl(a/4)`` is monotone, so
     ``max fl(|z_i|/4) = fl(max |z_i| / 4)`` for any inputs. The maxima propagate NaN, and the
-    stored bits of a non-finite input are >= 0x7F800000 as the module docstring says.
-    REVERSE: program i takes the tiles of program ``n − 1 − i``, so the pass reads ``m`` in the
-    opposite order to the quantize kernel (both go channel strip by channel strip) and the
-    first tiles the quantize reads are the last the pass read, the likeliest still in L2.
-    A maximum does not depend on the order it is taken in: same bits."""
+    stored bits of a non-finite input are >= 0x7F800000 as the module docstring says."""
     pid = tl.program_id(0)
-    if REVERSE:
-        pid = tl.num_programs(0) - 1 - pid
     ntbp = tl.cdiv(tl.cdiv(T, 16), TBS)
     tb0 = (pid % ntbp) * TBS
     if XW:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device calls of session 27 (one nvidia-h200): the NVFP4 linear's operand launches in an order
 # that lets the quantize kernels read from L2 (issue 3).
-#   FULLSTACK_COMMIT=<rev> bash scripts/gpu/session27.sh order       (carry .whl)
+#   FULLSTACK_COMMIT=de43545 bash scripts/gpu/session27.sh order   (carry .whl; run102 — l2_order.py
+#   and the AMAX_REVERSE switch it measured exist at de43545 only: no gain, not kept)
 # 1. the GPU tests of the two-way kernels, the decode and the fused linear;
 # 2. the forward's operand launches in five orders, the amax passes forward or reversed, the dY
 #    launches, and the whole linear with each order, bit for bit first (scripts/gpu/l2_order.py);

@@ -58,19 +58,19 @@ def _bits(v) -> int:
     return int(v.reshape(()).float().view(torch.int32))
 
 
-@pytest.mark.parametrize("t,reverse", [(40, True), (32, True), (40, False)])
-def test_amax_both_ways(t, reverse):
-    """Either tile order (8 programs here: 4 channel strips × 2 token spans) gives the max."""
+@pytest.mark.parametrize("t", [40, 32])
+def test_amax_both_ways(t):
+    """8 programs here (4 channel strips × 2 token spans): the first's and the last's tiles too."""
     from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
     m = _m(t, 128, 1)
-    obs = amax_two_ways(m.to(DEV), reverse=reverse).cpu()
+    obs = amax_two_ways(m.to(DEV)).cpu()
     assert int(obs[0]) == _bits(m.float().abs().amax())
     assert int(obs[1]) == _bits(_col_ref(m).abs().amax())
-    assert int(amax_two_ways(m.to(DEV), col=False, reverse=reverse).cpu()[1]) == 0
+    assert int(amax_two_ways(m.to(DEV), col=False).cpu()[1]) == 0
     for i, j in ((0, 0), (t - 1, 127)):              # the first and the last program's tile
         mo = m.clone()
         mo[i, j] = 64.0
-        obs = amax_two_ways(mo.to(DEV), reverse=reverse).cpu()
+        obs = amax_two_ways(mo.to(DEV)).cpu()
         assert int(obs[0]) == _bits(torch.tensor(64.0))
         assert int(obs[1]) == _bits(_col_ref(mo).abs().amax())
 

@@ -49,7 +49,7 @@ def test_bind_errors():
 def test_constexpr_parameters_hand_listed():
     sig = tl_launch._signature(_amax_two_ways_kernel)
     got = [n for n, c in zip(sig.names, sig.constexpr) if c]
-    assert got == ["SIGNS", "ROW", "COL", "XW", "I64", "BLOCK", "TBS", "EVEN", "REVERSE"]
+    assert got == ["SIGNS", "ROW", "COL", "XW", "I64", "BLOCK", "TBS", "EVEN"]
     sig = tl_launch._signature(_quantize_two_ways_kernel)
     assert sig.names[15:17] == ["stride_t", "SIGNS"] and len(sig.names) == 30
     assert not any(sig.constexpr[:16]) and all(sig.constexpr[16:])
