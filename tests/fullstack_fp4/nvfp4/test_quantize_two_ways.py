@@ -60,7 +60,8 @@ def _bits(v) -> int:
 
 @pytest.mark.parametrize("t", [40, 32])
 def test_amax_both_ways(t):
-    """8 programs here (4 channel strips × 2 token spans): the first's and the last's tiles too."""
+    """Also with the max in the first and in the last program's tile (under the interpreter,
+    T = 40 runs 8 programs: 4 channel strips × 2 token spans; T = 32 runs 4)."""
     from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
     m = _m(t, 128, 1)
     obs = amax_two_ways(m.to(DEV)).cpu()
