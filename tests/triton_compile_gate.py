@@ -174,29 +174,41 @@ def run_scenarios():
     from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton, scale_cast_triton
     rw, cw = tqd.RowWay, tqd.ColWay
     sr = "stochastic"
-    ways = (  # (label, input dtype, channels, row way, column way, int64 offsets)
+    ways = (  # (label, input dtype, channels, row way, column way, int64 offsets, alphas)
         # The linear's three launches at the GPU tile (NB = 32), plus small-C tiles (NB < 32,
         # fewer warps) with per-element reads (FP32 / FP16 input) and the int64-offset /
         # tl.randint4x variant the host picks past 2^31 (forced here), one per way.
         # (The dY kernel is the gate's slowest compile, ~40-80 s: the other on/off
         # combinations of the same flags are left out.)
-        ("fprop x + saved RHT(xT)", torch.bfloat16, 1024, rw(), cw(), False),
+        # W's and dY's calls write the GEMM alphas, as in the linear
+        ("fprop x + saved RHT(xT)", torch.bfloat16, 1024, rw(), cw(), False, False),
         ("W 16x16 decoded + saved codes", torch.bfloat16, 1024, rw(tile=(16, 16), codes=True), None,
-         False),
-        ("dY both ways SR", torch.bfloat16, 1024, rw(sr), cw(sr, decoded=True, codes=False), False),
-        ("dY dgrad only, small C, int64", torch.float32, 64, rw(sr), None, True),
-        ("wgrad operand codes SR, small C, int64", torch.float16, 32, None, cw(sr), True),
+         False, True),
+        ("dY both ways SR", torch.bfloat16, 1024, rw(sr), cw(sr, decoded=True, codes=False), False,
+         True),
+        ("dY dgrad only, small C, int64", torch.float32, 64, rw(sr), None, True, False),
+        ("wgrad operand codes SR, small C, int64", torch.float16, 32, None, cw(sr), True, False),
     )
     needs_i64 = tqd._needs_i64
-    for label, dt, c, row, col, i64 in ways:
+    one = torch.ones(1)
+    for label, dt, c, row, col, i64, alphas in ways:
         m = torch.randn(48, c, dtype=dt)
         _scenario(f"linear two-way operands: {label}")
         tqd._needs_i64 = (lambda *a: True) if i64 else needs_i64
         try:
             obs = tqd.amax_two_ways(m, row=row is not None, col=col is not None)
-            tqd.quantize_two_ways(m, obs, row=row, col=col, seed_row=1, seed_col=2)
+            peers = dict(row_peer_scale=one if row is not None else None,
+                         col_peer_scale=one if col is not None else None) if alphas else {}
+            tqd.quantize_two_ways(m, obs, row=row, col=col, seed_row=1, seed_col=2, **peers)
         finally:
             tqd._needs_i64 = needs_i64
+    _scenario("linear forward: amax of x (both ways) and W (row way) in one launch")
+    tqd.amax_two_ways_pair(torch.randn(48, 1024, dtype=torch.bfloat16),
+                           torch.randn(64, 1024, dtype=torch.bfloat16))
+    _scenario("linear backward: saved W and RHT(xT) decoded in one launch")
+    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_pair
+    decode_bf16_pair(tq.quantize_triton(torch.randn(64, 256, dtype=torch.bfloat16), tile=(16, 16)),
+                     tq.quantize_triton(torch.randn(256, 64, dtype=torch.bfloat16)))
     for out in dtypes:
         _scenario(f"gemm epilogue scale_cast_triton -> {out}")
         scale_cast_triton(torch.randn(64, 96), torch.tensor(0.5), torch.tensor(3.0), out)

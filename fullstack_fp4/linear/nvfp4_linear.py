@@ -56,17 +56,24 @@ read of its source in its own layout (``fullstack_fp4.nvfp4.triton_quantize_deco
 one amax pass that gives both of its amaxes:
 
 =========  ===========================================================================
-forward    amax(x) and amax(RHT over tokens of x) in one pass; one kernel reads x and writes
-           the decoded BF16 fprop operand (1×16) and RHT(xᵀ)'s codes (saved, 4-bit) without
-           a transposed copy; one kernel reads W and writes its decoded operand and its 16×16
-           codes (saved for dgrad).
+forward    amax(x), amax(RHT over tokens of x) and amax(W) in one launch (one zeroed
+           buffer); one kernel reads x and writes the decoded BF16 fprop operand (1×16) and
+           RHT(xᵀ)'s codes (saved, 4-bit) without a transposed copy; one kernel reads W and
+           writes its decoded operand, its 16×16 codes (saved for dgrad) and the fprop
+           GEMM's alpha ``ts_x · ts_w``.
 backward   one amax pass over dY (both amaxes); one kernel reads dY and writes both decoded
            operands, dY (1×16, SR) for dgrad and RHT(dYᵀ) ``[out, T_pad]`` (SR) for wgrad,
-           neither as codes; the saved W and RHT(xᵀ) codes are decoded (one Triton pass each).
+           neither as codes, and both GEMMs' alphas; the saved W and RHT(xᵀ) codes are
+           decoded in one launch.
 GEMMs      ``gemm.decoded_matmul`` on the same operand layouts as before: one cuBLASLt call
-           that reads ``ts_a · ts_b`` by device pointer and writes the output dtype (or adds
-           into the wgrad buffer); backend ``cublas``: ``torch.mm`` with FP32 output, then
-           one Triton pass for ``(acc · ts_a · ts_b) → out dtype``.
+           that reads the alpha ``ts_a · ts_b`` by device pointer and writes the output dtype
+           (or adds into the wgrad buffer); backend ``cublas``: ``torch.mm`` with FP32 output,
+           then one Triton pass for ``(acc · ts_a · ts_b) → out dtype``.
+
+Launches per fwd+bwd (both gradients): 2 zero fills, 2 amax passes, 3 quantize kernels, 1
+decode, 3 GEMMs. Inside a CUDA graph each launch costs ~3 µs beyond its own time on the H200
+(BENCHMARKS.md §W), so the alphas come from the quantize kernels and the small tensors share
+launches with the large ones.
 =========  ===========================================================================
 
 Same codes, scales, stochastic-rounding draws (Philox seeds drawn from ``generator`` in the
@@ -250,8 +257,8 @@ def _fused_forward(x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtyp
     None)``. amax_reduce is called on x's, W's, then RHT(xᵀ)'s amax (the reference order)."""
     tqd = _fused_kernels()
     check = _check_finite(x2)
-    obs_x = tqd.amax_two_ways(x2, row=True, col=need_dw)
-    obs_w = tqd.amax_two_ways(weight, row=True, col=False)
+    obs_x, obs_w = tqd.amax_two_ways_pair(x2, weight, row_x=True, col_x=need_dw, row_y=True,
+                                          col_y=False)
     g_x = g_w = g_xt = None
     if amax_reduce is not None:
         g_x = amax_reduce(obs_x.view(torch.float32)[0])
@@ -261,9 +268,11 @@ def _fused_forward(x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtyp
     qx = tqd.quantize_two_ways(x2, obs_x, row=tqd.RowWay("nearest"),
                                col=tqd.ColWay("nearest") if need_dw else None,
                                amax_row=g_x, amax_col=g_xt, check_finite=check)
+    # W's call also writes the fprop GEMM's alpha, ts_x · ts_w (x's scale is written by now)
     qw = tqd.quantize_two_ways(weight, obs_w, row=tqd.RowWay("nearest", (16, 16), codes=need_dx),
-                               amax_row=g_w, check_finite=check)
-    y = decoded_matmul(qx.row_decoded, qw.row_decoded.t(), qx.row_scale, qw.row_scale, out_dtype)
+                               amax_row=g_w, check_finite=check, row_peer_scale=qx.row_scale)
+    y = decoded_matmul(qx.row_decoded, qw.row_decoded.t(), qx.row_scale, qw.row_scale, out_dtype,
+                       alpha=qw.row_alpha)
     return y, qw.row_q, qx.col_q
 
 
@@ -290,14 +299,38 @@ def _fused_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[
         dy2, obs, row=tqd.RowWay("stochastic") if need_dx else None,
         col=tqd.ColWay("stochastic", decoded=True, codes=False) if need_dw else None,
         amax_row=g_row, amax_col=g_col, seed_row=seed_row, seed_col=seed_col,
-        check_finite=_check_finite(dy2))
+        check_finite=_check_finite(dy2),
+        row_peer_scale=_peer_scale(qw), col_peer_scale=_peer_scale(qxt))
+    if need_dx and need_dw:
+        w_dec, xt_dec = _decode_pair(qw, qxt)
+    else:
+        w_dec = decode_to_bf16(qw) if need_dx else None
+        xt_dec = decode_to_bf16(qxt) if need_dw else None
     dx = dw = None
     if need_dx:
-        dx = decoded_matmul(q.row_decoded, decode_to_bf16(qw), q.row_scale, qw.tensor_scale, x_dtype)
+        dx = decoded_matmul(q.row_decoded, w_dec, q.row_scale, qw.tensor_scale, x_dtype,
+                            alpha=q.row_alpha)
     if need_dw:
-        dw = decoded_matmul(q.col_decoded, decode_to_bf16(qxt).t(), q.col_scale, qxt.tensor_scale,
-                            w_dtype, accumulate_into=wgrad_into)
+        dw = decoded_matmul(q.col_decoded, xt_dec.t(), q.col_scale, qxt.tensor_scale,
+                            w_dtype, accumulate_into=wgrad_into, alpha=q.col_alpha)
     return dx, dw
+
+
+def _peer_scale(q: Optional[NVFP4Tensor]) -> Optional[torch.Tensor]:
+    """A saved operand's tensor scale as the dY call's peer (its GEMM alpha is written by the
+    dY kernel); None where it is absent or not a 1-element FP32 device tensor."""
+    if q is None:
+        return None
+    ts = q.tensor_scale
+    if not isinstance(ts, torch.Tensor) or ts.numel() != 1 or ts.dtype != torch.float32:
+        return None
+    return ts
+
+
+def _decode_pair(qw: NVFP4Tensor, qxt: NVFP4Tensor):
+    """The saved W's and RHT(xᵀ)'s GEMM operands, decoded in one launch."""
+    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_pair  # noqa: PLC0415
+    return decode_bf16_pair(qw, qxt)
 
 
 def nvfp4_linear_forward(x2: torch.Tensor, weight: torch.Tensor, need_dx: bool, need_dw: bool,

@@ -272,12 +272,14 @@ def _prepared(p: Plan, d_type: int, aligns: tuple, handle) -> tuple:
 
 def try_scaled_mm(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
                   out_dtype: torch.dtype = torch.bfloat16,
-                  accumulate_into: Optional[torch.Tensor] = None
+                  accumulate_into: Optional[torch.Tensor] = None,
+                  alpha: Optional[torch.Tensor] = None
                   ) -> Tuple[bool, Optional[torch.Tensor]]:
     """:func:`scaled_mm_cublaslt` if one cuBLASLt call takes these operands: ``(True, output)``
     (the output None when added into ``accumulate_into``), else ``(False, None)`` with nothing
     run — the caller's other path then does the GEMM. The operands are checked and planned once
-    (this is the emulated GEMM's hot path, where the linear waits on the host)."""
+    (this is the emulated GEMM's hot path, where the linear waits on the host). ``alpha``: the
+    product ``ts_a · ts_b`` already made on the device (FP32, 1 element), read in its place."""
     m, k = a.shape
     n = b.shape[1]
     if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
@@ -302,9 +304,9 @@ def try_scaled_mm(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_b: to
         return True, out
     if a.device.index != torch.cuda.current_device():
         with torch.cuda.device(a.device):      # the launch goes to the current device's context
-            _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
+            _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None, alpha)
     else:
-        _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None)
+        _matmul(a, b, ts_a, ts_b, d, p, accumulate_into is not None, alpha)
     return True, out
 
 
@@ -327,11 +329,14 @@ def scaled_mm_cublaslt(a: torch.Tensor, b: torch.Tensor, ts_a: torch.Tensor, ts_
     return out
 
 
-def _matmul(a, b, ts_a, ts_b, d, p: Plan, accumulate: bool) -> None:
+def _matmul(a, b, ts_a, ts_b, d, p: Plan, accumulate: bool, alpha=None) -> None:
     st = _device_state(a.device)
     stream = _raw_stream(a.device)
     workspace = _workspace(st, a.device, stream)
-    alpha = _alpha(ts_a, ts_b)
+    if alpha is None:
+        alpha = _alpha(ts_a, ts_b)
+    elif alpha.dtype != torch.float32 or alpha.device != a.device:
+        raise ValueError("alpha must be an FP32 tensor on the operands' device")
     if alpha.numel() != 1:
         raise ValueError(f"tensor scales must have one element each, got {tuple(ts_a.shape)} "
                          f"and {tuple(ts_b.shape)}")

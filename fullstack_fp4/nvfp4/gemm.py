@@ -161,17 +161,23 @@ def _epilogue(acc: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor, out_dty
 
 def decoded_matmul(a2: torch.Tensor, b2: torch.Tensor, ts_a: torch.Tensor, ts_b: torch.Tensor,
                    out_dtype: torch.dtype = torch.bfloat16,
-                   accumulate_into: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+                   accumulate_into: Optional[torch.Tensor] = None,
+                   alpha: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``(a2 @ b2) · (ts_a · ts_b)`` cast to ``out_dtype``: steps 2-3 on already decoded BF16
     operands ``a2 [M, K]``, ``b2 [K, N]`` (any strides, e.g. ``decoded.t()``) and their FP32
     tensor scales. The same GEMM call and epilogue as :func:`nvfp4_matmul` for the same
     operand layouts, hence the same bits.
 
     ``accumulate_into`` (``[M, N]``, FP32 or BF16): add the product into it in place
-    (:func:`scale_accumulate`, ``out_dtype`` unused) and return None."""
+    (:func:`scale_accumulate`, ``out_dtype`` unused) and return None.
+
+    ``alpha``: ``fp32(ts_a) · fp32(ts_b)`` already on the device (1 element; e.g. written by
+    the quantize kernel, ``TwoWays.row_alpha``), which the cuBLASLt call then reads instead of
+    multiplying the two in a launch of its own; the other paths use ``ts_a``, ``ts_b``."""
     if a2.is_cuda:
         if _BACKEND == "cublaslt" and _cublaslt_ready(a2):
-            done, out = _CUBLASLT[0].try_scaled_mm(a2, b2, ts_a, ts_b, out_dtype, accumulate_into)
+            done, out = _CUBLASLT[0].try_scaled_mm(a2, b2, ts_a, ts_b, out_dtype, accumulate_into,
+                                                   alpha=alpha)
             if done:
                 return out
         acc = torch.mm(a2, b2, out_dtype=torch.float32)

@@ -37,7 +37,7 @@ from .tensor import NVFP4Tensor
 from .triton_launch import cdiv, launch
 from .triton_quantize_decode_kernels import _bf16_word, _dec_nib_bits
 
-__all__ = ["dequantize_triton", "decode_bf16_triton"]
+__all__ = ["dequantize_triton", "decode_bf16_triton", "decode_bf16_pair"]
 
 _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -99,25 +99,57 @@ def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
     lane a block, its two halves in turn, made each instruction write half of every sector:
     twice the L2 write requests, 13.3 / 30.5 µs against 11.3 / 26.1 µs for the linear's two
     decodes under Nsight Compute, BENCHMARKS.md §U.2.)"""
-    q = tl.arange(0, 4)
-    j = tl.arange(0, 8)
-    dec = 1.0
-    if APPLY_DEC:
-        dec = tl.load(dec_ptr)
-    if I64:
-        hb = tl.program_id(0).to(tl.int64) * (2 * NBP) + tl.arange(0, 2 * NBP)
+    if OUT_BF16 and not APPLY_DEC:
+        _decode_words_blocks(data_ptr, scale_ptr, out_ptr, tl.program_id(0), NBLK_ALL, NBP, I64)
     else:
-        hb = tl.program_id(0) * (2 * NBP) + tl.arange(0, 2 * NBP)
+        q = tl.arange(0, 4)
+        j = tl.arange(0, 8)
+        dec = 1.0
+        if APPLY_DEC:
+            dec = tl.load(dec_ptr)
+        if I64:
+            hb = tl.program_id(0).to(tl.int64) * (2 * NBP) + tl.arange(0, 2 * NBP)
+        else:
+            hb = tl.program_id(0) * (2 * NBP) + tl.arange(0, 2 * NBP)
+        hmask = hb < 2 * NBLK_ALL
+        s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
+        byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
+                       eviction_policy="evict_first").to(tl.int32)
+        v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + hb[:, None] * 8 + j[None, :], v, mask=hmask[:, None])
+
+
+@triton.jit
+def _decode_words_blocks(data_ptr, scale_ptr, out_ptr, pid, NBLK_ALL, NBP: tl.constexpr,
+                         I64: tl.constexpr):
+    """Program ``pid`` of the GEMM-operand decode (:func:`_dequantize_flat_kernel`'s BF16 form
+    without the tensor scale): ``NBP`` blocks as ``[2·NBP, 4]`` words of two BF16."""
+    q = tl.arange(0, 4)
+    if I64:
+        hb = pid.to(tl.int64) * (2 * NBP) + tl.arange(0, 2 * NBP)
+    else:
+        hb = pid * (2 * NBP) + tl.arange(0, 2 * NBP)
     hmask = hb < 2 * NBLK_ALL
     s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
     byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
                    eviction_policy="evict_first").to(tl.int32)
-    if OUT_BF16 and not APPLY_DEC:
-        tl.store(out_ptr + hb[:, None] * 4 + q[None, :], _decode_half_words(byte, s),
-                 mask=hmask[:, None])
+    tl.store(out_ptr + hb[:, None] * 4 + q[None, :], _decode_half_words(byte, s),
+             mask=hmask[:, None])
+
+
+@triton.jit
+def _decode_pair_kernel(data_ptr, scale_ptr, out_ptr, NBLK_ALL, data2_ptr, scale2_ptr, out2_ptr,
+                        NBLK_ALL2, NPROG_1, NBP: tl.constexpr, I64: tl.constexpr,
+                        I64_2: tl.constexpr):
+    """Two GEMM-operand decodes in one launch (the linear's backward: the saved W and
+    RHT(xᵀ)): the first ``NPROG_1`` programs decode the first tensor, the others the second.
+    One launch fewer, and the smaller tensor's programs fill the other's last wave."""
+    pid = tl.program_id(0)
+    if pid < NPROG_1:
+        _decode_words_blocks(data_ptr, scale_ptr, out_ptr, pid, NBLK_ALL, NBP, I64)
     else:
-        v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
-        tl.store(out_ptr + hb[:, None] * 8 + j[None, :], v, mask=hmask[:, None])
+        _decode_words_blocks(data2_ptr, scale2_ptr, out2_ptr, pid - NPROG_1, NBLK_ALL2, NBP,
+                             I64_2)
 
 
 def _flat_config():
@@ -149,10 +181,8 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
     out = torch.empty((rows, k), dtype=dtype, device=t.data.device)
     if rows == 0 or k == 0:
         return out.reshape(shape)
-    data = t.data.reshape(rows, k // 2).contiguous()
-    scale = t.block_scale.reshape(rows, k // 16).contiguous().view(torch.uint8)
+    data, scale, rows, nblk_all = _flat_views(t)
     dec = t.tensor_scale.to(torch.float32).reshape(1)
-    nblk_all = rows * (k // 16)
     nbp, warps = _flat_config()
     if dtype == torch.bfloat16:       # words of two BF16 for the GEMM operand, else halves
         out_k = out.view(torch.int16 if _apply_dec else torch.int32)
@@ -163,3 +193,29 @@ def dequantize_triton(t: NVFP4Tensor, dtype: torch.dtype = torch.float32,
         APPLY_DEC=_apply_dec, I64=nblk_all * 16 >= 2**31 - 16 * nbp, num_warps=warps,
         enable_fp_fusion=False)
     return out.reshape(shape)
+
+
+def _flat_views(t: NVFP4Tensor):
+    """(codes [rows, K/2], scales [rows, K/16] as bytes, rows, blocks) of ``t``, contiguous."""
+    k = t.shape[-1]
+    rows = t.data.numel() * 2 // k if k else 0
+    data = t.data.reshape(rows, k // 2).contiguous()
+    scale = t.block_scale.reshape(rows, k // 16).contiguous().view(torch.uint8)
+    return data, scale, rows, rows * (k // 16)
+
+
+def decode_bf16_pair(t1: NVFP4Tensor, t2: NVFP4Tensor):
+    """:func:`decode_bf16_triton` of two tensors in one launch: ``(decoded t1, decoded t2)``,
+    the same bits as two calls."""
+    (d1, s1, r1, n1), (d2, s2, r2, n2) = _flat_views(t1), _flat_views(t2)
+    if n1 == 0 or n2 == 0:
+        return decode_bf16_triton(t1), decode_bf16_triton(t2)
+    o1 = torch.empty((r1, t1.shape[-1]), dtype=torch.bfloat16, device=t1.data.device)
+    o2 = torch.empty((r2, t2.shape[-1]), dtype=torch.bfloat16, device=t2.data.device)
+    nbp, warps = _flat_config()
+    p1 = cdiv(n1, nbp)
+    launch(_decode_pair_kernel, (p1 + cdiv(n2, nbp),),
+        d1, s1, o1.view(torch.int32), n1, d2, s2, o2.view(torch.int32), n2, p1, NBP=nbp,
+        I64=n1 * 16 >= 2**31 - 16 * nbp, I64_2=n2 * 16 >= 2**31 - 16 * nbp, num_warps=warps,
+        enable_fp_fusion=False)
+    return o1, o2

@@ -71,9 +71,11 @@ from .hadamard import DEFAULT_SIGNS
 from .triton_launch import cdiv, next_pow2, launch
 from .tensor import NVFP4Tensor
 from .triton_quantize_jit import FP32_MAX
-from .triton_quantize_decode_kernels import _amax_two_ways_kernel, _quantize_two_ways_kernel
+from .triton_quantize_decode_kernels import (_amax_pair_kernel, _amax_two_ways_kernel,
+                                             _quantize_two_ways_kernel)
 
-__all__ = ["RowWay", "ColWay", "TwoWays", "amax_two_ways", "quantize_two_ways", "draw_seed"]
+__all__ = ["RowWay", "ColWay", "TwoWays", "amax_two_ways", "amax_two_ways_pair", "quantize_two_ways",
+           "draw_seed"]
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _I32_LIMIT = 2**31 - 1
@@ -104,13 +106,17 @@ class ColWay:
 class TwoWays:
     """What :func:`quantize_two_ways` wrote; ``None`` for what was not asked. ``*_scale`` is
     the FP32 0-dim tensor (decode) scale of that way, ``*_decoded`` the BF16 operand
-    ``e2m1 · e4m3`` without it, ``*_q`` the NVFP4 tensor (codes, block scales, tensor scale)."""
+    ``e2m1 · e4m3`` without it, ``*_q`` the NVFP4 tensor (codes, block scales, tensor scale),
+    ``*_alpha`` (asked with ``*_peer_scale``) that scale times the other GEMM operand's, as a
+    1-element FP32 tensor: the GEMM's alpha (``gemm.decoded_matmul(alpha=)``)."""
     row_decoded: Optional[torch.Tensor] = None
     row_q: Optional[NVFP4Tensor] = None
     row_scale: Optional[torch.Tensor] = None
     col_decoded: Optional[torch.Tensor] = None
     col_q: Optional[NVFP4Tensor] = None
     col_scale: Optional[torch.Tensor] = None
+    row_alpha: Optional[torch.Tensor] = None
+    col_alpha: Optional[torch.Tensor] = None
 
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")   # read once, as Triton does
@@ -129,6 +135,25 @@ def _interpreter() -> bool:
 # direct form's rounding as ceil(v - u) (§U.5) capped at 128 0.0797 / 0.2025.
 SR_DIRECT = True
 WIDE_MAXNREG = 128
+# The calls whose block scales take their element factor 1/(s·dec) without div_rn's branch
+# (triton_quantize_jit._candidate_nb: the same values): "x" (row nearest + column codes), "W"
+# (16×16 tiles), "dY" (both ways stochastic, decoded), "other". FP4_TWO_WAYS_RCP overrides the
+# set (comma-separated; "" for none) for the H200 comparisons. On the H200 (BENCHMARKS.md §W,
+# scripts/gpu/rcp_variants.py) only W's call gained: 0.0162 -> 0.0149 ms (3072 × 3072), 0.0413
+# -> 0.0378 (8192 × 3072), 168 -> 96 registers; without the branches ptxas interleaves the row
+# way's 16 scale chains, and x's call went to 198 registers and 0.0567 -> 0.0679 ms (0.0633
+# capped at 168), dY's (capped at 128) 0.0724 -> 0.0799.
+RCP_NO_BRANCH = frozenset(os.environ.get("FP4_TWO_WAYS_RCP", "W").split(",")) - {""}
+
+
+def _call_kind(row, col, wide: bool) -> str:
+    if wide:
+        return "dY"
+    if row is not None and tuple(row.tile) == (16, 16):
+        return "W"
+    if row is not None and col is not None and col.codes:
+        return "x"
+    return "other"
 # Token blocks a program when the column way writes codes (x's call): the codes and scale
 # bytes of a channel for 4 token blocks are one 32-byte and one 4-byte store, where one program
 # a token block wrote 8 bytes and 1 byte of a channel (Nsight Compute, x's call at 8192 × 3072:
@@ -214,6 +239,24 @@ def draw_seed(generator: Optional[torch.Generator]) -> int:
     return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
 
 
+def _amax_tensor_args(m: torch.Tensor, block: int, tbs: int):
+    """(pointer, T, C, row stride, XW, I64, EVEN, programs) of ``m`` in the amax pass at
+    ``block`` words (or elements) and ``tbs`` token blocks a program."""
+    t, c = m.shape
+    xp, stride, xw = _x_args(m)
+    nidx = c // 2 if xw else c
+    nprog = cdiv(cdiv(t, 16), tbs) * cdiv(nidx, block)
+    return (xp, t, c, stride, xw, _needs_i64(t, c, m.stride(0)),
+            t % (16 * tbs) == 0 and nidx % block == 0, nprog)
+
+
+def _amax_block(m: torch.Tensor):
+    """(BLOCK, TBS, num_warps) of ``m``'s amax pass (:func:`_amax_config`)."""
+    t, c = m.shape
+    nidx = c // 2 if _x_args(m)[2] else c
+    return _amax_config(nidx, cdiv(t, 16))
+
+
 def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
                   rht_signs=DEFAULT_SIGNS) -> torch.Tensor:
     """One read of ``m [T, C]``: int32 ``[2]`` device tensor with the FP32 bits of
@@ -225,15 +268,40 @@ def amax_two_ways(m: torch.Tensor, *, row: bool = True, col: bool = True,
     obs = torch.zeros((2,), dtype=torch.int32, device=m.device)
     if t == 0 or c == 0 or not (row or col):
         return obs
-    xp, stride, xw = _x_args(m)
-    nidx = c // 2 if xw else c
-    block, tbs, nw = _amax_config(nidx, cdiv(t, 16))
-    grid = (cdiv(cdiv(t, 16), tbs) * cdiv(nidx, block),)
-    launch(_amax_two_ways_kernel, grid, xp, obs, t, c, stride, SIGNS=_signs_mask(rht_signs),
-           ROW=row, COL=col, XW=xw, I64=_needs_i64(t, c, m.stride(0)), BLOCK=block, TBS=tbs,
-           EVEN=t % (16 * tbs) == 0 and nidx % block == 0, num_warps=nw,
-           enable_fp_fusion=False)
+    block, tbs, nw = _amax_block(m)
+    xp, t, c, stride, xw, i64, even, nprog = _amax_tensor_args(m, block, tbs)
+    launch(_amax_two_ways_kernel, (nprog,), xp, obs, t, c, stride,
+           SIGNS=_signs_mask(rht_signs), ROW=row, COL=col, XW=xw, I64=i64, BLOCK=block, TBS=tbs,
+           EVEN=even, num_warps=nw, enable_fp_fusion=False)
     return obs
+
+
+def amax_two_ways_pair(x: torch.Tensor, y: torch.Tensor, *, row_x: bool = True,
+                       col_x: bool = True, row_y: bool = True, col_y: bool = False,
+                       rht_signs=DEFAULT_SIGNS):
+    """:func:`amax_two_ways` of ``x`` and of ``y`` in one launch and one zeroed buffer (the
+    linear's forward: x both ways, W the row way): ``(obs_x, obs_y)``, the same bits as two
+    calls. The pair shares the wider of the two tensors' lane counts."""
+    x, y = _check_m(x), _check_m(y)
+    buf = torch.zeros((4,), dtype=torch.int32, device=x.device)
+    obs_x, obs_y = buf[0:2], buf[2:4]
+    if x.numel() == 0 or y.numel() == 0 or not (row_x or col_x) or not (row_y or col_y):
+        # nothing to pair: each alone (an empty tensor's obs stays 0)
+        if x.numel() and (row_x or col_x):
+            obs_x.copy_(amax_two_ways(x, row=row_x, col=col_x, rht_signs=rht_signs))
+        if y.numel() and (row_y or col_y):
+            obs_y.copy_(amax_two_ways(y, row=row_y, col=col_y, rht_signs=rht_signs))
+        return obs_x, obs_y
+    (bx, tbx, wx), (by, tby, wy) = _amax_block(x), _amax_block(y)
+    block, nw = max(bx, by), max(wx, wy)
+    ax = _amax_tensor_args(x, block, tbx)
+    ay = _amax_tensor_args(y, block, tby)
+    launch(_amax_pair_kernel, (ax[7] + ay[7],), ax[0], buf, ax[1], ax[2], ax[3],
+           ay[0], ay[1], ay[2], ay[3], ax[7], SIGNS=_signs_mask(rht_signs),
+           ROW=row_x, COL=col_x, XW=ax[4], I64=ax[5], TBS=tbx, EVEN=ax[6],
+           ROW2=row_y, COL2=col_y, XW2=ay[4], I64_2=ay[5], TBS2=tby, EVEN2=ay[6], BLOCK=block,
+           num_warps=nw, enable_fp_fusion=False)
+    return obs_x, obs_y
 
 
 def _amax_arg(given, obs: torch.Tensor, i: int) -> torch.Tensor:
@@ -257,7 +325,9 @@ def _raise_if_nonfinite(obs, gamax, used) -> None:
 def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWay] = None,
                       col: Optional[ColWay] = None, amax_row=None, amax_col=None,
                       seed_row: Optional[int] = None, seed_col: Optional[int] = None,
-                      rht_signs=DEFAULT_SIGNS, check_finite: bool = False) -> TwoWays:
+                      rht_signs=DEFAULT_SIGNS, check_finite: bool = False,
+                      row_peer_scale: Optional[torch.Tensor] = None,
+                      col_peer_scale: Optional[torch.Tensor] = None) -> TwoWays:
     """The row and/or column quantization of ``m [T, C]`` in one read (module docstring).
 
     ``obs``: :func:`amax_two_ways`'s result for ``m`` (its observed amax bits; the scales use
@@ -266,7 +336,10 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
     ``quantize_triton(m, tile=row.tile, rounding=row.rounding, global_amax=..., seed=seed_row)``
     (decoded: ``decode_to_bf16`` of it) and to ``quantize_triton(hadamard16(pad(m)ᵀ), ...,
     seed=seed_col)``. ``check_finite``: raise ``ValueError`` on a non-finite input or amax (one
-    host sync) instead of the NaN tensor scale.
+    host sync) instead of the NaN tensor scale. ``row_peer_scale`` / ``col_peer_scale``: the
+    FP32 tensor scale (1 element, on the device, written before this call) of the operand the
+    way's GEMM multiplies it with; the kernel also writes ``row_alpha`` / ``col_alpha`` = this
+    way's tensor scale × it, the bits ``torch.mul`` gives.
     """
     m = _check_m(m)
     t, c = m.shape
@@ -291,7 +364,7 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
                             [i for i, w in enumerate((row, col)) if w is not None])
 
     nblk, tpad = c // 16, -(-t // 16) * 16
-    ts = torch.empty((2,), dtype=torch.float32, device=dev)
+    ts = torch.empty((4,), dtype=torch.float32, device=dev)   # scales, then alphas
     out = TwoWays()
     u8 = dict(dtype=torch.uint8, device=dev)
     dummy = ts                      # pointer never written when its output is off
@@ -312,8 +385,26 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
             out.col_q = NVFP4Tensor(col_data, col_scale.view(torch.float8_e4m3fn), ts[1],
                                     torch.Size((c, tpad)), m.dtype, (1, 16))
         out.col_scale = ts[1]
+    peers = []
+    for way, peer, i in ((row, row_peer_scale, 0), (col, col_peer_scale, 1)):
+        if peer is None:
+            peers.append(ts)
+            continue
+        if way is None:
+            raise ValueError("a peer scale was given for a way that is not asked")
+        if (not isinstance(peer, torch.Tensor) or peer.numel() != 1
+                or peer.dtype != torch.float32 or peer.device != dev):
+            raise ValueError("a peer scale must be a 1-element FP32 tensor on the input's device")
+        peers.append(peer)
+        if i == 0:
+            out.row_alpha = ts[2:3]
+        else:
+            out.col_alpha = ts[3:4]
     if t == 0 or c == 0:
-        ts.fill_(1.0 / FP32_MAX.value)   # reference: amax 0 -> enc FP32_MAX
+        ts[:2].fill_(1.0 / FP32_MAX.value)   # reference: amax 0 -> enc FP32_MAX
+        for i, peer in ((2, row_peer_scale), (3, col_peer_scale)):
+            if peer is not None:
+                torch.mul(ts[i - 2:i - 1], peer.reshape(1), out=ts[i:i + 1])
         return out
 
     wide = row_sr and col is not None and col_sr and col.decoded
@@ -327,13 +418,15 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
     if tbs > 1:                    # a channel's TBS scale bytes as one word
         col_scale = col_scale.view({2: torch.int16, 4: torch.int32}[tbs])
     launch(_quantize_two_ways_kernel, grid,
-        xp, g_row, g_col, obs, ts, words(row_dec), row_data, row_scale, words(col_dec),
+        xp, g_row, g_col, obs, ts, peers[0], peers[1], words(row_dec), row_data, row_scale, words(col_dec),
         words(col_data), col_scale, int(seed_row or 0), int(seed_col or 0), t, c, stride,
         SIGNS=_signs_mask(rht_signs),
         ROW_DEC=row is not None and row.decoded, ROW_CODES=row is not None and row.codes,
         ROW_SR=row_sr, TILE2D=row is not None and tuple(row.tile) == (16, 16),
         COL_DEC=col is not None and col.decoded, COL_CODES=col is not None and col.codes,
         COL_SR=col_sr, SR_DIRECT=SR_DIRECT, XW=xw, I64=_needs_i64(t, c, m.stride(0)), NB=nb,
-        TBS=tbs, EVEN=t % (16 * tbs) == 0 and nblk % nb == 0, num_warps=nw,
-        enable_fp_fusion=False, **cap)
+        TBS=tbs, EVEN=t % (16 * tbs) == 0 and nblk % nb == 0,
+        ALPHA_ROW=row_peer_scale is not None, ALPHA_COL=col_peer_scale is not None,
+        RCP_NB=_call_kind(row, col, wide) in RCP_NO_BRANCH,
+        num_warps=nw, enable_fp_fusion=False, **cap)
     return out

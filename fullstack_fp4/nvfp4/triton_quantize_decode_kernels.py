@@ -11,6 +11,7 @@ import triton.language as tl
 from triton.language import core as tlc   # to_tensor: not re-exported by triton 3.6's tl
 
 from .triton_quantize_jit import (INV6, MAGIC, NAN_BITS, _bf16w_to_f32, _candidate_fast,
+                                  _candidate_nb, _rcp_kd,
                                   _e2m1_rne_val, _max_nan, _neg_where, _nib_rne, _nib_sr,
                                   _philox10, _sr_u8, _tensor_scales)
 
@@ -141,6 +142,15 @@ def _tensor_scale(gamax_ptr, obs_ptr):
            | (tl.load(obs_ptr) >= 0x7F800000))
     nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
     return enc, dec, tl.where(bad, nan, dec)
+
+
+@triton.jit
+def _candidate(bamax, enc, dec, RCP_NB: tl.constexpr):
+    """(E4M3 scale, its bits, element factor) of a block: :func:`_candidate_nb` (no branch)
+    or :func:`_candidate_fast` (``div_rn``); the same values."""
+    if RCP_NB:
+        return _candidate_nb(bamax, enc, dec, _rcp_kd(dec), INV6)
+    return _candidate_fast(bamax, enc, dec, INV6)
 
 
 @triton.jit
@@ -301,11 +311,11 @@ def _abs_max_nan_tuple(acc, v):
 
 
 @triton.jit
-def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
-                          ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
-                          I64: tl.constexpr, BLOCK: tl.constexpr, TBS: tl.constexpr,
-                          EVEN: tl.constexpr):
-    """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL).
+def _amax_tiles(x_ptr, obs_ptr, pid, T, C, stride_t, SIGNS: tl.constexpr, ROW: tl.constexpr,
+                COL: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr, BLOCK: tl.constexpr,
+                TBS: tl.constexpr, EVEN: tl.constexpr):
+    """Program ``pid`` of the amax pass of ``x [T, C]``: its running maxima merged into
+    ``obs[0]`` (ROW: max |m|) and ``obs[1]`` (COL: max |RHT16 along tokens of pad(m)|).
 
     A program owns ``BLOCK`` words (XW) or channels of ``TBS`` consecutive token blocks: a lane
     holds its word's two channels for the 16 tokens of a block (coalesced row loads, no layout
@@ -316,7 +326,6 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
     The RHT's ``× ¼`` is taken once, on the program's max: ``fl(a/4)`` is monotone, so
     ``max fl(|z_i|/4) = fl(max |z_i| / 4)`` for any inputs. The maxima propagate NaN, and the
     stored bits of a non-finite input are >= 0x7F800000 as the module docstring says."""
-    pid = tl.program_id(0)
     ntbp = tl.cdiv(tl.cdiv(T, 16), TBS)
     tb0 = (pid % ntbp) * TBS
     if XW:
@@ -353,16 +362,47 @@ def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
 
 
 @triton.jit
+def _amax_two_ways_kernel(x_ptr, obs_ptr, T, C, stride_t, SIGNS: tl.constexpr,
+                          ROW: tl.constexpr, COL: tl.constexpr, XW: tl.constexpr,
+                          I64: tl.constexpr, BLOCK: tl.constexpr, TBS: tl.constexpr,
+                          EVEN: tl.constexpr):
+    """obs[0] = bits of max |m| (ROW); obs[1] = bits of max |RHT16 along tokens of pad(m)| (COL).
+    One program is :func:`_amax_tiles`' ``pid``."""
+    _amax_tiles(x_ptr, obs_ptr, tl.program_id(0), T, C, stride_t, SIGNS, ROW, COL, XW, I64,
+                BLOCK, TBS, EVEN)
+
+
+@triton.jit
+def _amax_pair_kernel(x_ptr, obs_ptr, T, C, stride_t, y_ptr, T2, C2, stride2, NPROG_X,
+                      SIGNS: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr,
+                      XW: tl.constexpr, I64: tl.constexpr, TBS: tl.constexpr,
+                      EVEN: tl.constexpr, ROW2: tl.constexpr, COL2: tl.constexpr,
+                      XW2: tl.constexpr, I64_2: tl.constexpr, TBS2: tl.constexpr,
+                      EVEN2: tl.constexpr, BLOCK: tl.constexpr):
+    """:func:`_amax_two_ways_kernel` of two tensors in one launch (the linear's x and W): the
+    first ``NPROG_X`` programs take ``x`` into ``obs[0:2]``, the others ``y`` into
+    ``obs[2:4]``. One launch and one zeroed buffer fewer in the forward, and W's few programs
+    fill the SMs that x's last wave leaves idle."""
+    pid = tl.program_id(0)
+    if pid < NPROG_X:
+        _amax_tiles(x_ptr, obs_ptr, pid, T, C, stride_t, SIGNS, ROW, COL, XW, I64, BLOCK, TBS,
+                    EVEN)
+    else:
+        _amax_tiles(y_ptr, obs_ptr + 2, pid - NPROG_X, T2, C2, stride2, SIGNS, ROW2, COL2, XW2,
+                    I64_2, BLOCK, TBS2, EVEN2)
+
+
+@triton.jit
 def _col_group(z, c, tb, tpad, ntb, enc, dec, u, cmask, col_dec_ptr, col_data_ptr,
                col_scale_ptr, acc, sc, sub, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
                COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, I64: tl.constexpr,
-               TBS: tl.constexpr):
+               TBS: tl.constexpr, RCP_NB: tl.constexpr):
     """The column way for one channel group: ``z`` the RHT'd 16 tokens of channels ``c``; ``u``
     their 16 uniforms (:func:`_col_group_uniforms`) when ``COL_SR``. With ``TBS > 1`` the codes
     (2 words) and the scale byte of token block ``tb`` (the program's ``sub``-th) go into the
     program's ``acc`` ``[NB, 4, 2·TBS]`` words and ``sc`` (byte ``sub``), stored by the caller
     after its last token block; returns (acc, sc)."""
-    s_val, s_bits, f = _candidate_fast(_abs_max_tuple(z), enc, dec, INV6)    # per channel
+    s_val, s_bits, f = _candidate(_abs_max_tuple(z), enc, dec, RCP_NB)    # per channel
     if I64:
         cc = c.to(tl.int64)
     else:
@@ -434,14 +474,15 @@ def _store_col_codes(acc, sc, c, tb0, tpad, ntb, cmask, col_data_ptr, col_scale_
 def _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc, dec, seed_row,
              row_dec_ptr, row_data_ptr, row_scale_ptr, ROW_DEC: tl.constexpr,
              ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr, TILE2D: tl.constexpr,
-             SR_DIRECT: tl.constexpr, I64: tl.constexpr, EVEN: tl.constexpr):
+             SR_DIRECT: tl.constexpr, I64: tl.constexpr, EVEN: tl.constexpr,
+             RCP_NB: tl.constexpr):
     """The row way of token block ``tb`` (1×16 blocks along the channels, or 16×16 tiles):
     decoded BF16 words and/or codes + scales."""
     if TILE2D:
         # 16x16 tile = these 16 rows x one 16-channel block: one scale for the tile.
         bm = tl.max(tl.maximum(tl.maximum(_abs_max_tuple(E0), _abs_max_tuple(O0)),
                                tl.maximum(_abs_max_tuple(E1), _abs_max_tuple(O1))), 1)
-        s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+        s_val, s_bits, f = _candidate(bm, enc, dec, RCP_NB)
     # Tokens in the order of their Philox calls (sr_stream.py): call k covers the tokens
     # 2k, 2k+1, 8+2k, 9+2k (its words 0..3), so one call serves 4 tokens of the lane.
     for k in tl.static_range(4):
@@ -456,7 +497,7 @@ def _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc, dec, seed_row,
             if not TILE2D:
                 bm = tl.max(tl.maximum(tl.maximum(tl.abs(e0), tl.abs(o0)),
                                        tl.maximum(tl.abs(e1), tl.abs(o1))), 1)     # [NB]
-                s_val, s_bits, f = _candidate_fast(bm, enc, dec, INV6)
+                s_val, s_bits, f = _candidate(bm, enc, dec, RCP_NB)
             f2 = f[:, None]
             s2 = s_val[:, None]
             if I64:
@@ -502,16 +543,20 @@ def _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc, dec, seed_row,
 
 @triton.jit(do_not_specialize=["seed_row", "seed_col"])
 def _quantize_two_ways_kernel(
-        x_ptr, gamax_row_ptr, gamax_col_ptr, obs_ptr, ts_ptr,
+        x_ptr, gamax_row_ptr, gamax_col_ptr, obs_ptr, ts_ptr, peer_row_ptr, peer_col_ptr,
         row_dec_ptr, row_data_ptr, row_scale_ptr, col_dec_ptr, col_data_ptr, col_scale_ptr,
         seed_row, seed_col, T, C, stride_t, SIGNS: tl.constexpr,
         ROW_DEC: tl.constexpr, ROW_CODES: tl.constexpr, ROW_SR: tl.constexpr,
         TILE2D: tl.constexpr, COL_DEC: tl.constexpr, COL_CODES: tl.constexpr,
         COL_SR: tl.constexpr, SR_DIRECT: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
-        NB: tl.constexpr, TBS: tl.constexpr, EVEN: tl.constexpr):
+        NB: tl.constexpr, TBS: tl.constexpr, EVEN: tl.constexpr, ALPHA_ROW: tl.constexpr,
+        ALPHA_COL: tl.constexpr, RCP_NB: tl.constexpr):
     """TBS token blocks (a loop, not unrolled) × NB channel blocks a program; TBS > 1 only
     where the column way writes codes and the token blocks are a multiple of TBS (the host's
-    choice), so every block of the program exists."""
+    choice), so every block of the program exists. Program 0 stores the tensor scales
+    (``ts[0]``, ``ts[1]``) and, with ALPHA_ROW / ALPHA_COL, each way's GEMM alpha: its tensor
+    scale times the other operand's (``peer_*_ptr``, FP32), ``ts[2]`` / ``ts[3]`` (the
+    product the GEMM call would otherwise make in a launch of its own)."""
     pid, ntb, tb0, blk, q, cmask = _tile_coords(T, C, NB, TBS, EVEN)
     nblk = C // 16
     tpad = ntb * 16
@@ -533,13 +578,17 @@ def _quantize_two_ways_kernel(
             enc_r, dec_r, dec_out = _tensor_scale(gamax_row_ptr, obs_ptr)
             if pid == 0:
                 tl.store(ts_ptr, dec_out)
+                if ALPHA_ROW:
+                    tl.store(ts_ptr + 2, dec_out * tl.load(peer_row_ptr))
             _row_way(E0, O0, E1, O1, tb, blk, q, cmask, T, C, nblk, enc_r, dec_r, seed_row,
                      row_dec_ptr, row_data_ptr, row_scale_ptr, ROW_DEC, ROW_CODES, ROW_SR,
-                     TILE2D, SR_DIRECT, I64, EVEN)
+                     TILE2D, SR_DIRECT, I64, EVEN, RCP_NB)
         if COL_DEC or COL_CODES:
             enc_c, dec_c, dec_out = _tensor_scale(gamax_col_ptr, obs_ptr + 1)
             if pid == 0:
                 tl.store(ts_ptr + 1, dec_out)
+                if ALPHA_COL:
+                    tl.store(ts_ptr + 3, dec_out * tl.load(peer_col_ptr))
             if COL_SR:
                 cw = _col_sr_words(seed_col, blk, q, tb, ntb, I64)
                 u_e0, u_o0 = _col_group_uniforms(cw, 0), _col_group_uniforms(cw, 1)
@@ -549,19 +598,19 @@ def _quantize_two_ways_kernel(
             acc_e0, sc_e0 = _col_group(_rht16_tokens(E0, SIGNS), c0, tb, tpad, ntb, enc_c, dec_c,
                                        u_e0, cmask, col_dec_ptr, col_data_ptr, col_scale_ptr,
                                        acc_e0, sc_e0, sub, COL_DEC, COL_CODES, COL_SR,
-                                       SR_DIRECT, I64, TBS)
+                                       SR_DIRECT, I64, TBS, RCP_NB)
             acc_o0, sc_o0 = _col_group(_rht16_tokens(O0, SIGNS), c0 + 1, tb, tpad, ntb, enc_c,
                                        dec_c, u_o0, cmask, col_dec_ptr, col_data_ptr,
                                        col_scale_ptr, acc_o0, sc_o0, sub, COL_DEC, COL_CODES,
-                                       COL_SR, SR_DIRECT, I64, TBS)
+                                       COL_SR, SR_DIRECT, I64, TBS, RCP_NB)
             acc_e1, sc_e1 = _col_group(_rht16_tokens(E1, SIGNS), c0 + 8, tb, tpad, ntb, enc_c,
                                        dec_c, u_e1, cmask, col_dec_ptr, col_data_ptr,
                                        col_scale_ptr, acc_e1, sc_e1, sub, COL_DEC, COL_CODES,
-                                       COL_SR, SR_DIRECT, I64, TBS)
+                                       COL_SR, SR_DIRECT, I64, TBS, RCP_NB)
             acc_o1, sc_o1 = _col_group(_rht16_tokens(O1, SIGNS), c0 + 9, tb, tpad, ntb, enc_c,
                                        dec_c, u_o1, cmask, col_dec_ptr, col_data_ptr,
                                        col_scale_ptr, acc_o1, sc_o1, sub, COL_DEC, COL_CODES,
-                                       COL_SR, SR_DIRECT, I64, TBS)
+                                       COL_SR, SR_DIRECT, I64, TBS, RCP_NB)
     if COL_CODES and TBS > 1:
         _store_col_codes(acc_e0, sc_e0, c0, tb0, tpad, ntb, cmask, col_data_ptr, col_scale_ptr,
                          I64, TBS)

@@ -364,6 +364,41 @@ def _candidate_fast(bamax, enc, dec, INV: tl.constexpr):
 
 
 @triton.jit
+def _rcp_kd(dec):
+    """The power of two that :func:`_candidate_nb` scales ``s·dec`` by: ``2^64`` for a tensor
+    whose decode scale is below ``2^-40`` (an amax below ~1e-9), else 1 (once a tensor)."""
+    return tl.where(dec < 9.094947017729282e-13, 1.8446744073709552e19, 1.0)
+
+
+@triton.jit
+def _candidate_nb(bamax, enc, dec, kd, INV: tl.constexpr):
+    """:func:`_candidate_fast` (same values) with ``f = min(RN(1/d), FP32_MAX)``, ``d = s·dec``,
+    computed without the branch of an IEEE division (``div_rn`` checks its operands and calls
+    a slow path for some: on sm_90 a branch and a convergence barrier a block scale, which
+    split the row way's 16 per-token scale chains into separate basic blocks).
+
+    ``dd = max(d·kd, 2^-100)`` (``kd`` from :func:`_rcp_kd`, exact: a power of two) lies in
+    ``[2^-100, 2^126]`` (``d <= 448 · dec`` and ``dec <= 1/fl(2688/FP32_MAX) < 2^117``), where
+    ``1/dd`` is a normal number. ``r`` = the approximate ``1/dd`` (``div.full``), refined by two
+    steps ``e = fma(-dd, r, 1)`` (exact), ``r = fma(r, e, r)``: ``RN(1/dd)``, checked against
+    ``div_rn`` on every FP32 value of that range on the H200 (scripts/gpu/rcp_exhaustive.py).
+    ``r·kd`` is then ``RN(1/d)`` (a power-of-two scaling; where it overflows to inf so does
+    ``RN(1/d)``, and the min gives FP32_MAX as before; so does ``d < 2^-128``). A zero scale
+    (an all-zero block, or one whose scale underflows E4M3: its elements are not all 0, so the
+    factor matters for their codes) gives FP32_MAX, as ``1/0 = inf`` did; the floor ``2^-100``
+    only keeps that lane's discarded arithmetic finite."""
+    s = tl.minimum(bamax * (enc * INV), 448.0)
+    s_val, s_bits = _e4m3_rne1(s)
+    dd = tl.maximum((s_val * dec) * kd, 7.888609052210118e-31)
+    r = 1.0 / dd
+    e = tl.fma(-dd, r, 1.0)
+    r = tl.fma(r, e, r)
+    e = tl.fma(-dd, r, 1.0)
+    r = tl.fma(r, e, r)
+    return s_val, s_bits, tl.where(s_val == 0.0, FP32_MAX, tl.minimum(r * kd, FP32_MAX))
+
+
+@triton.jit
 def _e2m1_rne_t(a):
     """``2^23 + code`` (as FP32) of the nearest-even E2M1 magnitude of ``a >= 0`` (saturating).
 

@@ -101,6 +101,23 @@ def test_decode_bf16_triton_every_code_and_scale():
 
 
 @needs_kernels
+def test_decode_bf16_pair_is_two_decodes():
+    """Two tensors decoded in one launch (the linear's backward: the saved 16×16 W and the
+    1×16 RHT(xᵀ) codes) against the PyTorch decode of each: different block counts, so the
+    second tensor's programs start mid-grid; the second tensor's last block is planted."""
+    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_pair
+    a = quantize(_x(48, 64, 5), tile=(16, 16), backend="reference")
+    xb = _x(24, 160, 6)
+    xb[-1, -16:] = 40.0
+    b = quantize(xb, backend="reference")
+    dev = [type(q)(q.data.to(DEV), q.block_scale.to(DEV), q.tensor_scale.to(DEV), q.shape,
+                   q.dtype, q.tile) for q in (a, b)]
+    got_a, got_b = decode_bf16_pair(*dev)
+    for got, q in ((got_a, a), (got_b, b)):
+        assert torch.equal(got.cpu().view(torch.int16), decode_to_bf16(q).view(torch.int16))
+
+
+@needs_kernels
 def test_fused_rht_via_public_quantize_on_transposed_copy():
     from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
     m = _x(64, 48, 5)                                           # [T, C]

@@ -76,6 +76,52 @@ def test_amax_both_ways(t):
         assert int(obs[1]) == _bits(_col_ref(mo).abs().amax())
 
 
+@pytest.mark.parametrize("shapes,ways", [(((40, 128), (32, 64)), (True, True, True, False)),
+                                         (((48, 64), (16, 160)), (True, False, True, True)),
+                                         (((32, 96), (40, 128)), (False, True, True, False))])
+def test_amax_pair_is_two_passes(shapes, ways):
+    """x's and W's amaxes from one launch (the linear's forward) against the PyTorch amaxes:
+    tensors of different widths (the pair takes the wider lane count, so the narrow one runs
+    masked) and token counts; W's max planted in its last tile, x's in its first, so a program
+    index off by one between the two halves of the grid would miss one of them."""
+    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways_pair
+    (tx, cx), (ty, cy) = shapes
+    rx, cx_, ry, cy_ = ways
+    x, y = _m(tx, cx, 5), _m(ty, cy, 6) * 0.5
+    x[0, 0], y[ty - 1, cy - 1] = 80.0, -90.0
+    ox, oy = (o.cpu() for o in amax_two_ways_pair(x.to(DEV), y.to(DEV), row_x=rx, col_x=cx_,
+                                                  row_y=ry, col_y=cy_))
+    for obs, m, r, c in ((ox, x, rx, cx_), (oy, y, ry, cy_)):
+        assert int(obs[0]) == (_bits(m.float().abs().amax()) if r else 0)
+        assert int(obs[1]) == (_bits(_col_ref(m).abs().amax()) if c else 0)
+
+
+def test_quantize_writes_the_gemm_alpha():
+    """``row_peer_scale`` / ``col_peer_scale``: the kernel's ``ts · peer`` equals torch.mul of
+    the tensor scales it stored, bit for bit (the GEMM reads it as its alpha), and asking
+    for none leaves the outputs as they were."""
+    from fullstack_fp4.nvfp4.triton_quantize_decode import (ColWay, RowWay, amax_two_ways,
+                                                            quantize_two_ways)
+    m = _m(32, 64, 7).to(DEV)
+    obs = amax_two_ways(m)
+    peer_r = torch.tensor([3.0e-4], device=DEV)
+    peer_c = torch.tensor([7.5e-6], device=DEV)
+    kw = dict(row=RowWay("stochastic"), col=ColWay("stochastic", decoded=True, codes=False),
+              seed_row=3, seed_col=4)
+    q = quantize_two_ways(m, obs, row_peer_scale=peer_r, col_peer_scale=peer_c, **kw)
+    plain = quantize_two_ways(m, obs, **kw)
+    assert plain.row_alpha is None and plain.col_alpha is None
+    _same_bf16(q.row_decoded, plain.row_decoded)
+    _same_bf16(q.col_decoded, plain.col_decoded)
+    assert _bits(q.row_alpha) == _bits(torch.mul(q.row_scale.cpu(), peer_r.cpu()))
+    assert _bits(q.col_alpha) == _bits(torch.mul(q.col_scale.cpu(), peer_c.cpu()))
+    assert _bits(q.row_scale) == _bits(plain.row_scale)
+    with pytest.raises(ValueError, match="peer scale"):
+        quantize_two_ways(m, obs, row=RowWay(), col_peer_scale=peer_c)
+    with pytest.raises(ValueError, match="peer scale"):
+        quantize_two_ways(m, obs, row=RowWay(), row_peer_scale=torch.ones(2, device=DEV))
+
+
 @pytest.mark.parametrize("dtype,scale,odd_stride", [(torch.float32, 1e-40, False),
                                                     (torch.float16, 1.0, False),
                                                     (torch.bfloat16, 1.0, True)])

@@ -51,8 +51,8 @@ def test_constexpr_parameters_hand_listed():
     got = [n for n, c in zip(sig.names, sig.constexpr) if c]
     assert got == ["SIGNS", "ROW", "COL", "XW", "I64", "BLOCK", "TBS", "EVEN"]
     sig = tl_launch._signature(_quantize_two_ways_kernel)
-    assert sig.names[15:17] == ["stride_t", "SIGNS"] and len(sig.names) == 30
-    assert not any(sig.constexpr[:16]) and all(sig.constexpr[16:])
+    assert sig.names[17:19] == ["stride_t", "SIGNS"] and len(sig.names) == 35
+    assert not any(sig.constexpr[:18]) and all(sig.constexpr[18:])
 
 
 def _key(values, options=None, device=0):
