@@ -8,8 +8,10 @@
 # 3. the linear's fwd+bwd as a CUDA graph against BF16: the tree before this session (d0d10de,
 #    checked out beside) and this one with the branch-free form on none, W+dY, all calls.
 #   bash scripts/gpu/session28.sh linear   (carry .whl)
-# 4. the linear's device time per kernel, the bench (reference checks first), the GPU tests of
-#    the two-way kernels, the decode, the jit helpers and the fused linear.
+# 4. where the linear's CUDA-graph time goes beyond its kernels (scripts/gpu/graph_kernel_trace.py:
+#    per kernel of a replay, its time and the idle gap before it), the linear's device time per
+#    kernel, the bench (reference checks first), the GPU tests of the two-way kernels, the decode,
+#    the jit helpers and the fused linear.
 # Packs its files into $OUT/<mode>.tgz.
 set -u
 source scripts/gpu/setup_env.sh
@@ -31,6 +33,7 @@ case "${1:-rcp}" in
     ab all "x,W,dY"
     ;;
   linear)
+    TAILN=60 run graph_trace 120 python3 scripts/gpu/graph_kernel_trace.py
     TAILN=25 run profile_linear 90 python3 scripts/gpu/profile_linear_device.py
     TAILN=12 run bench_linear 200 python3 scripts/bench_nvfp4_linear.py
     PER_TEST=120 TAILN=12 gpu_pytest gpu_tests 200 -q -n 8 \
