@@ -59,6 +59,10 @@ def segments(ks):
 
 
 def table(segs, label):
+    segs = [s for s in segs if s]
+    if not segs:
+        print(f"\n{label}: the profiler recorded no kernels between the markers")
+        return
     n = min(len(s) for s in segs)
     segs = [s for s in segs if len(s) == n]
     dur, gap = defaultdict(float), defaultdict(float)
