@@ -97,6 +97,8 @@ def main() -> int:
         def run():
             x.grad = w.grad = None
             f(x, w).backward(dy)
+        run()                 # eagerly first: the cuBLASLt state a capture needs (gemm.py)
+        torch.cuda.synchronize()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

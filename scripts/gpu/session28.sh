@@ -41,6 +41,15 @@ case "${1:-rcp}" in
       tests/fullstack_fp4/nvfp4/test_triton_quantize_jit.py \
       tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py
     ;;
+  bench)   # run105: 4. again without the profile (run104's bench was cut at 200 s, its graph
+           # trace failed), the bench given 330 s, and this session's new GPU tests by name
+    TAILN=90 run graph_trace 120 python3 scripts/gpu/graph_kernel_trace.py
+    TAILN=12 run bench_linear 330 python3 scripts/bench_nvfp4_linear.py
+    PER_TEST=100 TAILN=12 gpu_pytest gpu_tests_new 150 -q -n 8 -rA \
+      -k "pair or alpha or candidate_nb or every_code" \
+      tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
+      tests/fullstack_fp4/nvfp4/test_triton_quantize_jit.py
+    ;;
 esac
 cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
 tar -czf "$OUT/${1:-rcp}.tgz" -C /tmp/pack .
