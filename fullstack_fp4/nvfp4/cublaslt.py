@@ -192,12 +192,17 @@ def _workspace(st: dict, dev: torch.device, stream: int) -> torch.Tensor:
 
 def ready(a: torch.Tensor) -> bool:
     """Whether a call on ``a``'s device and current stream can run now: always outside a CUDA
-    graph capture; inside one only once the device's constants and the stream's workspace exist
-    (made by an eager call: the caller takes the two-pass path otherwise)."""
+    graph capture; inside one once the device's handle and constants exist (made by an eager
+    call on any stream: the caller takes the two-pass path otherwise). A stream without a
+    workspace yet gets one in the capture, from the graph's memory pool (``torch.empty`` is
+    capture-safe), as PyTorch makes its own cuBLAS workspace for a capture stream.
+
+    (Until 2026-12-04 this also asked for the capture stream's workspace. ``torch.cuda.graph``
+    captures on a stream of its own, which no eager call had used, so every capture took the
+    two-pass path: FP32 GEMM output and one more pass per GEMM; BENCHMARKS.md §W.)"""
     if not torch.cuda.is_current_stream_capturing():
         return True
-    st = _STATE.get(_index(a.device))
-    return st is not None and _raw_stream(a.device) in st["workspaces"]
+    return _STATE.get(_index(a.device)) is not None
 
 
 def _raw_stream(dev: torch.device) -> int:

@@ -50,6 +50,14 @@ case "${1:-rcp}" in
       tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
       tests/fullstack_fp4/nvfp4/test_triton_quantize_jit.py
     ;;
+  graph)   # run106: cublaslt.ready no longer asks the capture stream for an eagerly made
+           # workspace (every torch.cuda.graph capture took the two-pass GEMM path before)
+    PER_TEST=100 TAILN=12 gpu_pytest gpu_tests_graph 120 -q -rA -k "cuda_graph or (test_cublaslt and not glue)" \
+      tests/fullstack_fp4/linear/test_nvfp4_linear_fused.py tests/fullstack_fp4/nvfp4/test_cublaslt.py
+    TAILN=90 run graph_trace 150 python3 scripts/gpu/graph_kernel_trace.py
+    ab fixed "W"
+    TAILN=12 run bench_linear 330 python3 scripts/bench_nvfp4_linear.py
+    ;;
 esac
 cp "$OUT"/*.txt "$OUT"/*.json /tmp/pack/ 2>/dev/null
 tar -czf "$OUT/${1:-rcp}.tgz" -C /tmp/pack .

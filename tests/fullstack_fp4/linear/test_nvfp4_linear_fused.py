@@ -218,3 +218,41 @@ def test_wgrad_operand_public_function_on_the_fused_path(monkeypatch):
     _eq_q(q, quantize_reference(dyt, rounding="stochastic",
                                 rand=sr_uniforms(dyt.shape, _seeds(9, 1)[0])))
     assert q.shape == (48, 48) and q.dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(_INTERPRET or not torch.cuda.is_available(), reason="a CUDA graph: GPU only")
+def test_cuda_graph_capture_takes_the_one_call_gemms(monkeypatch):
+    """fwd+bwd captured by ``torch.cuda.graph`` (on its own capture stream, which no eager call
+    used) runs its three GEMMs as single cuBLASLt calls, not the two-pass path (FP32 output +
+    an epilogue pass each), and the replay gives the eager forward's bits. Before 2026-12-04
+    every capture fell back to the two-pass path (cublaslt.ready asked for a workspace made
+    eagerly on the capture stream)."""
+    from fullstack_fp4.nvfp4 import gemm
+    if gemm.gemm_backend() != "cublaslt":
+        pytest.skip("the cuBLASLt GEMM backend is not the one in use")
+    two_pass = []
+    real = gemm._epilogue
+    monkeypatch.setattr(gemm, "_epilogue", lambda *a, **k: two_pass.append(1) or real(*a, **k))
+    x, w, dy = (t.to(DEV) for t in _data(64, 128, 96, 11))
+    x.requires_grad_()
+    w.requires_grad_()
+
+    def run():
+        x.grad = w.grad = None
+        y = lin.nvfp4_linear(x, w)
+        y.backward(dy)
+        return y
+    y_eager = run().detach().clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = run()
+    g.replay()
+    torch.cuda.synchronize()
+    assert not two_pass
+    assert torch.equal(y.view(torch.int16), y_eager.view(torch.int16))
+    assert x.grad is not None and w.grad is not None and torch.isfinite(w.grad.float()).all()

@@ -9,7 +9,7 @@ the product would differ from ``a @ b``.
 
 CPU: the ``ctypes`` glue against a recording stand-in for libcublasLt (the argument order of
 ``cublasLtMatmul`` as cublasLt.h declares it, ``beta`` 0 or 1, a workspace per stream, the state
-a CUDA graph capture needs made eagerly first, the call's shape prepared once, a failing status
+a CUDA graph capture needs made eagerly first (on any stream), the call's shape prepared once, a failing status
 as a clear error).
 
 GPU (skipped without CUDA): the call itself against the two-pass path (``torch.mm`` FP32 out +
@@ -233,8 +233,16 @@ def test_glue_capture_needs_state_made_eagerly(fake_cuda):
     cublaslt.scaled_mm_cublaslt(a, a, torch.ones(()), torch.ones(()))
     env["capturing"] = True
     assert cublaslt.ready(a)                                   # this stream has its workspace
+    # a capture on a stream no eager call used (torch.cuda.graph's own): still one call, with
+    # a workspace of that stream's own, made in the capture and kept for later captures
     env["stream"] = 0x7000
-    assert not cublaslt.ready(a)                               # another stream has none yet
+    assert cublaslt.ready(a)
+    cublaslt.scaled_mm_cublaslt(a, a, torch.ones(()), torch.ones(()))
+    cublaslt.scaled_mm_cublaslt(a, a, torch.ones(()), torch.ones(()))
+    m0, m1, m2 = lib.matmuls
+    assert m1["stream"] == m2["stream"] == 0x7000 and m0["stream"] == 0x5000
+    assert m1["workspace"] == m2["workspace"] != m0["workspace"]
+    assert lib.handles == 1
 
 
 def test_glue_failure_status_is_a_clear_error(fake_cuda, monkeypatch):
