@@ -11,7 +11,11 @@ one's end, the kernels' sum and the gaps' sum. The same fwd+bwd run eagerly (no 
 eager profile) is listed beside, to show what the graph and the flush each change.
 The NVFP4 GEMMs are emulated (decoded BF16 operands, FP32 accumulation).
 
-Usage (GPU): ``python scripts/gpu/graph_kernel_trace.py [--fout 3072]``.
+``--sustained``: only ``SUSTAINED`` replays queued back to back, each after the flush, as
+``do_bench`` runs them, kernel times over the last half (after the GPU has run at that load for
+a while), then ``do_bench``'s own median for the same graph.
+
+Usage (GPU): ``python scripts/gpu/graph_kernel_trace.py [--fout 3072] [--sustained]``.
 """
 
 import argparse
@@ -27,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from fullstack_fp4.linear import nvfp4_linear  # noqa: E402
 
 REPS = 10
+SUSTAINED = 200
 
 
 def short(name: str) -> str:
@@ -84,9 +89,29 @@ def table(segs, label):
         print(f"| {i} | {name} | {dur[i]:.1f} | {gap[i]:.1f} |")
 
 
+def sustained(g, flush, label):
+    """``SUSTAINED`` replays queued back to back, each after the flush (what ``do_bench``
+    times, without its events): the mean of each kernel over the last half, where the GPU has
+    run at this load for a while (clocks under its power limit), and do_bench's median."""
+    import triton
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(SUSTAINED):
+            flush.neg_()
+            g.replay()
+        torch.cuda.synchronize()
+    segs = segments(kernels(prof))
+    table(segs[len(segs) // 2:], f"{label}, graph after flush, {SUSTAINED} replays back to back "
+          f"(the last {len(segs) - len(segs) // 2})")
+    print(f"do_bench of the replay (median, L2 flushed): "
+          f"{triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode='median'):.3f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fout", type=int, default=3072)
+    ap.add_argument("--sustained", action="store_true",
+                    help="only the back-to-back replays (sustained load) and do_bench")
     a = ap.parse_args()
     torch.manual_seed(0)
     x = torch.randn(8192, 3072, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -108,6 +133,9 @@ def main() -> int:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             run()
+        if a.sustained:
+            sustained(g, flush, f"3072->{a.fout} {name}")
+            continue
         for mode in ("graph after flush", "graph, no flush", "eager, no flush"):
             torch.cuda.synchronize()
             marker = flush if mode.endswith("after flush") else flush[:1024]

@@ -50,6 +50,10 @@ case "${1:-rcp}" in
       tests/fullstack_fp4/nvfp4/test_quantize_two_ways.py tests/fullstack_fp4/nvfp4/test_fast_paths.py \
       tests/fullstack_fp4/nvfp4/test_triton_quantize_jit.py
     ;;
+  sustained)   # run107: the graphs under sustained load (do_bench's pattern) at both shapes
+    TAILN=70 run sustained_3072 150 python3 scripts/gpu/graph_kernel_trace.py --sustained
+    TAILN=70 run sustained_8192 150 python3 scripts/gpu/graph_kernel_trace.py --sustained --fout 8192
+    ;;
   graph)   # run106: cublaslt.ready no longer asks the capture stream for an eagerly made
            # workspace (every torch.cuda.graph capture took the two-pass GEMM path before)
     PER_TEST=100 TAILN=12 gpu_pytest gpu_tests_graph 120 -q -rA -k "cuda_graph or (test_cublaslt and not glue)" \
