@@ -71,9 +71,9 @@ GEMMs      ``gemm.decoded_matmul`` on the same operand layouts as before: one cu
            then one Triton pass for ``(acc · ts_a · ts_b) → out dtype``.
 
 Launches per fwd+bwd (both gradients): 2 zero fills, 2 amax passes, 3 quantize kernels, 1
-decode, 3 GEMMs. Inside a CUDA graph each launch costs ~3 µs beyond its own time on the H200
-(BENCHMARKS.md §W), so the alphas come from the quantize kernels and the small tensors share
-launches with the large ones.
+decode, 3 GEMMs (19 before the pairs and the alphas). In a CUDA graph that changed no device time
+on the H200 (kernels follow each other ~0.4 µs apart); eager, each launch is host time the
+layer waits on (BENCHMARKS.md §W).
 =========  ===========================================================================
 
 Same codes, scales, stochastic-rounding draws (Philox seeds drawn from ``generator`` in the
