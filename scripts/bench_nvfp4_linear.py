@@ -37,6 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import triton.testing  # noqa: E402
+from _timing import capture_graph  # noqa: E402
 
 from fullstack_fp4.linear import nvfp4_linear, quantize_wgrad_operand  # noqa: E402
 from fullstack_fp4.nvfp4 import quantize  # noqa: E402
@@ -60,16 +61,7 @@ def graph_bench(run):
     """Median time of ``run`` replayed as one CUDA graph: device time without the host's
     Python / launch cost (the eager number minus this is that cost). NaN if capture fails."""
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            run()
-        return bench(g.replay)
+        return bench(capture_graph(run).replay)
     except Exception as e:  # noqa: BLE001 -- a timing extra, never a failure of the benchmark
         print(f"(CUDA-graph timing unavailable: {type(e).__name__}: {e})")
         return float("nan")

@@ -28,6 +28,9 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _timing import capture_graph  # noqa: E402
+
 from fullstack_fp4.linear import nvfp4_linear  # noqa: E402
 
 REPS = 10
@@ -122,17 +125,7 @@ def main() -> int:
         def run():
             x.grad = w.grad = None
             f(x, w).backward(dy)
-        run()                 # eagerly first: the cuBLASLt state a capture needs (gemm.py)
-        torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            run()
+        g = capture_graph(run)   # an eager call first, one on a side stream, the capture
         if a.sustained:
             sustained(g, flush, f"3072->{a.fout} {name}")
             continue

@@ -17,20 +17,15 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _timing import capture_graph  # noqa: E402
+
 from fullstack_fp4.linear import nvfp4_linear  # noqa: E402
 
 
 def graph_ms(run):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+    return triton.testing.do_bench(capture_graph(run).replay, warmup=25, rep=200,
+                                   return_mode="median")
 
 
 def main() -> int:
