@@ -147,6 +147,7 @@ RCP_NO_BRANCH = frozenset(os.environ.get("FP4_TWO_WAYS_RCP", "W").split(",")) - 
 
 
 def _call_kind(row, col, wide: bool) -> str:
+    """Which of the linear's calls a launch is, for :data:`RCP_NO_BRANCH`."""
     if wide:
         return "dY"
     if row is not None and tuple(row.tile) == (16, 16):
@@ -154,6 +155,8 @@ def _call_kind(row, col, wide: bool) -> str:
     if row is not None and col is not None and col.codes:
         return "x"
     return "other"
+
+
 # Token blocks a program when the column way writes codes (x's call): the codes and scale
 # bytes of a channel for 4 token blocks are one 32-byte and one 4-byte store, where one program
 # a token block wrote 8 bytes and 1 byte of a channel (Nsight Compute, x's call at 8192 × 3072:
@@ -418,8 +421,9 @@ def quantize_two_ways(m: torch.Tensor, obs: torch.Tensor, *, row: Optional[RowWa
     if tbs > 1:                    # a channel's TBS scale bytes as one word
         col_scale = col_scale.view({2: torch.int16, 4: torch.int32}[tbs])
     launch(_quantize_two_ways_kernel, grid,
-        xp, g_row, g_col, obs, ts, peers[0], peers[1], words(row_dec), row_data, row_scale, words(col_dec),
-        words(col_data), col_scale, int(seed_row or 0), int(seed_col or 0), t, c, stride,
+        xp, g_row, g_col, obs, ts, peers[0], peers[1], words(row_dec), row_data, row_scale,
+        words(col_dec), words(col_data), col_scale, int(seed_row or 0), int(seed_col or 0), t, c,
+        stride,
         SIGNS=_signs_mask(rht_signs),
         ROW_DEC=row is not None and row.decoded, ROW_CODES=row is not None and row.codes,
         ROW_SR=row_sr, TILE2D=row is not None and tuple(row.tile) == (16, 16),
