@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Device calls of session 28 (one nvidia-h200): fewer launches in the NVFP4 linear and the block
-# scales' element factor without div_rn's branch (issue 3).
+# Device calls of session 28 (one nvidia-h200): fewer launches in the NVFP4 linear, the block
+# scales' element factor without div_rn's branch, the graph capture's GEMM path (issue 3;
+# BENCHMARKS.md §W). Modes in the order they ran: rcp (run103), linear (run104), bench (run105),
+# graph (run106), sustained (run107); each one's steps are below and at its case.
 #   bash scripts/gpu/session28.sh rcp      (carry .whl)
 # 1. every FP32 d of the reciprocal's range against div_rn (scripts/gpu/rcp_exhaustive.py);
 # 2. the three quantize calls with div_rn or branch-free, bit for bit, timed
