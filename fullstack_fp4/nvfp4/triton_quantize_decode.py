@@ -71,8 +71,8 @@ from .hadamard import DEFAULT_SIGNS
 from .triton_launch import cdiv, next_pow2, launch
 from .tensor import NVFP4Tensor
 from .triton_quantize_jit import FP32_MAX
-from .triton_quantize_decode_kernels import (_amax_pair_kernel, _amax_two_ways_kernel,
-                                             _quantize_two_ways_kernel)
+from .triton_amax_two_ways import _amax_pair_kernel, _amax_two_ways_kernel
+from .triton_quantize_decode_kernels import _quantize_two_ways_kernel
 
 __all__ = ["RowWay", "ColWay", "TwoWays", "amax_two_ways", "amax_two_ways_pair", "quantize_two_ways",
            "draw_seed"]
@@ -194,10 +194,15 @@ def _amax_config(nidx: int, ntb: int):
     return block, max(1, min(AMAX_TBS, ntb)), max(1, min(AMAX_WARPS, block // 32))
 
 
+def _reads_words(m: torch.Tensor) -> bool:
+    """BF16 with an even row stride and a 4-byte aligned base is read as int32 words (one word
+    = an even/odd element pair); anything else per element."""
+    return m.dtype == torch.bfloat16 and m.stride(0) % 2 == 0 and m.data_ptr() % 4 == 0
+
+
 def _x_args(m: torch.Tensor):
-    """(kernel pointer, row stride, XW): BF16 with an even row stride and a 4-byte aligned base
-    is read as int32 words (one word = an even/odd element pair); anything else per element."""
-    if m.dtype == torch.bfloat16 and m.stride(0) % 2 == 0 and m.data_ptr() % 4 == 0:
+    """(kernel pointer, row stride, XW) of :func:`_reads_words`' choice."""
+    if _reads_words(m):
         return m.view(torch.int32), m.stride(0) // 2, True
     return m, m.stride(0), False
 
@@ -256,7 +261,7 @@ def _amax_tensor_args(m: torch.Tensor, block: int, tbs: int):
 def _amax_block(m: torch.Tensor):
     """(BLOCK, TBS, num_warps) of ``m``'s amax pass (:func:`_amax_config`)."""
     t, c = m.shape
-    nidx = c // 2 if _x_args(m)[2] else c
+    nidx = c // 2 if _reads_words(m) else c
     return _amax_config(nidx, cdiv(t, 16))
 
 

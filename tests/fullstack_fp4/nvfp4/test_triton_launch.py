@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from fullstack_fp4.nvfp4 import triton_launch as tl_launch
-from fullstack_fp4.nvfp4.triton_quantize_decode_kernels import (_amax_two_ways_kernel,
-                                                                 _quantize_two_ways_kernel)
+from fullstack_fp4.nvfp4.triton_amax_two_ways import _amax_two_ways_kernel
+from fullstack_fp4.nvfp4.triton_quantize_decode_kernels import _quantize_two_ways_kernel
 
 
 def _inspect_bind(fn, args, kwargs):
@@ -194,6 +194,7 @@ def test_verify_mode_catches_a_kernel_triton_would_not_pick(monkeypatch):
 
 _KERNEL_MODULES = ["fullstack_fp4.nvfp4.triton_quantize_kernels",
                    "fullstack_fp4.nvfp4.triton_quantize_decode_kernels",
+                   "fullstack_fp4.nvfp4.triton_amax_two_ways",
                    "fullstack_fp4.nvfp4.triton_quantize_flat", "fullstack_fp4.nvfp4.triton_dequantize",
                    "fullstack_fp4.nvfp4.triton_gemm_epilogue", "fullstack_fp4.optim.q_adamw.triton_step",
                    "fullstack_fp4.optim.triton_ns", "fullstack_fp4.attention.triton_fwd",
