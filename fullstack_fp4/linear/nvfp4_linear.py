@@ -69,12 +69,12 @@ GEMMs      ``gemm.decoded_matmul`` on the same operand layouts as before: one cu
            that reads the alpha ``ts_a · ts_b`` by device pointer and writes the output dtype
            (or adds into the wgrad buffer); backend ``cublas``: ``torch.mm`` with FP32 output,
            then one Triton pass for ``(acc · ts_a · ts_b) → out dtype``.
+=========  ===========================================================================
 
 Launches per fwd+bwd (both gradients): 2 zero fills, 2 amax passes, 3 quantize kernels, 1
 decode, 3 GEMMs (19 before the pairs and the alphas). In a CUDA graph that changed no device time
 on the H200 (kernels follow each other ~0.4 µs apart); eager, each launch is host time the
 layer waits on (BENCHMARKS.md §W).
-=========  ===========================================================================
 
 Same codes, scales, stochastic-rounding draws (Philox seeds drawn from ``generator`` in the
 same order: dY's, then RHT(dYᵀ)'s) and GEMM calls as the composition
