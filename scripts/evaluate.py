@@ -182,7 +182,7 @@ def score_cloze(logits_fn, items: list[dict], *, batch_size: int = 32, per_item:
 
 # ----------------------------------------------------------------------------- CLI
 def _git_commit() -> str:
-    # FULLSTACK_COMMIT names the commit of a `git archive` copy (see scripts/ablation.py)
+    # FULLSTACK_COMMIT names the commit of a `git archive` copy (see benchmarks/ablation.py)
     if os.environ.get("FULLSTACK_COMMIT"):
         return os.environ["FULLSTACK_COMMIT"]
     try:

@@ -14,7 +14,7 @@
 # Parts, in priority order (ARM1 = full_stack, ARM2 = full_stack_root; 50 steps, same global batch):
 #  1. 1-GPU references and repeats (run-to-run noise); ARM1 at TP=2 (checkpoints at 25) and DP=2 (distributed optimizer, else plain DDP);
 #  2. checkpoint TP=2 @25 -> resume at DP=2 and on 1 GPU: bf16 (DDP and dist-opt) and ARM1;
-#  3. 4-block 3b benchmark: 1 GPU vs TP=2 (scripts/bench_blocks_tp.py), tokens/s per GPU;
+#  3. 4-block 3b benchmark: 1 GPU vs TP=2 (benchmarks/bench_blocks_tp.py), tokens/s per GPU;
 #  4. ARM2 at TP=2 / DP=2 (DDP and the distributed optimizer);
 #  5. PP=2 x DP=2 (4 GPUs, or 4 gloo processes in the smoke): ARM1, ARM2, bf16 with the dist-opt;
 #  6. bf16 DP=2 with the distributed optimizer.
@@ -211,7 +211,7 @@ bench() {  # bench NAME NPROC GPUS LIMIT
   mkdir -p "$W/$name"
   say "RUN $name (limit ${limit}s)"
   local t0=$SECONDS
-  timeout -k 10 $limit env CUDA_VISIBLE_DEVICES=$gpus "${launcher[@]}" scripts/bench_blocks_tp.py --arms bf16,$ARM1 \
+  timeout -k 10 $limit env CUDA_VISIBLE_DEVICES=$gpus "${launcher[@]}" benchmarks/bench_blocks_tp.py --arms bf16,$ARM1 \
     --steps 5 --warmup 2 --out "$W/$name" "${BENCH_SET[@]}" > "$W/$name/out.txt" 2>&1
   local rc=$?
   grep '^{' "$W/$name/out.txt" | sed "s/^/    $name| /" | tee -a "$LOG"

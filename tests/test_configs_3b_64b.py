@@ -1,6 +1,6 @@
 """configs/3b_64b/: every arm loads and validates (or is skipped with the reason when its
 recipe has not landed), differs from base.yaml only in its recipe switches (plus its own run
-directories), matches scripts/bench_blocks.py's ARMS, describes a 64B-token run whose layout is
+directories), matches benchmarks/bench_blocks.py's ARMS, describes a 64B-token run whose layout is
 valid for 64 GPUs; one arm dry-runs to the 3B parameter count; the launcher's usage/command."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_one_file_per_arm():
 
 @pytest.mark.parametrize("arm", ARM_NAMES)
 def test_arm_differs_from_base_only_in_recipe_switches(arm):
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from bench_blocks import ARMS
 
     path = os.path.join(DIR, f"{arm}.yaml")

@@ -357,7 +357,7 @@ def run_scenarios():
         _scenario(f"q_adamw multi-tensor grad={gdt} model_out={mo} fast_div={fd} sub={sub}")
         launch_multi(items, t=3, fast_div=fd, sub=sub,
                      **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
-    # superseded kernel variants kept for scripts/bench_q_adamw.py (same launch signature)
+    # superseded kernel variants kept for benchmarks/bench_q_adamw.py (same launch signature)
     import fullstack_fp4.optim.q_adamw as qa
     for mod in sorted(m.name for m in pkgutil.iter_modules(qa.__path__)):
         if mod.startswith("triton_step_") and hasattr(importlib.import_module(f"{qa.__name__}.{mod}"), "launch"):

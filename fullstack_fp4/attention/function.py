@@ -9,7 +9,7 @@ training configuration). ``backend=`` forces one.
 Rounding per path (the decision):
   * Q, K views (qk and ds operands): nearest — see ``prologue.py``.
   * dS: nearest by default; ``ds_rounding="stochastic"`` available. Measured with
-    ``scripts/q_attn_error_table.py`` (see README.md): stochastic rounding of dS raises the
+    ``benchmarks/studies/q_attn_error_table.py`` (see README.md): stochastic rounding of dS raises the
     per-step relative error of dQ/dK (it adds variance that nearest rounding does not) while
     the bias it removes is already small, because dS's rows sum to zero and its rounding
     errors largely cancel in the seq-long reductions of dQ = dS K and dK = dSᵀ Q.

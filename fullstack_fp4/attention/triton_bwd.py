@@ -348,7 +348,7 @@ def bwd_config(d: int):
     """``((warps, stages, RN) of _dkdv_kernel, (warps, stages, RM) of _dq_kernel)``; RN/RM:
     the program's own dimension in 64-row groups (keys for dkdv, queries for dq; the dS tile
     stays 64×64). ``FP4_QATTN_BWD="w_kv,st_kv,w_q,st_q[,rn,rm]"`` overrides
-    (``scripts/bench_q_attn.py --sweep``)."""
+    (``benchmarks/bench_q_attn.py --sweep``)."""
     from .triton_fwd import _env_ints
     cfg = _env_ints("FP4_QATTN_BWD", (4, 6))
     if cfg is not None:

@@ -122,7 +122,7 @@ def _env_ints(name: str, n):
 def _config(d: int, is_interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_N must divide BLOCK_M (causal split).
 
-    ``FP4_QATTN_FWD="bm,bn,warps,stages"`` overrides (``scripts/bench_q_attn.py --sweep``)."""
+    ``FP4_QATTN_FWD="bm,bn,warps,stages"`` overrides (``benchmarks/bench_q_attn.py --sweep``)."""
     cfg = _env_ints("FP4_QATTN_FWD", 4)
     if cfg is not None:
         if cfg[0] % cfg[1]:

@@ -39,7 +39,7 @@ AMAX_ROWS = 128    # amax rows per program (fewer atomics)
 
 def prologue_config(d: int):
     """``(rows per program, warps)`` of ``_prologue_kernel``; ``FP4_QATTN_PROLOGUE="rows,warps"``
-    overrides (rows a multiple of 16; ``scripts/bench_q_attn.py --sweep``).
+    overrides (rows a multiple of 16; ``benchmarks/bench_q_attn.py --sweep``).
 
     Occupancy is the question: at D = 128, 64 rows on 8 warps take 183 registers (sm_90
     compile gate), i.e. one program = 8 warps per SM, and the kernel, a load-quantize-store

@@ -18,7 +18,7 @@ same kernels ``torch.mm`` picks), ``alpha = fp32(ts_a) · fp32(ts_b)`` formed on
 one FP32 product (as every other path), then cuBLAS's epilogue ``D = alpha · acc (+ beta · C)``
 in FP32 and one rounding to D's dtype. Against ``gemm.decoded_matmul``'s cuBLAS path
 (``(acc · alpha).to(dtype)``): the same bits when nothing is added (checked on the GPU by
-``scripts/bench_nvfp4_gemm.py`` with operands whose sums are exact); when adding into a buffer,
+``benchmarks/bench_nvfp4_gemm.py`` with operands whose sums are exact); when adding into a buffer,
 cuBLAS may fuse ``alpha · acc + C`` into one rounding where the two-pass path rounds twice — at
 most one FP32 ulp of the product plus one ulp of the sum apart, the size of the
 accumulation-order freedom every GEMM has.

@@ -22,7 +22,7 @@ in turn.) On the H200 it decodes 8192×8192 in 0.12 ms against 0.24 ms for the t
 kernel it replaced (``BM`` rows × ``NB`` blocks, each thread a [row, block] pair), ~40% of copy
 bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.7). Bytes moved: 0.5625 B/element
 read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and
-``FP4_DEQUANT_WARPS`` override the defaults (``scripts/bench_decode.py`` sweeps them).
+``FP4_DEQUANT_WARPS`` override the defaults (``benchmarks/bench_decode.py`` sweeps them).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def _decode_pair_kernel(data_ptr, scale_ptr, out_ptr, NBLK_ALL, data2_ptr, scale
 
 def _flat_config():
     """(NBP blocks per program, num_warps): 256 blocks on 8 warps, the fastest of the H200 sweep
-    (scripts/bench_decode.py --sweep, BENCHMARKS.md §F.7). Env overrides for the sweep."""
+    (benchmarks/bench_decode.py --sweep, BENCHMARKS.md §F.7). Env overrides for the sweep."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return 8, 1
     nbp = int(os.environ.get("FP4_DEQUANT_NBP", "256"))

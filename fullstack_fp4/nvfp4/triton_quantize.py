@@ -89,7 +89,7 @@ int32 offsets unless an offset may reach 2³¹ (``I64``, chosen on the host), a 
 integer division), compile-time RHT signs, two blocks a thread for nearest rounding, the 8
 code bytes of a block in one 8-byte store. ``legacy=True`` runs the previous kernels, kept as
 the benchmark's before/after baseline (and tested bit-exact like the eo ones). SASS counts
-and predictions: PERF.md; ``scripts/bench_nvfp4_quantize.py --sass`` reproduces the counts.
+and predictions: PERF.md; ``benchmarks/bench_nvfp4_quantize.py --sass`` reproduces the counts.
 
 **Flat kernels** (triton_quantize_flat.py, its docstring): for a contiguous BF16 input with
 1×16 blocks, nearest rounding, the 6 rule and no RHT, ``quantize_triton`` runs neither of the
@@ -163,7 +163,7 @@ def _default_config(nblk: int, legacy: bool = False, rows: int = 16, heavy: bool
         return 16, nb, 4
     # 32 rows x 8 blocks, 4 warps: two blocks a thread, which halves the per-thread setup
     # (tile coordinates, tensor scales) per element at 56 registers: 18.1 vs 20.3 SASS
-    # instructions an element for 1x16 nearest (PERF.md). `scripts/bench_nvfp4_quantize.py
+    # instructions an element for 1x16 nearest (PERF.md). `benchmarks/bench_nvfp4_quantize.py
     # --sweep` times the alternatives on a GPU.
     return 32, nb, 4
 

@@ -172,7 +172,7 @@ def _config(nblk: int, wide: bool = False):
     ``wide``: 1024 channels, 8 warps — for dY's call (both ways stochastic, the column way
     decoded), where it took 0.0995 / 0.257 ms against 0.115 / 0.300 at 8192 × 3072 / 8192 on
     the H200; x's, W's and the amax calls were the same or slower with it (NB 8 to 64 and
-    register caps swept: scripts/gpu/sweep_two_ways.py, BENCHMARKS.md §L.1). A thread's work
+    register caps swept: benchmarks/profile/sweep_two_ways.py, BENCHMARKS.md §L.1). A thread's work
     and registers do not depend on NB, only the CTA size does."""
     nb = (64 if wide else 32) if nblk >= 32 else next_pow2(max(nblk, 1))
     if _interpreter():

@@ -381,7 +381,7 @@ def _candidate_nb(bamax, enc, dec, kd, INV: tl.constexpr):
     ``[2^-100, 2^126]`` (``d <= 448 · dec`` and ``dec <= 1/fl(2688/FP32_MAX) < 2^117``), where
     ``1/dd`` is a normal number. ``r`` = the approximate ``1/dd`` (``div.full``), refined by two
     steps ``e = fma(-dd, r, 1)`` (exact), ``r = fma(r, e, r)``: ``RN(1/dd)``, checked against
-    ``div_rn`` on every FP32 value of that range on the H200 (scripts/gpu/rcp_exhaustive.py).
+    ``div_rn`` on every FP32 value of that range on the H200 (benchmarks/profile/rcp_exhaustive.py).
     ``r·kd`` is then ``RN(1/d)`` (a power-of-two scaling; where it overflows to inf so does
     ``RN(1/d)``, and the min gives FP32_MAX as before; so does ``d < 2^-128``). A zero scale
     (an all-zero block, or one whose scale underflows E4M3: its elements are not all 0, so the

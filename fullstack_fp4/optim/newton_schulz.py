@@ -34,7 +34,7 @@ schedules (``coefficients="fp4"``) damp it by ending with convergent steps.
 
 ``clip_percentile=p``: before each quantization, the operand's entries are clamped to the p-th
 percentile of that operand's |entries| (each operand separately: X, D, B', since their
-outliers are unrelated). Measured (scripts/ns_error_table.py): in NS it *hurts* — clamping
+outliers are unrelated). Measured (benchmarks/studies/ns_error_table.py): in NS it *hurts* — clamping
 changes the matrix, not only its encoding, and on heavy-tailed inputs it pushes singular values
 out of the basin — so it is off by default; it exists to reproduce the paper's ablation.
 

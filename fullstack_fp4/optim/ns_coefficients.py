@@ -10,7 +10,7 @@ Tables (keyed by ``(min(rows, cols), max(rows, cols))``):
 * ``ROOT_PUBLISHED``: the shape-dependent triples published with ROOT (arXiv 2511.20626),
   copied from DESIGN.md; any other shape falls back to Muon's (as ROOT does).
 * ``FP4_FITTED``: our per-step schedules for the preset shapes, fitted by
-  ``scripts/fit_ns_coefficients.py`` against NVFP4 NS (see that script for the method). A shape
+  ``benchmarks/studies/fit_ns_coefficients.py`` against NVFP4 NS (see that script for the method). A shape
   not in the table takes the entry with the nearest aspect ratio ``log(max/min)``: aspect ratio,
   not size, is what shapes the singular-value spectrum of a random-like matrix
   (Marchenko–Pastur), and the NVFP4 error of ``A = XXᵀ`` scales with ``sqrt(min/max)``.
@@ -36,7 +36,7 @@ ROOT_PUBLISHED: dict[tuple[int, int], Triple] = {
     (2048, 16384): (3.1943, -3.8221, 1.5322),
 }
 
-# From scripts/fit_ns_coefficients.py (configs/ns_coefficients/fp4_fitted.json, min dim 128,
+# From benchmarks/studies/fit_ns_coefficients.py (configs/ns_coefficients/fp4_fitted.json, min dim 128,
 # 100 Nelder–Mead evaluations per aspect group). Key: (min dim, max dim) of the full-size preset
 # shape; value: 5 per-step triples (3 growth steps, 2 convergent finishing steps).
 FP4_FITTED: dict[tuple[int, int], Schedule] = {

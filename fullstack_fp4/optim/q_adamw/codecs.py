@@ -38,7 +38,7 @@ a fraction of the block amax (and the Hadamard spreads it over the block), so ``
 shared/notes/fp4-calibration.md. We floor ``ŝ`` at ``REL_FLOOR · μ_t`` with ``REL_FLOOR = 1/4``:
 the update of every entry is then bounded by ``|m| / (μ_t / 4)``; an entry whose true ``s`` is
 below ``μ_t / 4`` gets a *smaller* update than exact Adam (a locally larger eps), never a larger
-one. Measured against the alternatives (scripts/q_adamw_error_table.py --variants, README.md):
+one. Measured against the alternatives (benchmarks/studies/q_adamw_error_table.py --variants, README.md):
 no guard (update error 1e4×), the calibration run's floor at the tile minimum (BF16 rounded
 toward zero; bounded but entries between min and mean still reconstruct near the min: update
 relL2 6–13, max error 185–495× the largest update, and 2 more bytes per tile), and relative
@@ -53,7 +53,7 @@ Why these sizes (bytes per parameter, B/param):
   blocks, which only spreads one block's large scale over its neighbours.
 * ``TILE = 64`` for the mean: one BF16 per 64 entries = 0.031 B/param. Measured with the
   "4" rule on v (√v error against direct NVFP4 on the same v, mean of eight draws,
-  ``python scripts/q_adamw_iid_floor.py --seeds 8``, BENCHMARKS.md §T.1): TILE 64 −51.8% (iid)
+  ``python benchmarks/studies/q_adamw_iid_floor.py --seeds 8``, BENCHMARKS.md §T.1): TILE 64 −51.8% (iid)
   / −65.4% (structured), TILE 32 −48.6% / −65.2%, TILE 128 −51.4% / −65.6% (but −45.5% in its
   worst iid draw against TILE 64's −48.9%). TILE 16 would cost 0.125 B/param and take the state
   over the 1.2 budget. With the 6-rule TILE 64 was barely better than 32 (−45.7% / −62.3%
@@ -75,7 +75,7 @@ Why these sizes (bytes per parameter, B/param):
   draws, tile 64): iid −51.8% / structured −65.4% against −45.7% / −62.3% for the 6-rule and
   −52.7% / −66.7% for 4/6, which keeps the better of 4 and 6 per block. 4/6 costs a second
   candidate's block error per entry: +338 SASS instructions per 16 entries (+14.7%, 2636
-  against 2298; ``scripts/sass_q_adamw.py --v-rule 4over6``), and the kernel is
+  against 2298; ``benchmarks/sass_q_adamw.py --v-rule 4over6``), and the kernel is
   instruction-issue-bound, so it would cost the step ~15% for one more point of √v error; the
   "4" rule costs what the 6-rule cost (PERF.md "v10"). Block-max targets 3, 4.5 and 5 measured worse (−42.5%, −47.4%,
   −35.3% iid). A bias-free SR buys little for v, an average that changes slowly (β2 = 0.999).
@@ -291,7 +291,7 @@ def chunk_scales(amax: torch.Tensor, scale_rule: str):
     the E4M3 scale ``M / 6`` exactly (its product rounds to that grid point), as with NVFP4's
     rule: the reason this is the rule and not a power of two (``_pow2_chunk_scales``, no
     division at all), which leaves the largest block a rounded scale and measured 2–6% more m
-    error and 1–3% more √v error (scripts/q_adamw_error_table.py --seeds 8; README.md). The
+    error and 1–3% more √v error (benchmarks/studies/q_adamw_error_table.py --seeds 8; README.md). The
     clamp keeps both scales normal: a chunk of zeros or of amax below ``M · 2^-126`` gets
     ``enc = 2^126``; the upper end is out of reach of a finite amax (``FP32_MAX / M < 2^118``).
     The element factor is then ``f = min(fl(0.25 / s) · enc, FP32_MAX / 4)`` (``_quantize_chunked``:
@@ -335,7 +335,7 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     optimizer and the kernel use) or, to measure against it, "nvfp4" (NVFP4's ``M / amax``
     tensor-scale rule per chunk with ``f = min(0.25 / (s · dec), FP32_MAX / 4)``: the codec's
     chunk scales before PERF.md "v9") or "pow2" (``_pow2_chunk_scales``;
-    scripts/q_adamw_error_table.py --variants, --seeds).
+    benchmarks/studies/q_adamw_error_table.py --variants, --seeds).
     """
     _check_phase(phase)
     if scale_rule not in SCALE_RULES:

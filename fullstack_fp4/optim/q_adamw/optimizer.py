@@ -200,7 +200,7 @@ def kernel_uniforms(seed: int, npad: int, row0: int = 0, *, u8: bool = True, rou
     (``launch`` without ``rand``), in plain PyTorch: ``npad`` FP32 uniforms for the piece whose
     first 16-block is block ``row0`` of the whole tensor. ``q_adamw_step_reference(...,
     rand=kernel_uniforms(...))`` then computes the kernel's Philox-path step bit for bit (tests;
-    the GPU check of scripts/bench_q_adamw.py).
+    the GPU check of benchmarks/bench_q_adamw.py).
 
     Row (16-block) ``r`` of the whole tensor draws ``Philox4x32(counter = (2r, 0, 0, 0), key =
     seed's two 32-bit words, rounds)`` (``tl.randint4x(seed, 2r, rounds)``):

@@ -430,7 +430,7 @@ def _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
     """NVFP4, 4/6 scale rule: (word0, word1, scale code, dec per chunk). m's encoder with
     ``STOCH`` (stochastic rounding with the dithers ``u``; codecs.encode_exp_avg); without it,
     nearest rounding (``u`` unused): what v's encoder would be with the 4/6 rule, which
-    scripts/sass_q_adamw.py --v-rule 4over6 counts (PERF.md "v10")."""
+    benchmarks/sass_q_adamw.py --v-rule 4over6 counts (PERF.md "v10")."""
     bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))

@@ -8,7 +8,7 @@ Tolerances, and why:
   * backward, given the same (O, LSE): dQ, dK ≤ 1e-3 (the recomputed S and dP differ only by
     FP32 accumulation order, so dS quantizes to the same codes except on rare exact ties);
     dV ≤ 1e-2 (same BF16-rounding-of-P effect as O). On a GPU dQ, dK ≤ 2e-2 (MMA accumulation
-    order can flip a few dS codes; as ``scripts/bench_q_attn.py``).
+    order can flip a few dS codes; as ``benchmarks/bench_q_attn.py``).
 
 Device: CUDA when present (real kernels), else CPU under ``TRITON_INTERPRET=1`` (conftest.py).
 Every tensor is built on CPU (seeded) and moved to ``DEV``, so kernels never see a CPU pointer.

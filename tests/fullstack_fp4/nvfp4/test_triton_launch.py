@@ -1,6 +1,6 @@
 """The lean launcher (fullstack_fp4/nvfp4/triton_launch.py) on the CPU.
 
-The launch through a compiled kernel needs a GPU; ``scripts/gpu/check_kernels_exact.py`` checks
+The launch through a compiled kernel needs a GPU; ``benchmarks/profile/check_kernels_exact.py`` checks
 there that it launches the very kernel ``JITFunction.run`` picks, bit for bit. Here: the
 argument binding against ``inspect``'s, the cache key against what Triton specialises on
 (written out by hand from Triton's rules), the glue with a stand-in compiled kernel, and the

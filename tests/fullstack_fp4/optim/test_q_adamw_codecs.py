@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "studies"))
 
 from fullstack_fp4.optim import (decode_exp_avg, decode_exp_avg_sq, encode_exp_avg,  # noqa: E402
                                  encode_exp_avg_sq, state_bytes_per_param)
@@ -78,7 +78,7 @@ def test_second_moment_error_vs_direct_nvfp4(moments):
 
 def test_second_moment_error_vs_direct_nvfp4_iid_over_draws():
     """The same on the iid lognormal-σ set, the harder one, as a mean over four pinned draws of
-    32,768 entries (scripts/q_adamw_iid_floor.py's: global seed, then the set): the codec's
+    32,768 entries (benchmarks/studies/q_adamw_iid_floor.py's: global seed, then the set): the codec's
     sqrt(v) error is below half of direct NVFP4's (measured 0.485); codec version 1 (6-rule,
     32-entry tiles) on the same draws is not (0.572), so the test tells the two apart."""
     ratios = {"now": [], "version 1": []}

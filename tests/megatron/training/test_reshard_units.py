@@ -25,7 +25,7 @@ from megatron.training.reshard_convert import (SavedRank, encode_piece, lora_fro
                                                lora_to_whole)
 from megatron.training.tp_layout import from_canonical, local_index, to_canonical
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "studies"))
 from q_adamw_error_table import synthetic_moments  # noqa: E402
 
 BETA, R = 0.25, 4

@@ -1,0 +1,525 @@
+#!/usr/bin/env python3
+"""The recipe ablation: train every arm at one-GPU scale on the real corpus, evaluate, tabulate.
+
+    python benchmarks/ablation.py [--arms bf16,q_adamw,...] [--iters 1000] [--out runs/ablation]
+        [--data data/quickstart] [--time-budget SECONDS] [--dry] [--report-only] [--set key=value ...]
+
+Every arm is `configs/ablation/base.yaml` (--config) + the arm's recipe switches (the same
+ARMS table as benchmarks/bench_blocks.py and configs/3b_64b/), trained by `pretrain_gpt.py` in a
+subprocess with the same data, data order, seed and token budget (train.iters = --iters), in
+its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
+
+- an arm whose newest complete checkpoint is at train.iters is complete and not run again;
+- an interrupted arm (killed, SIGTERM, --time-budget) resumes from its newest checkpoint
+  (checkpoint.load=auto): run the same command again; `--time-budget` sends the running arm
+  SIGTERM when the budget is spent (it saves a checkpoint and exits) and starts no new arm;
+- an arm whose recipe is not implemented in this release is listed as skipped, with the reason;
+- `--jobs N` trains up to N arms at once: at this scale a step is host-bound, so arms side by
+  side on one GPU keep most of their speed (with several GPUs visible, each new arm goes to the
+  one running the fewest); their losses do not depend on it, their wall times do (the table
+  says how many ran at once);
+- a complete arm records that in OUT/<arm>/ablation_run.json, so its folder without
+  `checkpoints/` (metrics.jsonl, eval.json, ablation_run.json) still counts as complete: arms
+  trained on different machines or sessions are tabulated together by copying those folders
+  into one --out and running `--report-only`;
+- complete arms are evaluated by scripts/evaluate.py (held-out perplexity, cloze accuracy;
+  one process for all of them; cached in OUT/<arm>/eval.json);
+- OUT/ablation.md and OUT/ablation.json get the table (final train loss = mean of the last
+  --last-k logged losses; validation loss at train.iters; its gap to the bf16 arm in %; held-out
+  perplexity; cloze accuracy; tokens; wall time of the training subprocesses, summed over
+  sessions), OUT/ablation.png all loss curves (needs matplotlib: `pip install -e .[plots]`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, REPO)
+
+import warnings  # noqa: E402
+
+warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+
+from bench_blocks import ARMS  # noqa: E402  (one table of arm switches for every script)
+
+DEFAULT_ARMS = ["bf16", "nvfp4_linear", "lora_svd", "q_adamw", "root", "q_root", "q_attn",
+                "full_stack", "full_stack_root"]
+PRETRAIN = os.path.join(REPO, "pretrain_gpt.py")
+EVALUATE = os.path.join(HERE, "evaluate.py")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma list from: {', '.join(ARMS)}")
+    p.add_argument("--iters", type=int, default=1000, help="steps per arm (x 32,768 tokens with the base config)")
+    p.add_argument("--out", default="runs/ablation")
+    p.add_argument("--config", default=os.path.join(REPO, "configs", "ablation", "base.yaml"))
+    p.add_argument("--data", default="data/quickstart",
+                   help="dir with train/valid_text_document, tokenizer.model, corpus/heldout/")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every arm")
+    p.add_argument("--nproc", type=int, default=1, help="GPUs per arm (torchrun when > 1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="arms trained at the same time (small, host-bound models share a GPU; several "
+                        "GPUs: spread over them); numbers unchanged, wall times then include the sharing")
+    p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
+    p.add_argument("--last-k", type=int, default=10, help="final train loss = mean of the last k logged losses")
+    p.add_argument("--ppl-tokens", type=int, default=0, help="held-out tokens for perplexity (0: all)")
+    p.add_argument("--cloze-items", type=int, default=500)
+    p.add_argument("--no-eval", action="store_true", help="train only; the table shows no perplexity/cloze")
+    p.add_argument("--dry", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: evaluate the complete arms found in --out and write the table "
+                        "(e.g. after arms were trained side by side on several GPUs into one --out)")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- per arm
+def data_overrides(d: str) -> list[str]:
+    return [f"data.path=[{d}/train_text_document]", f"data.valid_path=[{d}/valid_text_document]",
+            'data.split="100,0,0"', f"data.tokenizer={d}/tokenizer.model", f"data.cache_dir={d}/cache"]
+
+
+def arm_overrides(arm: str, args) -> list[str]:
+    rd = os.path.join(args.out, arm)
+    return (data_overrides(args.data) + list(ARMS[arm]) + list(args.set)
+            + [f"train.iters={args.iters}", f"checkpoint.save_dir={rd}/checkpoints", f"logging.dir={rd}",
+               "checkpoint.load=auto"])
+
+
+def train_cmd(arm: str, args) -> list[str]:
+    tail = [PRETRAIN, "--config", args.config, *arm_overrides(arm, args)]
+    if args.nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(args.nproc), *tail]
+    return [sys.executable, *tail]
+
+
+def checkpoint_state(save_dir: str) -> dict | None:
+    """meta.json of the newest complete checkpoint in save_dir, or None."""
+    from megatron.training.checkpointing import check_complete, find_latest
+
+    path = find_latest(save_dir)
+    return None if path is None else {**check_complete(path), "path": path}
+
+
+def read_metrics(logdir: str) -> tuple[dict[int, float], dict[int, float]]:
+    """(train loss by iter, val loss by iter); a resumed run re-logs some iterations: last wins."""
+    train, val = {}, {}
+    path = os.path.join(logdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return train, val
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill
+            if "val_loss" in rec:
+                val[rec["iter"]] = rec["val_loss"]
+            elif rec.get("loss") is not None:
+                train[rec["iter"]] = rec["loss"]
+    return train, val
+
+
+def _state_path(args, arm):
+    return os.path.join(args.out, arm, "ablation_run.json")
+
+
+def load_state(args, arm) -> dict:
+    try:
+        with open(_state_path(args, arm)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"wall_s": 0.0, "sessions": []}
+
+
+def save_state(args, arm, state) -> None:
+    p = _state_path(args, arm)
+    with open(p + ".tmp", "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(p + ".tmp", p)
+
+
+class ArmRun:
+    """One arm's training subprocess: started at once, polled, stopped by SIGTERM on a budget.
+
+    Several can run side by side (``--jobs``): at the ablation's scale a step is host-bound
+    (Python and kernel launches), so arms sharing one GPU each keep most of their own speed.
+    Their numbers do not depend on it (same data, seed, kernels); their wall times do, so the
+    table says how many ran at once."""
+
+    def __init__(self, arm: str, args, gpu: str | None = None):
+        self.arm, self.args, self.gpu = arm, args, gpu
+        self.rd = os.path.join(args.out, arm)
+        os.makedirs(self.rd, exist_ok=True)
+        cmd = train_cmd(arm, args)
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
+                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        self.t0 = time.time()
+        self.log = open(os.path.join(self.rd, "train.log"), "a")
+        self.log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
+        self.log.flush()
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.stopped_at = None
+        self.rc = None
+        self.peers = 1       # the most arms training at once while this one ran (itself included)
+
+    def poll(self) -> bool:
+        """True once the subprocess has exited (a stopped one that ignores SIGTERM for 600 s is
+        killed)."""
+        if self.rc is None:
+            self.rc = self.proc.poll()
+            if self.rc is None and self.stopped_at is not None and time.time() - self.stopped_at > 600:
+                self.proc.kill()
+                self.rc = self.proc.wait()
+        return self.rc is not None
+
+    def stop(self) -> None:
+        if self.stopped_at is None and self.rc is None:
+            print(f"[ablation] {self.arm}: time budget spent, SIGTERM (the run saves a checkpoint)", flush=True)
+            self.proc.send_signal(signal.SIGTERM)
+            self.stopped_at = time.time()
+
+    def finish(self) -> str:
+        """Record the session; 'complete', 'interrupted' or 'failed: ...'."""
+        self.log.close()
+        wall = time.time() - self.t0
+        state = load_state(self.args, self.arm)
+        state["wall_s"] += wall
+        state["sessions"].append({"start": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.t0)),
+                                  "wall_s": wall, "rc": self.rc, "stopped_by_budget": self.stopped_at is not None,
+                                  "jobs": self.peers})
+        meta = checkpoint_state(os.path.join(self.rd, "checkpoints"))
+        done = bool(meta and meta["iteration"] >= self.args.iters)
+        if done:
+            # what the table needs once the checkpoint is gone (results copied elsewhere)
+            state["completed"] = {"iteration": meta["iteration"], "train_iters": self.args.iters}
+        save_state(self.args, self.arm, state)
+        if done:
+            return "complete"
+        if self.rc == 0 or self.stopped_at is not None:
+            return "interrupted"
+        return f"failed: exit code {self.rc}, see {os.path.join(self.rd, 'train.log')}"
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs the arms may use, as CUDA_VISIBLE_DEVICES entries (that variable's own list when
+    set, else 0..n-1); empty without CUDA."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return listed[:n] if listed else [str(i) for i in range(n)]
+
+
+def pick_gpu(gpus: list[str], busy: list[str | None]) -> str | None:
+    """The GPU running the fewest arms (the first such), or None (no GPU, or one: leave the
+    environment alone)."""
+    if len(gpus) < 2:
+        return None
+    return min(gpus, key=lambda g: busy.count(g))
+
+
+def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, status: dict) -> None:
+    """Train the arms in ``todo`` (``(arm, its checkpoint meta or None)``, in order), at most
+    ``args.jobs`` at a time, until each is complete, interrupted or failed, or the time budget
+    is spent (running arms get SIGTERM and save a checkpoint; arms not started yet are not
+    run). Fills ``status``. With several GPUs visible, each new arm goes to the GPU running the
+    fewest (CUDA_VISIBLE_DEVICES)."""
+    pending, running = list(todo), []
+    gpus = visible_gpus() if args.jobs > 1 and todo else []   # several GPUs: spread the arms
+    while pending or running:
+        budget_spent = deadline is not None and time.time() >= deadline
+        while pending and len(running) < args.jobs and not budget_spent:
+            arm, meta = pending.pop(0)
+            what = f"resuming at step {meta['iteration']}" if meta else "starting"
+            print(f"[ablation] {arm}: {what} -> {args.iters} steps", flush=True)
+            running.append(ArmRun(arm, args, pick_gpu(gpus, [r.gpu for r in running])))
+        for r in running:
+            r.peers = max(r.peers, len(running))
+        if budget_spent:
+            for r in running:
+                r.stop()
+            for arm, meta in pending:
+                status[arm] = "not run: time budget spent" + (f" (at step {meta['iteration']})" if meta else "")
+                print(f"[ablation] {arm}: {status[arm]}", flush=True)
+            pending = []
+        for r in [r for r in running if r.poll()]:
+            running.remove(r)
+            st = r.finish()
+            if st == "interrupted":
+                m = checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))
+                st = f"interrupted at step {m['iteration'] if m else 0}: run again to resume"
+            status[r.arm] = st
+            print(f"[ablation] {r.arm}: {st}", flush=True)
+        if running:
+            time.sleep(0.5)
+
+
+def kept_result(args, arm) -> bool:
+    """An arm completed at --iters whose checkpoint is not here (the results were copied on
+    without it: metrics.jsonl, eval.json, ablation_run.json): the table can still use it."""
+    done = load_state(args, arm).get("completed") or {}
+    return done.get("train_iters") == args.iters and done.get("iteration", 0) >= args.iters
+
+
+def evaluate_arms(arms: list[str], args) -> dict[str, dict]:
+    """Evaluate complete arms whose OUT/<arm>/eval.json is missing or stale; returns all results."""
+    results, todo = {}, []
+    for arm in arms:
+        path = os.path.join(args.out, arm, "eval.json")
+        try:
+            with open(path) as f:
+                res = json.load(f)
+            if (res.get("iteration") == args.iters and res.get("ppl_tokens_arg") == args.ppl_tokens
+                    and res["cloze"]["items"] <= args.cloze_items):
+                results[arm] = res
+                continue
+        except (OSError, ValueError, KeyError):
+            pass
+        todo.append(arm)
+    if not todo:
+        return results
+    tmp = os.path.join(args.out, "eval_batch.json")
+    cmd = [sys.executable, EVALUATE, "--data", args.data, "--out", tmp, "--ppl-tokens", str(args.ppl_tokens),
+           "--cloze-items", str(args.cloze_items)]
+    for arm in todo:
+        cmd += ["--checkpoint", f"{arm}={os.path.join(args.out, arm, 'checkpoints')}"]
+    print(f"[ablation] evaluating {', '.join(todo)}: {shlex.join(cmd)}", flush=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    with open(os.path.join(args.out, "eval.log"), "a") as f:
+        f.write(p.stderr)
+    if p.returncode != 0:
+        print(f"[ablation] evaluation failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}", flush=True)
+        return results
+    with open(tmp) as f:
+        batch = json.load(f)
+    for arm, res in batch["results"].items():
+        res = {**res, "ppl_tokens_arg": args.ppl_tokens, "eval_meta": batch["meta"]}
+        with open(os.path.join(args.out, arm, "eval.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        results[arm] = res
+    os.remove(tmp)
+    return results
+
+
+# ----------------------------------------------------------------------------- table
+def summarize(arms: list[str], status: dict, evals: dict, args, cfg) -> list[dict]:
+    tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
+    rows = []
+    for arm in arms:
+        rd = os.path.join(args.out, arm)
+        train, val = read_metrics(rd)
+        last = [train[i] for i in sorted(train) if i <= args.iters][-args.last_k:]
+        ev = evals.get(arm, {})
+        state = load_state(args, arm) if os.path.isdir(rd) else None
+        rows.append({
+            "arm": arm, "status": status[arm], "overrides": list(ARMS[arm]),
+            "final_train_loss": sum(last) / len(last) if last and status[arm] == "complete" else None,
+            "train_loss_points": len(last),
+            "val_loss": val.get(args.iters) if status[arm] == "complete" else None,
+            "best_val_loss": min((v for i, v in val.items() if i <= args.iters), default=None),
+            "heldout_perplexity": ev.get("heldout", {}).get("perplexity"),
+            "heldout_tokens": ev.get("heldout", {}).get("tokens"),
+            "cloze_greedy_accuracy": ev.get("cloze", {}).get("greedy_accuracy"),
+            "cloze_choice_accuracy": ev.get("cloze", {}).get("choice_accuracy"),
+            "cloze_items": ev.get("cloze", {}).get("items"),
+            "tokens": args.iters * tokens_per_step if status[arm] == "complete" else None,
+            "wall_s": state["wall_s"] if state else None,
+            # the most arms that shared the device with this one in any of its sessions
+            "jobs": max((s.get("jobs", 1) for s in state["sessions"]), default=1) if state else 1,
+            "curve": {"train": sorted(train.items()), "val": sorted(val.items())},
+        })
+    base = next((r for r in rows if r["arm"] == "bf16"), None)
+    for r in rows:
+        for key, gap in (("val_loss", "val_gap_pct"), ("final_train_loss", "train_gap_pct")):
+            ok = base and base[key] is not None and r[key] is not None
+            r[gap] = 100.0 * (r[key] - base[key]) / base[key] if ok else None
+    return rows
+
+
+def _f(x, fmt):
+    return "—" if x is None else format(x, fmt)
+
+
+def markdown(rows: list[dict], args, header: dict) -> str:
+    lines = [f"Ablation: {header['model']}; {header['tokens_per_step']:,} tokens/step x {args.iters} steps "
+             f"= {args.iters * header['tokens_per_step'] / 1e6:.1f}M tokens per arm "
+             f"({header['epochs']:.1f} epochs of {header['train_tokens'] / 1e6:.2f}M training tokens); "
+             f"data `{args.data}`; seed {header['seed']}.",
+             f"Device: {header['device']}; commit {header['git_commit'][:10]}; {header['date']}; "
+             f"command `{header['command']}`.",
+             f"Final train loss: mean of the last {args.last_k} logged losses; gap: (arm − bf16) / bf16 of "
+             "the validation loss; cloze: greedy = the greedy continuation reproduces the word, "
+             "k-way = the word outscores the other candidates (scripts/evaluate.py).", "",
+             "| arm | final train loss | val loss | gap vs bf16 (val) | held-out ppl | cloze acc (greedy) | "
+             "cloze acc (k-way) | tokens | wall time |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "complete":
+            lines.append(f"| {r['arm']} | {r['status']} |" + " |" * 7)
+            continue
+        gap = "0 (baseline)" if r["arm"] == "bf16" else (_f(r["val_gap_pct"], "+.2f") + "%"
+                                                        if r["val_gap_pct"] is not None else "—")
+        wall = "—" if r["wall_s"] is None else f"{r['wall_s'] / 60:.1f} min"
+        if r["wall_s"] is not None and r["jobs"] > 1:
+            wall += f" ({r['jobs']} arms at once)"
+        lines.append(f"| {r['arm']} | {_f(r['final_train_loss'], '.4f')} | {_f(r['val_loss'], '.4f')} | {gap} | "
+                     f"{_f(r['heldout_perplexity'], '.2f')} | {_f(r['cloze_greedy_accuracy'], '.3f')} | "
+                     f"{_f(r['cloze_choice_accuracy'], '.3f')} | {r['tokens'] / 1e6:.1f}M | {wall} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[ablation] matplotlib is not installed: no loss-curve PNG (pip install -e .[plots])", flush=True)
+        return False
+    fig, ax = plt.subplots(1, 2, figsize=(13, 4.5))
+    for r in rows:
+        tr, va = r["curve"]["train"], r["curve"]["val"]
+        if tr:
+            line, = ax[0].plot([i * tokens_per_step / 1e6 for i, _ in tr], [v for _, v in tr], lw=1, label=r["arm"])
+            if va:
+                ax[1].plot([i * tokens_per_step / 1e6 for i, _ in va], [v for _, v in va], "o-", ms=3,
+                           color=line.get_color(), label=r["arm"])
+    for a, name in zip(ax, ("train loss", "validation loss")):
+        a.set_xlabel("tokens (M)")
+        a.set_ylabel(name)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        print(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}", file=sys.stderr)
+        return 2
+    if args.iters <= 0:
+        print("error: --iters must be positive", file=sys.stderr)
+        return 2
+    if args.jobs < 1 or (args.jobs > 1 and args.nproc > 1):
+        print("error: --jobs must be >= 1, and 1 when --nproc > 1 (torchrun arms each take their GPUs)",
+              file=sys.stderr)
+        return 2
+    from megatron.training.config import load_config
+    from megatron.training.errors import UserError
+
+    cfgs, status = {}, {}
+    for arm in arms:
+        try:
+            cfgs[arm] = load_config(args.config, arm_overrides(arm, args))
+        except UserError as e:
+            status[arm] = f"skipped: {e}"
+    if not cfgs:
+        for arm in arms:
+            print(f"[ablation] {arm}: {status[arm]}")
+        print("error: no runnable arm", file=sys.stderr)
+        return 2
+    if args.dry:
+        for arm in arms:
+            print(f"# {arm}: {status[arm]}" if arm in status else shlex.join(train_cmd(arm, args)))
+        ev = [sys.executable, EVALUATE, "--data", args.data, "--ppl-tokens", str(args.ppl_tokens),
+              "--cloze-items", str(args.cloze_items)]
+        for arm in cfgs:
+            ev += ["--checkpoint", f"{arm}={os.path.join(args.out, arm, 'checkpoints')}"]
+        print(shlex.join(ev))
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    deadline = time.time() + args.time_budget if args.time_budget > 0 else None
+    todo = []
+    for arm in arms:
+        if arm in status:
+            print(f"[ablation] {arm}: {status[arm]}", flush=True)
+            continue
+        meta = checkpoint_state(os.path.join(args.out, arm, "checkpoints"))
+        if meta and meta["config"]["train"]["iters"] != args.iters:
+            status[arm] = (f"error: {args.out}/{arm} holds a run with train.iters="
+                           f"{meta['config']['train']['iters']}, not {args.iters}: use another --out")
+        elif meta and meta["iteration"] >= args.iters:
+            status[arm] = "complete"
+            print(f"[ablation] {arm}: complete ({meta['path']}), skipping", flush=True)
+            continue
+        elif not meta and kept_result(args, arm):
+            status[arm] = "complete"
+            print(f"[ablation] {arm}: complete (results kept, no checkpoint), skipping", flush=True)
+            continue
+        elif args.report_only:
+            status[arm] = "not run (--report-only)" + (f": checkpoint at step {meta['iteration']}" if meta else "")
+        else:
+            todo.append((arm, meta))
+            continue
+        print(f"[ablation] {arm}: {status[arm]}", flush=True)
+    run_arms(todo, args, deadline, status)
+    done = [a for a in arms if status[a] == "complete"]
+    evals = {} if args.no_eval or not done else evaluate_arms(done, args)
+
+    cfg = next(iter(cfgs.values()))
+    tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
+    rows = summarize(arms, status, evals, args, cfg)
+    train_tokens = None
+    stats = os.path.join(args.data, "stats.json")
+    if os.path.isfile(stats):
+        train_tokens = json.load(open(stats)).get("train_tokens")
+    device = "?"
+    for a in done:
+        try:
+            device = json.load(open(os.path.join(args.out, a, "run_info.json")))["device"]
+            if device.startswith("cuda"):
+                import torch
+
+                device = torch.cuda.get_device_name() if torch.cuda.is_available() else device
+            break
+        except (OSError, ValueError, KeyError):
+            pass
+    # FULLSTACK_COMMIT, when set, wins: a `git archive` copy run inside an older checkout (the GPU
+    # machine's) would otherwise report the enclosing checkout's HEAD (it did: run11 said 8d4929b)
+    commit = (os.environ.get("FULLSTACK_COMMIT")
+              or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=REPO).stdout.strip() or "unknown")
+    m = cfg.model
+    header = {"model": f"{m.num_layers} layers, hidden {m.hidden_size}, FFN {m.ffn_hidden_size}, "
+                       f"{m.num_attention_heads} heads / {m.num_query_groups} KV groups, seq {m.seq_length}",
+              "tokens_per_step": tokens_per_step, "train_tokens": train_tokens or 0,
+              "epochs": args.iters * tokens_per_step / train_tokens if train_tokens else 0.0,
+              "seed": cfg.train.seed, "device": device, "git_commit": commit,
+              "date": time.strftime("%Y-%m-%d"), "command": shlex.join(["python", "benchmarks/ablation.py",
+                                                                       *(argv if argv is not None else sys.argv[1:])])}
+    table = markdown(rows, args, header)
+    with open(os.path.join(args.out, "ablation.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(args.out, "ablation.json"), "w") as f:
+        json.dump({"meta": {**header, "iters": args.iters, "config": args.config, "data": args.data,
+                            "last_k": args.last_k}, "rows": rows}, f, indent=1)
+    plot(rows, os.path.join(args.out, "ablation.png"), tokens_per_step,
+         f"ablation: {header['model']}, {args.iters * tokens_per_step / 1e6:.0f}M tokens per arm")
+    print(table)
+    pending = [a for a in arms if status[a] != "complete" and not status[a].startswith("skipped")]
+    return 1 if any(status[a].startswith(("failed", "error")) for a in pending) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

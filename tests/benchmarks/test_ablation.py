@@ -1,0 +1,177 @@
+"""benchmarks/ablation.py end to end on a toy corpus with a tiny model (CPU):
+
+1. an arm interrupted after 2 of 4 steps (train.exit_interval) is reported as interrupted;
+2. the next invocation resumes it from its checkpoint, runs the second arm from scratch, and
+   evaluates both; the table's numbers are recomputed here from each arm's metrics.jsonl and
+   eval.json (mean of the last k losses, validation loss at the last step, gap to bf16), and
+   both arms saw the same first batch with the same initial weights (equal step-1 loss: the
+   optimizers differ only from step 1 on);
+3. a third invocation trains and evaluates nothing (complete arms are skipped, evals cached);
+4. --report-only tabulates the complete arms and trains none, also an arm with no run yet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.scripts.test_evaluate import REPO, env, make_toy_data
+
+ABLATION = os.path.join(REPO, "benchmarks", "ablation.py")
+TINY = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_attention_heads=4",
+        "model.num_query_groups=2", "model.seq_length=64", "train.global_batch_size=4", "train.micro_batch_size=4",
+        "train.precision=fp32", "train.eval_iters=1", "train.eval_interval=2", "train.log_interval=1",
+        "logging.tensorboard=false", "optimizer.warmup_iters=1", "checkpoint.save_interval=2"]
+
+
+def ablation(args, timeout=600):
+    p = subprocess.run([sys.executable, ABLATION, *args], cwd=REPO, env=env(), capture_output=True, text=True,
+                       timeout=timeout)
+    return p
+
+
+def metrics(rd):
+    train, val = {}, {}
+    for line in open(os.path.join(rd, "metrics.jsonl")):
+        r = json.loads(line)
+        (val if "val_loss" in r else train)[r["iter"]] = r.get("val_loss", r.get("loss"))
+    return train, val
+
+
+def test_ablation_resumes_skips_and_tabulates(tmp_path):
+    data = make_toy_data(str(tmp_path / "data"))
+    out = str(tmp_path / "abl")
+    common = ["--iters", "4", "--out", out, "--data", data, "--cloze-items", "8", "--last-k", "2"]
+
+    p = ablation(common + ["--arms", "bf16", "--no-eval", "--set", *TINY, "train.exit_interval=2"])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "bf16: interrupted at step 2" in p.stdout
+
+    p = ablation(common + ["--arms", "bf16,q_adamw", "--set", *TINY])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "bf16: resuming at step 2" in p.stdout and "q_adamw: starting" in p.stdout
+    assert "resumed from" in open(os.path.join(out, "bf16", "train.log")).read()
+    table = json.load(open(os.path.join(out, "ablation.json")))
+    rows = {r["arm"]: r for r in table["rows"]}
+    assert set(rows) == {"bf16", "q_adamw"}
+    vals = {}
+    for arm, r in rows.items():
+        rd = os.path.join(out, arm)
+        assert r["status"] == "complete"
+        train, val = metrics(rd)
+        assert sorted(train) == [1, 2, 3, 4] and 4 in val
+        assert r["final_train_loss"] == pytest.approx((train[3] + train[4]) / 2)
+        assert r["val_loss"] == pytest.approx(val[4])
+        vals[arm] = val[4]
+        ev = json.load(open(os.path.join(rd, "eval.json")))
+        assert ev["iteration"] == 4
+        assert r["heldout_perplexity"] == ev["heldout"]["perplexity"]
+        assert r["cloze_greedy_accuracy"] == ev["cloze"]["greedy_accuracy"] and r["cloze_items"] == 8
+        assert r["tokens"] == 4 * 4 * 64
+        assert r["wall_s"] > 0
+    assert rows["bf16"]["val_gap_pct"] == 0.0
+    assert rows["q_adamw"]["val_gap_pct"] == pytest.approx(100 * (vals["q_adamw"] - vals["bf16"]) / vals["bf16"])
+    assert metrics(os.path.join(out, "bf16"))[0][1] == metrics(os.path.join(out, "q_adamw"))[0][1]
+    md = open(os.path.join(out, "ablation.md")).read()
+    assert "| bf16 |" in md and "| q_adamw |" in md and "0 (baseline)" in md
+    try:
+        import matplotlib  # noqa: F401
+
+        assert os.path.getsize(os.path.join(out, "ablation.png")) > 0
+    except ImportError:
+        assert "matplotlib is not installed" in p.stdout
+
+    sessions = {a: len(json.load(open(os.path.join(out, a, "ablation_run.json")))["sessions"]) for a in rows}
+    p = ablation(common + ["--arms", "bf16,q_adamw", "--set", *TINY])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "bf16: complete" in p.stdout and "q_adamw: complete" in p.stdout
+    assert "evaluating" not in p.stdout
+    assert sessions == {a: len(json.load(open(os.path.join(out, a, "ablation_run.json")))["sessions"]) for a in rows}
+    assert json.load(open(os.path.join(out, "ablation.json")))["rows"][0]["val_loss"] == rows["bf16"]["val_loss"]
+
+    # --report-only: tabulates what is there, trains nothing (root has no run in OUT)
+    p = ablation(common + ["--arms", "bf16,q_adamw,root", "--report-only", "--set", *TINY])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "root: not run (--report-only)" in p.stdout and "evaluating" not in p.stdout
+    assert not os.path.exists(os.path.join(out, "root"))
+    rows2 = {r["arm"]: r for r in json.load(open(os.path.join(out, "ablation.json")))["rows"]}
+    assert rows2["q_adamw"]["val_gap_pct"] == rows["q_adamw"]["val_gap_pct"] and rows2["root"]["val_loss"] is None
+
+
+def test_ablation_dry_and_bad_arm(tmp_path):
+    p = ablation(["--dry", "--arms", "bf16,full_stack", "--iters", "7", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.strip().splitlines()
+    assert "train.iters=7" in lines[0] and f"checkpoint.save_dir={tmp_path}/bf16/checkpoints" in lines[0]
+    assert "evaluate.py" in lines[-1]
+    assert not os.listdir(tmp_path)
+    p = ablation(["--dry", "--arms", "bf16,nope"])
+    assert p.returncode == 2 and "unknown arm" in p.stderr
+
+
+def test_ablation_jobs_side_by_side_and_kept_results(tmp_path):
+    """--jobs 2 trains two arms at once with the numbers of a one-at-a-time run; a copy of the
+    arms' folders without checkpoints is still tabulated by --report-only."""
+    import shutil
+
+    data = make_toy_data(str(tmp_path / "data"))
+    common = ["--iters", "2", "--data", data, "--no-eval", "--last-k", "2", "--set", *TINY]
+    side = str(tmp_path / "side")
+    p = ablation(common + ["--out", side, "--arms", "bf16,q_adamw", "--jobs", "2"])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "bf16: complete" in p.stdout and "q_adamw: complete" in p.stdout
+    for arm in ("bf16", "q_adamw"):
+        st = json.load(open(os.path.join(side, arm, "ablation_run.json")))
+        assert st["sessions"][-1]["jobs"] == 2 and st["completed"] == {"iteration": 2, "train_iters": 2}
+    assert "(2 arms at once)" in open(os.path.join(side, "ablation.md")).read()
+
+    alone = str(tmp_path / "alone")
+    p = ablation(common + ["--out", alone, "--arms", "bf16"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert metrics(os.path.join(alone, "bf16")) == metrics(os.path.join(side, "bf16"))
+
+    kept = str(tmp_path / "kept")
+    for arm in ("bf16", "q_adamw"):
+        shutil.copytree(os.path.join(side, arm), os.path.join(kept, arm), ignore=shutil.ignore_patterns("checkpoints"))
+    p = ablation(common + ["--out", kept, "--arms", "bf16,q_adamw", "--report-only"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("complete (results kept, no checkpoint)") == 2
+    rows = {r["arm"]: r for r in json.load(open(os.path.join(side, "ablation.json")))["rows"]}
+    kept_rows = {r["arm"]: r for r in json.load(open(os.path.join(kept, "ablation.json")))["rows"]}
+    for arm in rows:
+        assert kept_rows[arm]["status"] == "complete"
+        for key in ("final_train_loss", "val_loss", "val_gap_pct", "tokens"):
+            assert kept_rows[arm][key] == rows[arm][key] and rows[arm][key] is not None
+
+    p = ablation(common + ["--out", kept, "--arms", "bf16", "--jobs", "2", "--nproc", "2"])
+    assert p.returncode == 2 and "--jobs" in p.stderr
+
+
+def test_jobs_spread_over_visible_gpus(monkeypatch):
+    """With several GPUs, each new arm goes to the GPU running the fewest arms (first on ties),
+    named as CUDA_VISIBLE_DEVICES names it; one GPU or none: the environment is left alone."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("ablation_script", ABLATION)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.pick_gpu([], []) is None and mod.pick_gpu(["0"], ["0", "0"]) is None
+    busy = []
+    for _ in range(5):
+        busy.append(mod.pick_gpu(["0", "1", "2"], busy))
+    assert busy == ["0", "1", "2", "0", "1"]
+    assert mod.pick_gpu(["0", "1"], ["1", None]) == "0"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert mod.visible_gpus() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert mod.visible_gpus() == ["3", "5"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mod.visible_gpus() == []
