@@ -1,16 +1,16 @@
-# Two commands a fresh machine needs: `make quickstart` and `make test`.
-# Both create .venv at the repo root on first use. On a machine without CUDA, torch is the
-# CPU wheel `torch==2.13.0` installed *before* the project, so `torch>=2.4` in pyproject.toml
-# is already satisfied and pip never pulls a multi-GB CUDA build.
+# The commands a fresh machine needs: `make quickstart`, `make test` (and `make test-all`, what CI
+# runs). Each creates .venv at the repo root on first use. On a machine without CUDA, torch is the
+# CPU wheel `torch==2.13.0`, installed *before* the project so that pip never pulls a multi-GB
+# CUDA build to satisfy the project's torch requirement.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# The triton of the GPU image (the H200 runs torch 2.11 + triton 3.6.0): the sm_90 compile gate
+# The triton of the GPU image (torch 2.11 + triton 3.6.0): the sm_90 compile gate
 # (tests/test_triton_compile_sm90.py) also compiles every kernel with it, beside the venv's own.
 GPU_TRITON := $(VENV)/triton-gpu-image
 
-.PHONY: install quickstart test test-fast clean-quickstart
+.PHONY: install quickstart test test-all bench clean-quickstart
 
 install: $(STAMP)
 
@@ -31,15 +31,22 @@ $(STAMP): pyproject.toml
 quickstart: $(STAMP)
 	$(PY) scripts/quickstart.py
 
-# CPU test suite; Triton kernels run under the interpreter. Two pytest workers (pytest-xdist),
-# each test file on one worker (its module fixtures run once). On the 2-core development
-# machine of 2026-12-03: 19-25 min (21-27 with the install) on a clean clone, with Triton's
-# cache (~/.triton) already holding the sm_90 compile gate's kernels; with an empty cache, as
-# on a fresh machine, 36.6 min, 17 of them in the gate (BENCHMARKS.md §S.4, §T.4). CI: 11.5
-# and 24 min (stops 29 and 30).
+# The CPU test suite; Triton kernels run under the interpreter. Two pytest workers
+# (pytest-xdist), each test file on one worker (its module fixtures run once). `make test` leaves
+# out the tests marked `long` (the sm_90 compile gate); `make test-all` runs everything. README.md
+# states how long each takes on a 2-core machine.
 TEST_WORKERS ?= 2
+PYTEST := TRITON_INTERPRET=1 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
+	$(PYTEST) -m "not long" tests
+
+test-all: $(STAMP)
+	$(PYTEST) tests
+
+# Every headline table of BENCHMARKS.md, regenerated on one CUDA GPU (benchmarks/README.md).
+BENCH_OUT ?= runs/bench
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py --out $(BENCH_OUT)
 
 clean-quickstart:
 	rm -rf data/quickstart runs/quickstart

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Multi-GPU check (issue 9) in ONE call on a 2- or 4-GPU machine; docs/multi-gpu.md explains it.
-#   bash scripts/multi_gpu_check.sh               # 2 or 4 GPUs (nvidia-h200-x2 / -x4), budget MG_BUDGET=540 s
+# Multi-GPU check on one 2- or 4-GPU machine, within a time budget; docs/multi-gpu.md explains it.
+#   bash scripts/multi_gpu_check.sh               # 2 or 4 GPUs, budget MG_BUDGET=540 s
 #   bash scripts/multi_gpu_check.sh --cpu-smoke   # same flow on CPU: gloo, tiny model, mock data, q_adamw/root arms
 # MG_PARTS=refs runs only the 1-GPU references and repeats; MG_PARTS=1,4,5 (a comma list) runs the references and
 # those parts only. MG_SKIP=name,name skips single runs (e.g. ones measured in an earlier call).
 # MG_T_RUN: time limit of one multi-GPU training run (default 130 s; a cold Triton cache compiles the TP=2
-# shapes first: run13's full_stack TP=2 made 25 steps of ~0.37 s in its 130 s, most of it before step 1).
-# MG_NO_INSTALL=1: megatron-core already in /tmp/site. MG_EARLIER=summary.json of an earlier call (same commit):
+# shapes first, which can take most of it). MG_EARLIER=summary.json of an earlier call (same commit):
 # its runs (losses stored in it) join this call's summary, so references need not be rerun.
 # Writes $OUT/multi_gpu_check.log, $OUT/summary.md, $OUT/summary.json (OUT defaults to runs/multi_gpu_check).
 # Every run has a `timeout`; a failed run is recorded and the script goes on; runs that would not fit the
@@ -49,12 +48,9 @@ if [ $SMOKE = 1 ]; then
 else
   PY=python3
   # up to five processes share the host: torch's CPU work (--cpu-init draws, the LoRA-SVD factor SVDs,
-  # Triton compiles) with every process on every core oversubscribed it (3 NVFP4 references made no step
-  # in 250 s on nvidia-h200-x2, 32 cores)
+  # Triton compiles) with every process on every core oversubscribes it
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-  if [ -n "${MG_NO_INSTALL:-}" ]; then export PYTHONPATH=/tmp/site:$PWD   # installed by the caller
-  else python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD || { say "wheel install failed"; }; fi
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # the project's requirements installed in python3
   BUDGET=${MG_BUDGET:-540}
   ITERS=${MG_ITERS:-50}; HALF=$((ITERS / 2))
   CFG=configs/ablation/base.yaml
@@ -72,7 +68,7 @@ CPU_INIT=${MG_CPU_INIT:-1}   # 1: every run draws its initial weights on CPU (sa
 RESERVE=25                   # seconds kept for the summary
 # a port per run name: runs started side by side (in subshells) never share one
 port_of() { echo $((20000 + $(printf '%s' "$1" | cksum | cut -d' ' -f1) % 20000)); }
-arm_set() { "$PY" -c "import sys; sys.path.insert(0,'scripts'); from bench_blocks import ARMS; print(' '.join(ARMS['$1']))"; }
+arm_set() { "$PY" -c "import sys; sys.path.insert(0,'benchmarks'); from bench_blocks import ARMS; print(' '.join(ARMS['$1']))"; }
 A1=$(arm_set $ARM1); A2=$(arm_set $ARM2)
 say "mode smoke=$SMOKE budget=${BUDGET}s iters=$ITERS arms=$ARM1($A1),$ARM2($A2) cpu_init=$CPU_INIT work=$W"
 if [ $SMOKE = 0 ]; then

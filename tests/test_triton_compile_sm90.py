@@ -11,7 +11,7 @@ interpreter vs compiler at import time), so this test runs it as a subprocess.
 It runs twice: with the triton this venv has (pip's newest) and with the triton of the GPU
 image (3.6.0, what the H200 runs; `make install` puts it in ``.venv/triton-gpu-image``). The two
 differ in what ``triton.language`` exports: ``tl.to_tensor`` compiles with 3.9 and fails with
-3.6, which only the GPU would have shown (it did, on 2026-11-29).
+3.6, which otherwise only a GPU run would show.
 """
 
 import json
@@ -34,6 +34,10 @@ def _compiler_available() -> bool:
 
 
 GPU_IMAGE_TRITON = os.path.join(ROOT, ".venv", "triton-gpu-image")  # Makefile: GPU_TRITON
+
+# Minutes on two cores (every kernel variant compiled twice): `make test-all` runs it, `make test`
+# leaves it out.
+pytestmark = pytest.mark.long
 
 
 @pytest.mark.skipif(not _compiler_available(), reason="triton's NVIDIA backend / ptxas missing")
