@@ -2,7 +2,7 @@
 
 A launch recorded by ``tests/triton_compile_gate.py``'s recorder (``build_jobs()``) is compiled
 for ``GPUTarget("cuda", 90, 32)`` exactly as ``JITFunction.run`` would, the cubin disassembled
-with the wheel's ``cuobjdump -sass``, and the instructions of the main path counted (up to the
+with Triton's bundled ``cuobjdump -sass``, and the instructions of the main path counted (up to the
 first EXIT: the div_rn / sqrt_rn slow-path subroutines sit after it). These are static counts,
 not timings. Run with the GPU image's triton first on PYTHONPATH to count for 3.6.
 """

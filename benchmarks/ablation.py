@@ -2,13 +2,22 @@
 """The recipe ablation: train every arm at one-GPU scale on the real corpus, evaluate, tabulate.
 
     python benchmarks/ablation.py [--arms bf16,q_adamw,...] [--iters 1000] [--out runs/ablation]
-        [--data data/quickstart] [--time-budget SECONDS] [--dry] [--report-only] [--set key=value ...]
+        [--data data/quickstart] [--family-lr adamw=2e-3,muon=2e-3,root=4e-3/8e-3]
+        [--time-budget SECONDS] [--dry] [--report-only] [--set key=value ...]
 
 Every arm is `configs/ablation/base.yaml` (--config) + the arm's recipe switches (the same
 ARMS table as benchmarks/bench_blocks.py and configs/3b_64b/), trained by `pretrain_gpt.py` in a
 subprocess with the same data, data order, seed and token budget (train.iters = --iters), in
 its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
 
+- `--family-lr FAMILY=LR[/MATRIX_LR],...` trains each arm at its optimizer family's learning
+  rate (the best point of benchmarks/lr_sweep.py): the family is read from the arm's
+  `optimizer.name` (adamw, q_adamw -> adamw; muon, q_muon -> muon; root, q_root -> root), so an
+  FP4 arm runs at its BF16 optimizer's lr (q_adamw and full_stack at adamw's, q_muon and
+  full_stack_muon at muon's, q_root and full_stack_root at root's). LR sets `optimizer.lr` and
+  `optimizer.min_lr` (the config's min/peak ratio kept); MATRIX_LR, for muon and root, the lr of
+  the orthogonalised matrices (`optimizer.orthogonal.lr_scale = MATRIX_LR / LR`; without it
+  the matrices take LR too). A family not listed keeps the config's lr;
 - an arm whose newest complete checkpoint is at train.iters is complete and not run again;
 - an interrupted arm (killed, SIGTERM, --time-budget) resumes from its newest checkpoint
   (checkpoint.load=auto): run the same command again; `--time-budget` sends the running arm
@@ -51,10 +60,13 @@ warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not i
 
 from bench_blocks import ARMS  # noqa: E402  (one table of arm switches for every script)
 
-DEFAULT_ARMS = ["bf16", "nvfp4_linear", "lora_svd", "q_adamw", "root", "q_root", "q_attn",
-                "full_stack", "full_stack_root"]
+DEFAULT_ARMS = ["bf16", "nvfp4_linear", "lora_svd", "q_adamw", "muon", "q_muon", "root", "q_root",
+                "q_attn", "full_stack", "full_stack_muon", "full_stack_root"]
 PRETRAIN = os.path.join(REPO, "pretrain_gpt.py")
-EVALUATE = os.path.join(HERE, "evaluate.py")
+EVALUATE = os.path.join(REPO, "scripts", "evaluate.py")
+FAMILY_OF = {"adamw": "adamw", "q_adamw": "adamw", "muon": "muon", "q_muon": "muon",
+             "root": "root", "q_root": "root"}          # optimizer.name -> its family
+ORTHOGONAL_FAMILIES = ("muon", "root")
 
 
 def parse_args(argv=None):
@@ -66,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--data", default="data/quickstart",
                    help="dir with train/valid_text_document, tokenizer.model, corpus/heldout/")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every arm")
+    p.add_argument("--family-lr", default="", metavar="FAMILY=LR[/MATRIX_LR],...",
+                   help="each arm at its optimizer family's lr (adamw | muon | root), e.g. "
+                        "adamw=2e-3,muon=2e-3,root=4e-3/8e-3 (MATRIX_LR: the orthogonal groups')")
     p.add_argument("--nproc", type=int, default=1, help="GPUs per arm (torchrun when > 1)")
     p.add_argument("--jobs", type=int, default=1,
                    help="arms trained at the same time (small, host-bound models share a GPU; several "
@@ -88,11 +103,90 @@ def data_overrides(d: str) -> list[str]:
             'data.split="100,0,0"', f"data.tokenizer={d}/tokenizer.model", f"data.cache_dir={d}/cache"]
 
 
+class UsageError(ValueError):
+    """Bad command-line input: one `error:` line, exit 2."""
+
+
+def parse_floats(text: str, what: str) -> list[float]:
+    """A comma list of positive, finite, distinct numbers (a grid)."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        try:
+            v = float(item)
+        except ValueError:
+            raise UsageError(f"{what}: {item!r} is not a number") from None
+        if not 0 < v < float("inf"):
+            raise UsageError(f"{what}: {item!r} must be a positive, finite number")
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise UsageError(f"{what} lists a value twice: {text}")
+    return out
+
+
+def parse_family_lr(text: str) -> dict[str, tuple[float, float | None]]:
+    """``adamw=2e-3,root=4e-3/8e-3`` -> {family: (lr, matrix lr or None)}."""
+    out = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        fam, sep, val = item.partition("=")
+        if not sep or fam not in ("adamw",) + ORTHOGONAL_FAMILIES:
+            raise UsageError(f"--family-lr: {item!r} is not FAMILY=LR with FAMILY one of adamw, muon, root")
+        if fam in out:
+            raise UsageError(f"--family-lr: {fam} given twice")
+        lr, _, mlr = val.partition("/")
+        if mlr and fam not in ORTHOGONAL_FAMILIES:
+            raise UsageError(f"--family-lr: {item!r}: a matrix lr (/MATRIX_LR) is for muon and root only")
+        (lr_v,) = parse_floats(lr, f"--family-lr {fam}")
+        out[fam] = (lr_v, parse_floats(mlr, f"--family-lr {fam} matrix lr")[0] if mlr else None)
+    return out
+
+
+def family_of(switches: list[str]) -> str:
+    """The optimizer family of an arm's switches (the last `optimizer.name=` wins; adamw when none)."""
+    name = "adamw"
+    for s in switches:
+        if s.startswith("optimizer.name="):
+            name = s.split("=", 1)[1]
+    return FAMILY_OF.get(name, name)
+
+
+def lr_overrides(family: str, lr: float, matrix_lr: float | None, min_ratio: float) -> list[str]:
+    """Overrides that train ``family`` at peak ``lr`` (min_lr at ``min_ratio`` of it) and, for an
+    orthogonal family, its matrices at ``matrix_lr`` (default: ``lr``)."""
+    out = [f"optimizer.lr={lr:.6g}", f"optimizer.min_lr={lr * min_ratio:.6g}"]
+    if family in ORTHOGONAL_FAMILIES:
+        out.append(f"optimizer.orthogonal.lr_scale={(matrix_lr or lr) / lr:.6g}")
+    return out
+
+
+def arm_switches(arm: str, args) -> list[str]:
+    """The arm's recipe switches (``args.switches`` overrides ARMS: lr_sweep's named points) plus
+    its family's lr from --family-lr."""
+    own = getattr(args, "switches", None) or {}
+    sw = list(own[arm]) if arm in own else list(ARMS[arm])
+    fam_lr = getattr(args, "family_lrs", None) or {}
+    fam = family_of(sw)
+    if fam in fam_lr:
+        sw += lr_overrides(fam, *fam_lr[fam], args.min_lr_ratio)
+    return sw
+
+
+def arm_data(arm: str, args) -> str:
+    return (getattr(args, "data_of", None) or {}).get(arm, args.data)
+
+
 def arm_overrides(arm: str, args) -> list[str]:
     rd = os.path.join(args.out, arm)
-    return (data_overrides(args.data) + list(ARMS[arm]) + list(args.set)
+    return (data_overrides(arm_data(arm, args)) + arm_switches(arm, args) + list(args.set)
             + [f"train.iters={args.iters}", f"checkpoint.save_dir={rd}/checkpoints", f"logging.dir={rd}",
                "checkpoint.load=auto"])
+
+
+def min_lr_ratio(config: str) -> float:
+    """optimizer.min_lr / optimizer.lr of the base config (kept when the lr is moved)."""
+    from megatron.training.config import load_config
+
+    o = load_config(config, validate=False).optimizer
+    return o.min_lr / o.lr
 
 
 def train_cmd(arm: str, args) -> list[str]:
@@ -231,12 +325,15 @@ def pick_gpu(gpus: list[str], busy: list[str | None]) -> str | None:
     return min(gpus, key=lambda g: busy.count(g))
 
 
-def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, status: dict) -> None:
+def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, status: dict,
+             more=None) -> None:
     """Train the arms in ``todo`` (``(arm, its checkpoint meta or None)``, in order), at most
     ``args.jobs`` at a time, until each is complete, interrupted or failed, or the time budget
     is spent (running arms get SIGTERM and save a checkpoint; arms not started yet are not
     run). Fills ``status``. With several GPUs visible, each new arm goes to the GPU running the
-    fewest (CUDA_VISIBLE_DEVICES)."""
+    fewest (CUDA_VISIBLE_DEVICES). ``more(arm)``, if given, is called when an arm ends and
+    returns further ``(arm, meta)`` to train (lr_sweep.py: a point's extra seeds once its
+    grid is done), queued behind the others."""
     pending, running = list(todo), []
     gpus = visible_gpus() if args.jobs > 1 and todo else []   # several GPUs: spread the arms
     while pending or running:
@@ -263,6 +360,8 @@ def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, 
                 st = f"interrupted at step {m['iteration'] if m else 0}: run again to resume"
             status[r.arm] = st
             print(f"[ablation] {r.arm}: {st}", flush=True)
+            if more is not None:
+                pending += more(r.arm)
         if running:
             time.sleep(0.5)
 
@@ -326,7 +425,7 @@ def summarize(arms: list[str], status: dict, evals: dict, args, cfg) -> list[dic
         ev = evals.get(arm, {})
         state = load_state(args, arm) if os.path.isdir(rd) else None
         rows.append({
-            "arm": arm, "status": status[arm], "overrides": list(ARMS[arm]),
+            "arm": arm, "status": status[arm], "overrides": arm_switches(arm, args),
             "final_train_loss": sum(last) / len(last) if last and status[arm] == "complete" else None,
             "train_loss_points": len(last),
             "val_loss": val.get(args.iters) if status[arm] == "complete" else None,
@@ -425,6 +524,12 @@ def main(argv=None) -> int:
         print("error: --jobs must be >= 1, and 1 when --nproc > 1 (torchrun arms each take their GPUs)",
               file=sys.stderr)
         return 2
+    try:
+        args.family_lrs = parse_family_lr(args.family_lr)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.min_lr_ratio = min_lr_ratio(args.config) if args.family_lrs else 1.0
     from megatron.training.config import load_config
     from megatron.training.errors import UserError
 
@@ -495,8 +600,8 @@ def main(argv=None) -> int:
             break
         except (OSError, ValueError, KeyError):
             pass
-    # FULLSTACK_COMMIT, when set, wins: a `git archive` copy run inside an older checkout (the GPU
-    # machine's) would otherwise report the enclosing checkout's HEAD (it did: run11 said 8d4929b)
+    # FULLSTACK_COMMIT, when set, wins: a `git archive` copy run inside another checkout would
+    # otherwise report the enclosing checkout's HEAD
     commit = (os.environ.get("FULLSTACK_COMMIT")
               or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 cwd=REPO).stdout.strip() or "unknown")

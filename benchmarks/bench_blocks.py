@@ -60,18 +60,32 @@ ARMS = {
     # the dense route unquantized is the BF16 model)
     "lora_svd_unquantized": ["fp4.linear=lora_svd", "fp4.lora_svd.route=projected",
                              "fp4.lora_svd.unquantized=true"],
-    # the dense route named explicitly (its first GPU run, commit 21da10c, used this name)
+    # the dense route named explicitly
     "lora_svd_dense": ["fp4.linear=lora_svd", "fp4.lora_svd.route=dense"],
     "q_adamw": ["optimizer.name=q_adamw"],
     "root": ["optimizer.name=root"],
     "q_root": ["optimizer.name=q_root"],
-    # Muon's update has unit RMS-per-row scale: its usual lr is ~0.02, i.e. 20x an AdamW lr of 1e-3.
-    "muon": ["optimizer.name=muon", "optimizer.orthogonal.lr_scale=20"],
-    "q_muon": ["optimizer.name=q_muon", "optimizer.orthogonal.lr_scale=20"],
+    # Recipe switches only: the learning rates are tuned per optimizer family
+    # (benchmarks/lr_sweep.py; ablation.py --family-lr; docs/optimizers.md, "Learning rates").
+    "muon": ["optimizer.name=muon"],
+    "q_muon": ["optimizer.name=q_muon"],
     "q_attn": ["fp4.attention=q_attn"],
+    # levers on the NVFP4 linear (megatron/training/precision.py): 4/6 block scales on every
+    # operand; the last 10% of the steps in BF16; the first and last block in BF16; all three
+    "nvfp4_linear_4over6": ["fp4.linear=nvfp4", "fp4.linear_scale_rule=4over6"],
+    "nvfp4_linear_bf16_from": ["fp4.linear=nvfp4", "fp4.bf16_from=0.9"],
+    "nvfp4_linear_keep_ends": ["fp4.linear=nvfp4", "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"],
+    "nvfp4_linear_levers": ["fp4.linear=nvfp4", "fp4.linear_scale_rule=4over6", "fp4.bf16_from=0.9",
+                            "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"],
+    "full_stack_levers": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn",
+                          "fp4.linear_scale_rule=4over6", "fp4.bf16_from=0.9",
+                          "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"],
     "full_stack": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn"],
     "full_stack_root": ["fp4.linear=lora_svd", "optimizer.name=q_root", "fp4.attention=q_attn"],
-    # BF16 grad buffer read in place by Q-AdamW (fullstack_fp4/optim/q_adamw/PERF.md, memory)
+    # LoRA-SVD + Q-Attn + Q-Muon; the rest of the model on torch AdamW, as q_muon has it
+    # (q_root takes QAdamW for the rest: fullstack_fp4/integration/optimizers.py)
+    "full_stack_muon": ["fp4.linear=lora_svd", "optimizer.name=q_muon", "fp4.attention=q_attn"],
+    # BF16 grad buffer read in place by Q-AdamW (docs/perf/q-adamw.md, memory)
     "q_adamw_bf16_grads": ["optimizer.name=q_adamw", "parallel.grad_reduce_in_fp32=false"],
     "full_stack_bf16_grads": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn",
                               "parallel.grad_reduce_in_fp32=false"],

@@ -7,8 +7,9 @@ activation transposes: 3072×5120 … 8192×8192), ``decode_bf16_triton`` is fir
 bit with the PyTorch decode (``e2m1(code) · fp32(scale)`` → BF16, gemm.py's CPU formula run on
 the GPU), then timed (median of CUDA-event timings of 20 calls, each on a tensor larger than L2)
 beside a device-to-device copy of the same output bytes. Bytes moved: 0.5625 B per element
-read, 2 written. ``--sweep`` also times every ``FP4_DEQUANT_NBP`` × ``FP4_DEQUANT_WARPS`` pair of
-SWEEP (the flat kernel's blocks per program and warps), each checked bit for bit first.
+read, 2 written. ``--sweep`` also times every ``knobs.DEQUANT_NBP`` × ``knobs.DEQUANT_WARPS``
+pair of SWEEP (the flat kernel's blocks per program and warps; ``FP4_DEQUANT_NBP`` /
+``FP4_DEQUANT_WARPS`` in the environment), each checked bit for bit first.
 Writes ``bench_decode.json`` into ``$OUT`` if set.
 """
 
@@ -20,9 +21,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _timing import median_ms  # noqa: E402
+from fullstack_fp4 import knobs  # noqa: E402
 from fullstack_fp4.nvfp4.e2m1 import e2m1_decode  # noqa: E402
 from fullstack_fp4.nvfp4.quantize import quantize  # noqa: E402
-from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton  # noqa: E402
+from fullstack_fp4.nvfp4.kernels.decode import decode_bf16_triton  # noqa: E402
 
 SHAPES = ((3072, 5120), (3072, 16384), (8192, 3072), (8192, 8192))
 SWEEP = ((256, 8), (512, 8), (1024, 8), (2048, 8), (1024, 4), (512, 4), (2048, 16))
@@ -36,10 +38,9 @@ def torch_decode(t):
 
 
 def run(cfg, qs):
-    env = {}
+    saved = knobs.DEQUANT_NBP, knobs.DEQUANT_WARPS
     if cfg is not None:
-        env = {"FP4_DEQUANT_NBP": str(cfg[0]), "FP4_DEQUANT_WARPS": str(cfg[1])}
-    os.environ.update(env)
+        knobs.DEQUANT_NBP, knobs.DEQUANT_WARPS = cfg
     try:
         rows = []
         for (m, k), q in qs.items():
@@ -50,8 +51,7 @@ def run(cfg, qs):
             rows.append({"shape": f"{m}x{k}", "exact": exact, "ms": ms, "GB/s": gb / ms * 1e3})
         return rows
     finally:
-        for key in env:
-            os.environ.pop(key)
+        knobs.DEQUANT_NBP, knobs.DEQUANT_WARPS = saved
 
 
 def main():

@@ -2,8 +2,8 @@
 
 Part 1, NS on the 3b shapes 3072×3072, 3072×8192, 8192×3072 (5 steps): time (median of CUDA-event
 timings after warm-up) and relative Frobenius error against FP64 NS with the same coefficients,
-for: bf16 (Muon's triple, the anchor: 3.1 ms / 2.1 % at 3072×8192), nvfp4 naive (every operand
-quantized, Muon's triple: the anchors' 59–62 % case), nvfp4 shifted + Muon's triple, nvfp4 ours
+for: bf16 (Muon's triple, the baseline), nvfp4 naive (every operand quantized, Muon's triple:
+the ~60 % error case), nvfp4 shifted + Muon's triple, nvfp4 ours
 (shifted + fitted "fp4" schedule) with one-term operands and with two-term operands (the default,
 ``nvfp4_terms=2``: ~2.4× the GEMM FLOPs of one term), each on the fused Triton operand path,
 plus ours on the reference path (``fullstack_fp4.nvfp4.quantize`` + ``nvfp4_matmul``) to show what fusing buys.
@@ -15,8 +15,8 @@ and grads (megatron's main params). muon / q_muon and root / q_root (q_* = NVFP4
 "fp4" table, Triton path; q_root also with one-term operands). Prints each q_* step time over
 the BF16 step (target: q_root ≤ 1.5× root).
 
-The NS part also runs the two-term method in the composed form that the lean step replaced
-(``LEAN_TWO_TERM = False``) and checks that the lean step gives the same bits. Both parts also
+The NS part also runs the two-term method in its composed form (``LEAN_TWO_TERM = False``)
+and checks that the lean step gives the same bits. Both parts also
 run every capturable method as a CUDA graph (``newton_schulz_graphed``; the
 optimizers' ``ns_cuda_graph=True``, the trainer's default): each graphed result is first checked
 bit for bit against the eager one (NS: the same contiguous input; optimizers: two steps from the

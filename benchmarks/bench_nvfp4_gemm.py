@@ -35,7 +35,7 @@ import triton.testing  # noqa: E402
 
 from fullstack_fp4.nvfp4 import quantize  # noqa: E402
 from fullstack_fp4.nvfp4 import gemm  # noqa: E402
-from fullstack_fp4.nvfp4.cublaslt import scaled_mm_cublaslt  # noqa: E402
+from fullstack_fp4.nvfp4.kernels.cublaslt import scaled_mm_cublaslt  # noqa: E402
 
 T = 8192
 

@@ -10,18 +10,19 @@
       unquantized gradient (dY's SR draws differ between Philox on the GPU and the CPU
       generator), NaN propagation without a host sync.
    b. The fused GPU path (``_fused_forward/_backward``: two-way operand kernels, Triton
-      epilogue) against the previous GPU path written out here (quantize_triton → Triton
-      decode → ``torch.mm`` FP32 out → ``(acc * alpha).to(dtype)`` in PyTorch), same Philox
-      seeds: y, dX, dW must be bit-identical.
+      epilogue) against the same linear written out step by step here (quantize_triton →
+      Triton decode → the GEMM backend's call on the decoded operands), same Philox seeds:
+      y, dX, dW must be bit-identical.
 2. Median CUDA-event time (``triton.testing.do_bench``) of fwd+bwd (y = f(x, W); y.backward(dY))
-   for BF16 F.linear, for nvfp4_linear (fused path) and for the previous (composed) path; the
+   for BF16 F.linear, for nvfp4_linear (fused path) and for its composed path; the
    same fwd+bwd replayed as a CUDA graph (device time without the host's launch cost); the
    forward alone; and each piece of the fused path with its bytes and GB/s.
-Target (issue 3): NVFP4 ≤ 1.3× BF16.
+Target: NVFP4 ≤ 1.3× BF16 (current figures: ``BENCHMARKS.md#nvfp4-quantize-and-linear``).
 
-The emulated GEMM's backend is the one in use (``FULLSTACK_FP4_GEMM``: ``cublaslt``, one call
-with the tensor scales read on the device, by default; ``cublas``: ``torch.mm`` FP32 out + the
-epilogue pass); the JSON records it.
+The emulated GEMM's backend is the one in use (``gemm.gemm_backend()``: ``cublaslt``, one call
+with the tensor scales read on the device, the default; ``cublas`` after
+``gemm.set_gemm_backend("cublas")``: ``torch.mm`` FP32 out + the epilogue pass); the JSON
+records it.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from _timing import capture_graph  # noqa: E402
 
 from fullstack_fp4.linear import nvfp4_linear, quantize_wgrad_operand  # noqa: E402
 from fullstack_fp4.nvfp4 import quantize  # noqa: E402
-from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd  # noqa: E402
+from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd  # noqa: E402
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16, gemm_backend, nvfp4_matmul  # noqa: E402
-from fullstack_fp4.nvfp4.cublaslt import scaled_mm_cublaslt  # noqa: E402
-from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton  # noqa: E402
+from fullstack_fp4.nvfp4.kernels.cublaslt import scaled_mm_cublaslt  # noqa: E402
+from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_cast_triton  # noqa: E402
 
 lin = importlib.import_module("fullstack_fp4.linear.nvfp4_linear")  # the function shadows the name
 
@@ -81,10 +82,10 @@ def rel(a, b):
     return ((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm()).item()
 
 
-def previous_matmul(a, b, transposed_b=False, out_dtype=torch.bfloat16):
+def stepwise_matmul(a, b, transposed_b=False, out_dtype=torch.bfloat16):
     """The emulated GEMM step by step: decode, then the GEMM of the backend in use. With the
-    cuBLAS backend that is ``torch.mm`` FP32 out and the torch epilogue, as before the Triton
-    epilogue; with the cuBLASLt backend its one call on the same decoded operands."""
+    cuBLAS backend that is ``torch.mm`` FP32 out and the epilogue in PyTorch; with the cuBLASLt
+    backend its one call on the same decoded operands."""
     a2, b2 = decode_to_bf16(a), decode_to_bf16(b)
     b2 = b2 if transposed_b else b2.t()
     if gemm_backend() == "cublaslt":
@@ -93,8 +94,8 @@ def previous_matmul(a, b, transposed_b=False, out_dtype=torch.bfloat16):
     return (acc * (a.tensor_scale.float() * b.tensor_scale.float())).to(out_dtype)
 
 
-def previous_wgrad_operand(m, rounding, gen=None):
-    """quantize_wgrad_operand as it was: zero-pad the tokens to 16, BF16 transposed copy, fused RHT."""
+def stepwise_wgrad_operand(m, rounding, gen=None):
+    """quantize_wgrad_operand step by step: zero-pad the tokens to 16, BF16 transposed copy, fused RHT."""
     from fullstack_fp4.nvfp4 import DEFAULT_SIGNS
     pad = (-m.shape[0]) % 16
     if pad:
@@ -103,16 +104,16 @@ def previous_wgrad_operand(m, rounding, gen=None):
                     check_finite=False, backend="triton")
 
 
-def previous_path(x, w, dy, seed_gen):
-    """The previous GPU path of the linear, step by step (quantize_triton draws its seeds from
+def stepwise_path(x, w, dy, seed_gen):
+    """The GPU path of the linear, step by step (quantize_triton draws its seeds from
     ``seed_gen``: dY's, then RHT(dYᵀ)'s). ``backend="triton"`` is what "auto" picks on CUDA."""
     qx = quantize(x, check_finite=False, backend="triton")
     qw = quantize(w, tile=(16, 16), check_finite=False, backend="triton")
-    y = previous_matmul(qx, qw, out_dtype=x.dtype)
-    qxt = previous_wgrad_operand(x, "nearest")
+    y = stepwise_matmul(qx, qw, out_dtype=x.dtype)
+    qxt = stepwise_wgrad_operand(x, "nearest")
     qdy = quantize(dy, rounding="stochastic", generator=seed_gen, check_finite=False, backend="triton")
-    dx = previous_matmul(qdy, qw, transposed_b=True, out_dtype=x.dtype)
-    dw = previous_matmul(previous_wgrad_operand(dy, "stochastic", seed_gen), qxt, out_dtype=w.dtype)
+    dx = stepwise_matmul(qdy, qw, transposed_b=True, out_dtype=x.dtype)
+    dw = stepwise_matmul(stepwise_wgrad_operand(dy, "stochastic", seed_gen), qxt, out_dtype=w.dtype)
     return y, dx, dw
 
 
@@ -144,7 +145,7 @@ def correctness():
           and res["fwd_rel"] < 1e-2   # BF16 output rounding only
           and res["dx_rel_vs_fp64"] < 1.5 * res["dx_rel_ref_vs_fp64"] + 0.02
           and res["dw_rel_vs_fp64"] < 1.5 * res["dw_rel_ref_vs_fp64"] + 0.02)
-    # fused path == previous GPU path, bit for bit (T = 500: padded wgrad token blocks), and
+    # fused path == the step-by-step GPU path, bit for bit (T = 500: padded wgrad token blocks), and
     # at one benchmark shape
     for name, (tt, fi, fo) in (("small", (500, 256, 384)), ("bench", (T, *SHAPES[0]))):
         gg = torch.Generator().manual_seed(1)
@@ -154,10 +155,10 @@ def correctness():
         y_f, qw, qxt = lin._fused_forward(xs, ws, xs.dtype, True, True, None)
         dx_f, dw_f = lin._fused_backward(dys, qw, qxt, xs.dtype, ws.dtype,
                                          torch.Generator().manual_seed(5), None)
-        y_p, dx_p, dw_p = previous_path(xs, ws, dys, torch.Generator().manual_seed(5))
+        y_p, dx_p, dw_p = stepwise_path(xs, ws, dys, torch.Generator().manual_seed(5))
         for k, (a, b) in dict(y=(y_f, y_p), dx=(dx_f, dx_p), dw=(dw_f, dw_p)).items():
-            res[f"fused_vs_previous_{name}_{k}_bits"] = same_bits(a, b)
-            ok = ok and res[f"fused_vs_previous_{name}_{k}_bits"]
+            res[f"fused_vs_stepwise_{name}_{k}_bits"] = same_bits(a, b)
+            ok = ok and res[f"fused_vs_stepwise_{name}_{k}_bits"]
     # NaN propagates without a host sync on the GPU path
     xn = x.to(DEV).clone()
     xn[3, 3] = float("nan")

@@ -2,28 +2,28 @@
 """Benchmark the Triton NVFP4 quantize kernels on one GPU (8192×8192 BF16), beside their peers.
 
     python benchmarks/bench_nvfp4_quantize.py            # gate + table (markdown)
-    python benchmarks/bench_nvfp4_quantize.py --sweep    # + tile-config sweep of the eo kernels
+    python benchmarks/bench_nvfp4_quantize.py --sweep    # + tile-config sweep of the kernels
     OUT=/some/dir python benchmarks/bench_nvfp4_quantize.py   # also writes $OUT/bench_nvfp4_quantize.json
     python benchmarks/bench_nvfp4_quantize.py --sass     # no GPU: SASS instructions per element
     ncu ... python benchmarks/bench_nvfp4_quantize.py --once  # each 1x16-nearest kernel form once
 
 What it does, in one run:
-1. Bit-exactness gate: every mode of ``quantize_triton`` (the eo kernels and the legacy
-   baseline, ``legacy=True``) on a mid-size GPU tensor against the pure-PyTorch reference run on
-   CPU (the oracle), plus eo == legacy on the full 8192² tensor for every mode. The script exits
-   non-zero on a mismatch before timing anything.
+1. Bit-exactness gate: every mode of ``quantize_triton`` (the tiled kernel, and the flat
+   kernels where they apply) on a mid-size GPU tensor against the pure-PyTorch reference run on
+   CPU (the oracle), plus flat == tiled on the full 8192² tensor. The script exits non-zero on a
+   mismatch before timing anything.
 2. Copy bandwidth: ``dst.copy_(src)`` of the same tensor, bytes read + written.
 3. For each quantize mode, the median time of: the call as callers make it ("eager":
    ``triton.testing.do_bench``, L2 flushed before each call, host launch overhead included when
    it exceeds the flush), the same call replayed from a CUDA graph ("graph": device time of the
-   kernels, L2 flushed before each replay), the legacy kernels (graph), the amax pass alone
+   kernels, L2 flushed before each replay), the tiled kernel for 1x16 nearest (graph), the amax pass alone
    (graph), and the call with the NaN check callers get by default (one host sync, eager).
    Then the peers: a straightforward PyTorch fake-quant, the reference on the GPU, torchao.
 4. ``--sweep``: graph time of each mode over tile configs (BLOCK_M rows, BLOCK_B blocks,
    warps) of the quantize kernel and of the amax pass, and of the flat kernels' configs (blocks
    a program, warps), to pick the defaults from one GPU call.
-5. ``--once``: no timing; the 1x16-nearest call once per kernel form (flat, eo, legacy; amax
-   pass and amax given), for a profiler (``ncu``) to read their counters.
+5. ``--once``: no timing; the 1x16-nearest call once per kernel form (flat, tiled; amax pass
+   and amax given), for a profiler (``ncu``) to read their counters.
 
 Bytes. "min bytes" is what any quantizer must move: read 2 B/elem (BF16) + write 0.5 B codes
 + 1/16 B scales = 2.5625 B/elem. "actual bytes" adds the second read of the input when the
@@ -81,7 +81,7 @@ def _kw(kw):
 
 # ----------------------------------------------------------------------------- SASS counts
 def sass_counts(configs=None):
-    """Compile every mode (eo and legacy) for sm_90 with the real compiler, no GPU, and count
+    """Compile every mode (tiled kernel) for sm_90 with the real compiler, no GPU, and count
     the SASS instructions on the kernel's main path (up to the first EXIT; the ``div_rn`` slow
     path is a subroutine after it) per thread and per element. Issue-bound time at 8192² on an
     H200 ≈ T · 2.0 µs for T instructions an element (67.1e6 · T / 32 / 1.05e12 warp-instr/s)."""
@@ -98,19 +98,19 @@ def sass_counts(configs=None):
     from triton.compiler import ASTSource
 
     gate._install_recorder()                 # record launches instead of running them
-    from fullstack_fp4.nvfp4 import triton_quantize as tq
+    from fullstack_fp4.nvfp4.kernels import quantize as tq
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                              "cuobjdump")
     print("| mode | kernel | config (BM, NB, warps) | SASS / thread | el / thread | "
           "instr / el | regs | top opcodes |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
     x = torch.randn(64, N, dtype=torch.bfloat16)
-    runs = [(name, kw, legacy, None) for name, kw in list(MODES.items())
-            + [("1x16 nearest, amax given", dict(global_amax=3.0))] for legacy in (True, False)]
-    runs += [("1x16 nearest", dict(), False, c) for c in (configs or [])]
-    for name, kw, legacy, cfg in runs:
+    runs = [(name, kw, None) for name, kw in list(MODES.items())
+            + [("1x16 nearest, amax given", dict(global_amax=3.0))]]
+    runs += [("1x16 nearest", dict(), c) for c in (configs or [])]
+    for name, kw, cfg in runs:
         gate._LAUNCHES.clear()
-        tq.quantize_triton(x, check_finite=False, legacy=legacy, config=cfg, **_kw(kw))
+        tq.quantize_triton(x, check_finite=False, flat=False, config=cfg, **_kw(kw))
         for job in gate.build_jobs():
             if cfg is not None and job["fn"].__name__ != "_quantize_kernel":
                 continue                     # config rows: the amax pass has its own config
@@ -131,7 +131,7 @@ def sass_counts(configs=None):
             el = consts["BM"] * consts["NB"] * 16 / (32 * job["num_warps"])
             regs = re.search(r"REG:(\d+)", res)
             top = collections.Counter(o.split(".")[0] for o in main_path).most_common(6)
-            print(f"| {name}{' (legacy)' if legacy else ''} | {job['fn'].__name__} | "
+            print(f"| {name} | {job['fn'].__name__} | "
                   f"{consts['BM']}, {consts['NB']}, {job['num_warps']} | {len(main_path)} | "
                   f"{el:.0f} | {len(main_path) / el:.1f} | {regs.group(1) if regs else '?'} | "
                   f"{' '.join(f'{a}:{b}' for a, b in top)} |")
@@ -159,8 +159,8 @@ def same(a, b):
 def correctness_gate(x_full):
     from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, hadamard16
     from fullstack_fp4.nvfp4.reference import quantize_reference
-    from fullstack_fp4.nvfp4.triton_dequantize import dequantize_triton
-    from fullstack_fp4.nvfp4.triton_quantize import philox_uniforms, quantize_triton
+    from fullstack_fp4.nvfp4.kernels.decode import dequantize_triton
+    from fullstack_fp4.nvfp4.kernels.quantize import philox_uniforms, quantize_triton
 
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(1024, 2048, generator=g) * torch.logspace(-3, 2, 2048)).to(torch.bfloat16)
@@ -178,12 +178,10 @@ def correctness_gate(x_full):
                     r = rand if rnd == "stochastic" else None
                     xin = hadamard16(x, signs) if rht else x
                     b = quantize_reference(xin, tile=tile, rounding=rnd, scale_rule=rule, rand=r)
-                    for legacy in (False, True):
-                        a = quantize_triton(xd, tile=tile, rounding=rnd, scale_rule=rule,
-                                            rand=None if r is None else r.cuda(), rht_signs=signs,
-                                            legacy=legacy)
-                        results.append((f"{tile[0]}x{tile[1]} {rnd} {rule} rht={rht}"
-                                        f"{' legacy' if legacy else ''}", same(a, b)))
+                    a = quantize_triton(xd, tile=tile, rounding=rnd, scale_rule=rule,
+                                        rand=None if r is None else r.cuda(), rht_signs=signs,
+                                        flat=False)
+                    results.append((f"{tile[0]}x{tile[1]} {rnd} {rule} rht={rht}", same(a, b)))
                     if tile == (1, 16) and rule == "6" and rnd == "nearest" and not rht:
                         for ga in (None, 7.5):
                             bb = b if ga is None else quantize_reference(x, global_amax=torch.tensor(ga))
@@ -197,13 +195,11 @@ def correctness_gate(x_full):
         xin = hadamard16(x, signs) if rht else x
         results.append((f"1x16 stochastic philox rht={rht}",
                         same(a, quantize_reference(xin, rounding="stochastic", rand=u))))
-    # the full benchmark tensor: eo kernels == legacy kernels, every mode, both amax paths
-    for name, kw in MODES.items():
-        kw = _kw(kw)
-        for ga in (None, 7.5):
-            a = quantize_triton(x_full, global_amax=ga, **kw)
-            b = quantize_triton(x_full, global_amax=ga, legacy=True, **kw)
-            results.append((f"8192² eo == legacy: {name}{', amax given' if ga else ''}", same(a, b)))
+    # the full benchmark tensor: flat kernels == tiled kernel, both amax paths
+    for ga in (None, 7.5):
+        a = quantize_triton(x_full, global_amax=ga, flat=True)
+        b = quantize_triton(x_full, global_amax=ga, flat=False)
+        results.append((f"8192² flat == tiled{', amax given' if ga else ''}", same(a, b)))
     # dequantize
     t = quantize_reference(x, scale_rule="4over6")
     td = NVFP4Tensor(t.data.cuda(), t.block_scale.cuda(), t.tensor_scale.cuda(), t.shape, t.dtype, t.tile)
@@ -213,7 +209,7 @@ def correctness_gate(x_full):
 
 
 def torch_fake_quant(x):
-    """Straightforward PyTorch NVFP4 quantize-dequantize (the 55 GB/s peer in DESIGN.md)."""
+    """Straightforward PyTorch NVFP4 quantize-dequantize."""
     xf = x.float()
     amax = xf.abs().amax()
     enc = (448.0 * 6.0) / amax
@@ -243,22 +239,22 @@ def main(argv=None):
         print("needs a CUDA GPU (or --sass)")
         return 2
     if a.once:
-        from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
+        from fullstack_fp4.nvfp4.kernels.quantize import quantize_triton
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         amax = float(x.float().abs().max())
-        for form in (dict(flat=True), dict(legacy=False), dict(legacy=True)):
+        for form in (dict(flat=True), dict(flat=False)):
             for ga in (None, amax):
                 quantize_triton(x, global_amax=ga, check_finite=False, **form)
         torch.cuda.synchronize()
-        print("once: flat, eo, legacy x (amax pass, amax given)")
+        print("once: flat, tiled x (amax pass, amax given)")
         return 0
 
     import triton
 
     from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16
     from fullstack_fp4.nvfp4.reference import quantize_reference
-    from fullstack_fp4.nvfp4.triton_dequantize import dequantize_triton
-    from fullstack_fp4.nvfp4.triton_quantize import amax_triton, quantize_triton
+    from fullstack_fp4.nvfp4.kernels.decode import dequantize_triton
+    from fullstack_fp4.nvfp4.kernels.quantize import amax_triton, quantize_triton
 
     dev = torch.cuda.get_device_name()
     print(f"# NVFP4 quantize benchmark — {dev}, torch {torch.__version__}, triton {triton.__version__}\n")
@@ -270,7 +266,7 @@ def main(argv=None):
     gate = correctness_gate(x)
     bad = [name for name, ok in gate if not ok]
     print(f"bit-exactness gate ({len(gate)} checks: every mode vs the reference on 1024×2048, "
-          f"eo == legacy on 8192²): {'PASS' if not bad else 'FAIL: ' + ', '.join(bad)} "
+          f"flat == tiled on 8192²): {'PASS' if not bad else 'FAIL: ' + ', '.join(bad)} "
           f"({time.time() - t0:.1f} s)\n")
     if bad:
         return 1
@@ -319,27 +315,17 @@ def main(argv=None):
         ga = amax_t if "rht_signs" in kw else amax
         add(f"{name}, amax pass", lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B,
             "kernels only, the default kernel", graph=True)
-        add(f"{name}, amax pass, eo kernels", lambda kw=kw: q(x, check_finite=False, legacy=False, **kw),
-            TWO_PASS_B, "eo form", graph=True)
         add(f"{name}, amax pass", lambda kw=kw: q(x, check_finite=False, **kw), TWO_PASS_B,
             "as called, no NaN check")
-        add(f"{name}, amax pass, legacy kernels", lambda kw=kw: q(x, check_finite=False, legacy=True, **kw),
-            TWO_PASS_B, "before/after baseline", graph=True)
         if name == "1x16 nearest":
             add(f"{name}, amax pass, tiled default", lambda kw=kw: q(x, check_finite=False, flat=False, **kw),
-                TWO_PASS_B, "the default before the flat kernels", graph=True)
+                TWO_PASS_B, "the tiled kernel (flat=False)", graph=True)
         add(f"{name}, amax pass + NaN check", lambda kw=kw: q(x, **kw), TWO_PASS_B,
             "what callers get by default (1 host sync)")
         add(f"{name}, global_amax given", lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, **kw),
             MIN_B, "single read, the default kernel", graph=True)
-        add(f"{name}, global_amax given, eo kernels",
-            lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, legacy=False, **kw),
-            MIN_B, "eo form", graph=True)
-        add(f"{name}, global_amax given, legacy kernels",
-            lambda kw=kw, ga=ga: q(x, global_amax=ga, check_finite=False, legacy=True, **kw),
-            MIN_B, "before/after baseline", graph=True)
     add("amax pass alone (amax_triton)", lambda: amax_triton(x), 2.0, "bytes: 2 read", graph=True)
-    import fullstack_fp4.nvfp4.triton_quantize as tq
+    import fullstack_fp4.nvfp4.kernels.quantize as tq
     add("amax pass alone, flat kernel", lambda: tq._launch_amax_flat(x, torch.zeros(1, dtype=torch.int32,
                                                                                    device="cuda")),
         2.0, "bytes: 2 read (+ a 4-byte zero fill)", graph=True)
@@ -356,7 +342,7 @@ def main(argv=None):
                 add(f"sweep {name}, quantize cfg={cfg}, global_amax given",
                     lambda kw=kw, ga=ga, cfg=cfg: q(x, global_amax=ga, check_finite=False, config=cfg, **kw),
                     MIN_B, "", graph=True)
-        import fullstack_fp4.nvfp4.triton_quantize as tq
+        import fullstack_fp4.nvfp4.kernels.quantize as tq
         for tail_mb in (0, 16, 32, 48):
             tq.AMAX_L2_TAIL_BYTES = tail_mb << 20
             for name in ("1x16 nearest", "1x16 stochastic RHT (wgrad dY)"):

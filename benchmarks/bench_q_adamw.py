@@ -8,7 +8,7 @@
     python benchmarks/bench_q_adamw.py --streams-rows    # + QAdamW(launch_streams=1, 3) rows
 
 ``--fast-div-rows``: kernel rows and a ``QAdamW(approx_division=True)`` row whose update divides
-as ``m · rcp.approx(d)`` (PERF.md "v6"), checked first: states bit for bit the reference's, p'
+as ``m · rcp.approx(d)`` (docs/perf/q-adamw.md), checked first: states bit for bit the reference's, p'
 within ``_fast_div_check``'s bound of the reference's (plain, a Philox-path piece, model_out).
 
 ``--sweep``: every candidate launch configuration of the fused kernel — chunks per program
@@ -33,11 +33,10 @@ step), each also checked on its Philox path (``kernel_uniforms``); ``--sweep-all
    CUDA events; median ms/step; optimizer-state bytes per parameter.
 Rows: QAdamW (fused kernel), torch AdamW(fused=True), torchao AdamW4bit / AdamW8bit (skipped
 if torchao is missing). Before them, kernel-only rows (launch() over the same ~1e9 params, no
-optimizer bookkeeping): the first kernel (removed; 29.4 ms, BENCHMARKS.md) and the current
-kernel at 1, 2, 4 chunks per program (``--cpp``), and the kernel + megatron's separate
-main -> model BF16 copy against the kernel writing the BF16 model param itself (``model_out``),
-so a table shows what each change bought
-(fullstack_fp4/optim/q_adamw/PERF.md has the predictions). Prints a markdown table; writes JSON to $OUT/bench_q_adamw.json if $OUT.
+optimizer bookkeeping): the kernel at 1, 2, 4 chunks per program (``--cpp``), and the kernel +
+megatron's separate main -> model BF16 copy against the kernel writing the BF16 model param
+itself (``model_out``), so a table shows what each option costs or saves
+(docs/perf/q-adamw.md has the yardsticks; current figures: ``BENCHMARKS.md#q-adamw``). Prints a markdown table; writes JSON to $OUT/bench_q_adamw.json if $OUT.
 Bytes per parameter that must move (FP32 grad): QAdamW p 8 + g 4 + states ~2.33 = ~14.3 B;
 fused AdamW 28 B: the floor is ~0.5× of fused AdamW's time.
 """
@@ -58,8 +57,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from fullstack_fp4.optim import QAdamW, optimizer_state_bytes  # noqa: E402
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
 from fullstack_fp4.optim.q_adamw.optimizer import (  # noqa: E402
-    _hyper, _kernel_views, kernel_uniforms, q_adamw_step_reference)
-from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
+    kernel_hyper, kernel_views, kernel_uniforms, q_adamw_step_reference)
+from fullstack_fp4.optim.q_adamw.state import init_state  # noqa: E402
 from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
 
 SHAPES = ((3072, 3072), (3072, 8192), (8192, 3072))
@@ -76,7 +75,7 @@ def correctness(n=100_003, steps=3, phase=0, model_out=False, philox=False, **la
     gen = torch.Generator(device=dev).manual_seed(0)
     npad = padded_numel(n)
     p = torch.randn(n, device=dev, generator=gen)
-    st = _init_state(n, dev, phase)
+    st = init_state(n, dev, phase)
     p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
     bf16 = torch.empty(n, dtype=torch.bfloat16, device=dev) if model_out else None
     out = {}
@@ -92,13 +91,13 @@ def correctness(n=100_003, steps=3, phase=0, model_out=False, philox=False, **la
             u = torch.rand(npad, device=dev, generator=gen)
         q_adamw_step_reference(p, g, st, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.01, step=t, rand=u, phase=phase)
-        launch(p2, g, _kernel_views(st2), n, npad, seed=1000 + t, rand=None if philox else u,
+        launch(p2, g, kernel_views(st2), n, npad, seed=1000 + t, rand=None if philox else u,
                phase=phase, row0=5, model_out=bf16, **launch_kw,
-               **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
+               **kernel_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, dev))
         if model_out:   # the BF16 write is the cast of the kernel's own p'
             out["model_out_mismatches"] = out.get("model_out_mismatches", 0) + int(
                 (bf16.view(torch.int16) != p2.to(torch.bfloat16).view(torch.int16)).sum())
-        if fast_div:    # p' within the bound of PERF.md "v6", then resynchronised
+        if fast_div:    # p' within the bound of docs/perf/q-adamw.md, then resynchronised
             _fast_div_check(out, p_old, p, p2, 0.01 * 1e-3)
             p2.copy_(p)
     torch.cuda.synchronize()
@@ -149,7 +148,7 @@ def time_kernel(fn, params, states, steps, outs=None):
             n = p.numel()
             extra = {"model_out": outs[i]} if outs is not None else {}
             fn(p.data.view(-1), p.grad.view(-1), st, n, padded_numel(n), seed=t, **extra,
-               **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
+               **kernel_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
     return time_steps(one, steps)
 
 
@@ -178,15 +177,15 @@ def time_steps(one, steps, host=None):
 
 def kernel_rows(args, gd, res):
     params, n = make_params(args.params, gd)
-    states = [_kernel_views(_init_state(p.numel(), "cuda")) for p in params]
+    states = [kernel_views(init_state(p.numel(), "cuda")) for p in params]
     variants = []
     for cpp in args.cpp:
         variants.append((f"kernel (thread per block, cpp={cpp}, {2 * cpp} warps)",
                          lambda *a, _c=cpp, **k: launch(*a, cpp=_c, **k)))
-    if args.u16_row:    # the default before session 16: two Philox calls a block, 16-bit uniforms
+    if args.u16_row:    # two Philox calls a block, 16-bit uniforms (the default draws 8-bit ones)
         variants.append(("kernel cpp=1, 16-bit uniforms (u8=False)",
                          lambda *a, **k: launch(*a, cpp=1, u8=False, **k)))
-    if args.fast_div_rows:  # PERF.md "v6": the update's m/d as m * rcp.approx(d)
+    if args.fast_div_rows:  # docs/perf/q-adamw.md: the update's m/d as m * rcp.approx(d)
         variants.append(("kernel cpp=1, approx division (fast_div)",
                          lambda *a, **k: launch(*a, cpp=1, fast_div=True, **k)))
         variants.append(("kernel cpp=1, approx division, 7 Philox rounds",
@@ -218,7 +217,7 @@ def flat_rows(args, params, n, res):
     difference to the per-parameter row bounds that overhead (the same kernel, the same work)."""
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     g = torch.cat([p.grad.reshape(-1) for p in params])
-    st = _kernel_views(_init_state(flat.numel(), "cuda"))
+    st = kernel_views(init_state(flat.numel(), "cuda"))
     for name, kw in (("kernel cpp=1, one launch over all params as one flat tensor", {}),
                      ("the same, approx division", {"fast_div": True})):
         fp = torch.nn.Parameter(flat)
@@ -248,7 +247,7 @@ def multi_rows(args, params, states, n, res):
                      ("the same, sub=1, approx division", {"sub": 1, "fast_div": True}),
                      ("the same, sub=4, approx division", {"sub": 4, "fast_div": True})):
         def one(t, _kw=kw):
-            launch_multi(items, t=t, **_kw, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
+            launch_multi(items, t=t, **_kw, **kernel_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
         med, ts = time_steps(one, args.steps)
         row = {"optimizer": name, "params": n, "ms_per_step": med, "sub": kw["sub"],
                "all_ms": ts, "state_bytes_per_param": float("nan")}
@@ -270,7 +269,7 @@ def multi_rows(args, params, states, n, res):
             with torch.cuda.stream(side if i % 2 else main):
                 k = p.numel()
                 launch(p.data.view(-1), p.grad.view(-1), st, k, padded_numel(k), seed=t,
-                       **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
+                       **kernel_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
         main.wait_stream(side)
     med, ts = time_steps(two_streams, args.steps)
     row = {"optimizer": "kernel cpp=1, per-parameter launches on two alternating streams",
@@ -284,7 +283,7 @@ def model_write_rows(args, params, states, n, res):
     """The BF16 model-param write: the kernel with ``model_out`` against the kernel plus the
     separate main -> model copy megatron's Float16 / distributed optimizer makes (read 4 B,
     write 2 B per param, ``copy_`` per param as its bf16 path does; here right after each
-    param's step, megatron's after all of them: the same GPU work). PERF.md predicts the fused
+    param's step, megatron's after all of them: the same GPU work). By the bytes the fused
     write saves ~6 B/param at ~4 TB/s less ~1% of the kernel."""
     outs = [torch.empty(p.numel(), dtype=torch.bfloat16, device="cuda") for p in params]
 
@@ -304,15 +303,15 @@ def model_write_rows(args, params, states, n, res):
 
 # Each configuration compiles the ~3000-instruction kernel twice (explicit uniforms for the
 # check, Philox for the timing; ~30-60 s each), so the default list is the likely winners
-# plus the v1 baseline (~5 min); --sweep-all: every combination (~20 min: split it with
+# plus a baseline without the nibble decode or a register cap (~5 min); --sweep-all: every combination (~20 min: split it with
 # --sweep-configs).
-SWEEP = [dict(cpp=1, maxnreg=0, fast_dec=False),                     # v1 as measured (8.95 ms)
+SWEEP = [dict(cpp=1, maxnreg=0, fast_dec=False),                     # the baseline
          dict(cpp=1, maxnreg=0, fast_dec=True),
          dict(cpp=2, maxnreg=0, fast_dec=True),
          dict(cpp=1, maxnreg=128, fast_dec=True),
          dict(cpp=2, maxnreg=128, fast_dec=True),
          # Philox-path options (the check's philox case draws the same stream in PyTorch):
-         # 7 rounds; 16-bit uniforms from two calls per block (the default before session 16)
+         # 7 rounds; 16-bit uniforms from two calls per block
          dict(cpp=1, maxnreg=None, fast_dec=True, rounds=7),
          dict(cpp=1, maxnreg=None, fast_dec=True, u8=False)]
 SWEEP_ALL = [dict(cpp=c, maxnreg=r, fast_dec=f) for c in (1, 2, 4) for r in (0, 168, 128, 96)
@@ -343,7 +342,7 @@ def sweep(args, gd, res):
     t_fused, _ = time_opt(fused, args.steps)
     del fused
     torch.cuda.empty_cache()
-    states = [_kernel_views(_init_state(p.numel(), "cuda")) for p in params]
+    states = [kernel_views(init_state(p.numel(), "cuda")) for p in params]
     rows = []
     configs = (_parse_configs(args.sweep_configs) if args.sweep_configs
                else SWEEP_ALL if args.sweep_all else SWEEP)
@@ -475,8 +474,8 @@ def main():
         print(f"torchao not importable ({type(e).__name__}: {e}); skipping its rows")
 
     for name, mk in makers:
-        # each row's peak is its own: before the first row the kernel rows' buffers were still
-        # counted (run92's first QAdamW row: 10.57 GiB, its approx-division twin 8.68)
+        # each row's peak is its own: what the rows before left behind is released and the peak
+        # counter reset first (otherwise the kernel rows' buffers count in the first row's peak)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         params, n = make_params(args.params, gd)

@@ -14,15 +14,15 @@
    Hopper with BF16 tensor cores on exactly-representable dequantized values) vs
    ``F.scaled_dot_product_attention`` with each backend torch has (its default choice, flash =
    FlashAttention-2 in torch, cuDNN, memory-efficient); the device time without host gaps is
-   benchmarks/profile/profile_q_attn.py's kernel sum. Until 2026-12-01 evening only the flash backend
-   was timed; on the H200 (torch 2.11) it is ~2x slower than torch's default choice, which is
-   what the issue's anchor (0.87 ms) measured. The ratios are printed against both. Memory saved for backward: the bytes
+   benchmarks/profile/profile_q_attn.py's kernel sum. On the H200 (torch 2.11) the flash
+   backend is ~2x slower than torch's default choice (cuDNN); the ratios are printed against
+   both. Memory saved for backward: the bytes
    of the distinct storages autograd holds for the backward, *measured* with
    ``torch.autograd.graph.saved_tensors_hooks`` for each; the hand count of Q-Attn's (V, O,
    LSE, the packed views and decode scales: ``packed.py``) is printed beside as a check.
 3. Stage breakdown at 1×24×4096×128 (prologue, forward kernel, decode of the saved views,
-   backward incl. its delta pre-pass). With ``--sweep`` every ``FP4_QATTN_FWD`` /
-   ``FP4_QATTN_BWD`` config in FWD_SWEEP / BWD_SWEEP is timed and printed as a table (the
+   backward incl. its delta pre-pass). With ``--sweep`` every ``QATTN_FWD`` /
+   ``QATTN_BWD`` config in FWD_SWEEP / BWD_SWEEP is timed and printed as a table (the
    default first), so the next default can be read off.
 
 Prints markdown tables; writes ``q_attn_bench.json`` into ``$OUT`` if set.
@@ -37,13 +37,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _timing import median_ms  # noqa: E402
+from fullstack_fp4 import knobs  # noqa: E402
 from fullstack_fp4.attention import q_attention  # noqa: E402
 from fullstack_fp4.attention import reference  # noqa: E402
 from fullstack_fp4.attention.packed import padded_seq  # noqa: E402
 from fullstack_fp4.attention.paths import resolve_paths  # noqa: E402
 from fullstack_fp4.attention.prologue import make_views, prepare_views  # noqa: E402
 from fullstack_fp4.attention.triton_bwd import attention_backward, bwd_config  # noqa: E402
-from fullstack_fp4.attention.triton_fwd import _config as fwd_config  # noqa: E402
+from fullstack_fp4.attention.triton_fwd import fwd_config  # noqa: E402
 from fullstack_fp4.attention.triton_fwd import attention_forward  # noqa: E402
 from fullstack_fp4.attention.triton_prologue import prologue_config  # noqa: E402
 
@@ -180,11 +181,11 @@ def bench(b, h, s, d):
     return out
 
 
-# FP4_QATTN_FWD = "BLOCK_M,BLOCK_N,warps,stages"; FP4_QATTN_BWD = "w_kv,st_kv,w_q,st_q,rn,rm"
+# QATTN_FWD = "BLOCK_M,BLOCK_N,warps,stages"; QATTN_BWD = "w_kv,st_kv,w_q,st_q,rn,rm"
 # (rn/rm: 64-row groups per dkdv / dq program). '' = the built-in default.
 FWD_SWEEP = ("", "128,64,8,3", "64,64,4,2", "64,64,4,4", "64,32,4,3", "64,64,8,3", "32,32,4,3")
 BWD_SWEEP = ("", "8,2,8,2,2,2", "8,4,8,4,2,2", "8,3,8,2,2,2", "8,2,8,3,2,2", "4,3,4,3,1,1")
-# FP4_QATTN_PROLOGUE = "rows,warps" of the views kernel (triton_prologue.prologue_config)
+# QATTN_PROLOGUE = "rows,warps" of the views kernel (triton_prologue.prologue_config)
 PROLOGUE_SWEEP = ("", "64,8", "32,8", "32,4", "16,8", "16,4", "16,2")
 
 
@@ -201,7 +202,7 @@ def breakdown(b, h, s, d, sweep):
     """Per-stage times at one shape (ms): the prologue as the autograd function runs it
     (amax, K mean, views incl. the 4-bit saved ones), the forward kernel, the decode of the
     saved views, the backward (delta pre-pass + two kernels + dK projection). With ``sweep``
-    each FP4_QATTN_FWD / FP4_QATTN_BWD variant is timed ('' = the built-in default)."""
+    each QATTN_FWD / QATTN_BWD variant is timed ('' = the built-in default)."""
     torch.manual_seed(0)
     q, k, v, do = [torch.randn(b, h, s, d, device="cuda", dtype=BF) for _ in range(4)]
     scale = d ** -0.5
@@ -213,29 +214,31 @@ def breakdown(b, h, s, d, sweep):
     o, lse = attention_forward(fwd_views, v, causal=True, scale=scale)
     sweeps = {}
     for name, env, cfgs, fn in (
-            ("prologue (amax, K mean, views)", "FP4_QATTN_PROLOGUE", PROLOGUE_SWEEP,
+            ("prologue (amax, K mean, views)", "QATTN_PROLOGUE", PROLOGUE_SWEEP,
              lambda: prepare_views(q, k, **kw)),
-            ("forward kernel", "FP4_QATTN_FWD", FWD_SWEEP,
+            ("forward kernel", "QATTN_FWD", FWD_SWEEP,
              lambda: attention_forward(fwd_views, v, causal=True, scale=scale)),
-            ("backward (delta + kernels)", "FP4_QATTN_BWD", BWD_SWEEP,
+            ("backward (delta + kernels)", "QATTN_BWD", BWD_SWEEP,
              lambda: attention_backward(do, o, lse, v, views, causal=True, scale=scale,
                                         out_dtypes=(BF,) * 3))):
         table = []
         for cfg in (cfgs if sweep else ("",)):
-            os.environ[env] = cfg
+            saved_knob = getattr(knobs, env)            # a fullstack_fp4.knobs attribute
+            setattr(knobs, env, knobs.parse_ints(env, cfg, {"QATTN_PROLOGUE": 2,
+                                                           "QATTN_FWD": 4}.get(env, (4, 6))))
             try:
                 (wk, sk, rn), (wq, sq, rm) = bwd_config(d)
-                dflt = {"FP4_QATTN_FWD": fwd_config(d, False),
-                        "FP4_QATTN_PROLOGUE": prologue_config(d)}.get(env, (wk, sk, wq, sq, rn, rm))
+                dflt = {"QATTN_FWD": fwd_config(d, False),
+                        "QATTN_PROLOGUE": prologue_config(d)}.get(env, (wk, sk, wq, sq, rn, rm))
                 shown = cfg or "default " + ",".join(map(str, dflt))
-                if env == "FP4_QATTN_PROLOGUE" and not same_saved(prepare_views(q, k, **kw)[1], saved):
+                if env == "QATTN_PROLOGUE" and not same_saved(prepare_views(q, k, **kw)[1], saved):
                     table.append((shown, "differs from the default tiling's views: not timed"))
                     continue
                 table.append((shown, median_ms(fn)))
             except Exception as e:  # noqa: BLE001 -- a config that fails to compile/launch
                 table.append((cfg, f"failed: {type(e).__name__}: {str(e)[:80]}"))
             finally:
-                os.environ.pop(env, None)
+                setattr(knobs, env, saved_knob)
         rows[name] = table[0][1]
         sweeps[name] = table
     return rows, sweeps
@@ -280,10 +283,10 @@ def main():
         for key, val in rows.items():
             print(f"| {key} | {val if isinstance(val, str) else f'{val:.3f}'} |")
         if sweep:
-            for stage, env in (("prologue (amax, K mean, views)", "FP4_QATTN_PROLOGUE  (rows,warps)"),
-                               ("forward kernel", "FP4_QATTN_FWD  (BLOCK_M,BLOCK_N,warps,stages)"),
+            for stage, env in (("prologue (amax, K mean, views)", "QATTN_PROLOGUE  (rows,warps)"),
+                               ("forward kernel", "QATTN_FWD  (BLOCK_M,BLOCK_N,warps,stages)"),
                                ("backward (delta + kernels)",
-                                "FP4_QATTN_BWD  (w_kv,st_kv,w_q,st_q,rn,rm)")):
+                                "QATTN_BWD  (w_kv,st_kv,w_q,st_q,rn,rm)")):
                 print(f"\nsweep: {stage} at {tag} — {env}\n")
                 print("| config | ms | vs default |\n| --- | --- | --- |")
                 base = sweeps[stage][0][1]

@@ -4,7 +4,7 @@
 (the GPU image's triton first on PYTHONPATH to compile for 3.6, as the H200 runs), then
 ``python benchmarks/compare_compile_gate.py A.json B.json`` prints every variant whose registers or
 spill bytes (stores, loads) differ, and the counts. A variant is its kernel, constexprs,
-signature, warps, stages, specialisation and the launches that made it (attention/PERF.md,
+signature, warps, stages, specialisation and the launches that made it (docs/perf/q-attn.md,
 "Signed zeros", came from this comparison).
 """
 

@@ -79,7 +79,7 @@ def main() -> int:
                      count(lambda: rs.q_adamw_group_sums(items, beta1=b1, beta2=b2, eps=group["eps"],
                                                          chunks=2, generator=torch.Generator().manual_seed(2)))))
     # the collector's statistics of 16 linears' five operands (x, wgrad_x, w, dy, wgrad_dy),
-    # hooks and end_step, as a telemetry step calls them (docs/telemetry.md § Cost)
+    # hooks and end_step, as a telemetry step calls them (docs/telemetry.md, "Cost")
     from fullstack_fp4.telemetry.collector import TelemetryCollector
 
     x, w = torch.randn(512, 256).bfloat16(), torch.randn(256, 256).bfloat16()

@@ -1,21 +1,21 @@
-"""Static SASS count of the fused Q-AdamW kernel (sm_90 cubin, no GPU): PERF.md's yardstick.
+"""Static SASS count of the fused Q-AdamW kernel (sm_90 cubin, no GPU): docs/perf/q-adamw.md's yardstick.
 
 Compiles the default launch (``triton_step.launch`` on a 4096-entry FP32 parameter: HAS_U=False,
 CPP_C=1, FAST_DEC, divisibility-16 args, maxnreg = ``triton_step.MAXNREG``) exactly as
-``tests/triton_compile_gate.py`` records it, disassembles the cubin with the wheel's
-``cuobjdump -sass`` and counts the instructions of the main path (up to the first EXIT: the
+``tests/triton_compile_gate.py`` records it, disassembles the cubin with Triton's
+bundled ``cuobjdump -sass`` and counts the instructions of the main path (up to the first EXIT: the
 div_rn / sqrt_rn slow-path subroutines sit after it) = per thread = per 16 entries. The
-per-parameter kernel has two bodies (PERF.md "v9"): the main path is the one for a program
+per-parameter kernel has two bodies (docs/perf/q-adamw.md): the main path is the one for a program
 whose rows are all real (every program but a tensor's first and last one or two); the
 "bounded path", counted to its own EXIT, is the masked body those others run.
 These are static counts, not timings.
 
 ``python benchmarks/sass_q_adamw.py [--sass PATH] [--model-out] [--rand] [--u16] [--rounds N]
 [--fast-div] [--multi] [--v-rule 4over6]``
-(``--v-rule 4over6``: v's encoder with the 4/6 rule, m's ``_encode46`` with nearest rounding, put in
-place of the kernel's own for this count only — the alternative to codec version 2's "4" rule
-that PERF.md "v10" counted; not a kernel the optimizer runs)
-(``--u16``: the 16-bit uniforms of ``launch(u8=False)``, the default before PERF.md "v5");
+(``--v-rule 4over6``: v's encoder with the 4/6 rule, m's ``encode46`` with nearest rounding, put in
+place of the kernel's own for this count only — the alternative that codec version 2's "4"
+rule was counted against; not a kernel the optimizer runs)
+(``--u16``: the 16-bit uniforms of ``launch(u8=False)`` instead of the default 8-bit ones);
 run with the GPU image's triton first on PYTHONPATH to count for 3.6.
 """
 
@@ -51,21 +51,21 @@ def main(argv=None) -> int:
         _use_v_encoder_46()
     import torch
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
-    from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _kernel_views
-    from fullstack_fp4.optim.q_adamw.state import _init_state
+    from fullstack_fp4.optim.q_adamw.optimizer import kernel_hyper, kernel_views
+    from fullstack_fp4.optim.q_adamw.state import init_state
     from fullstack_fp4.optim.q_adamw.triton_step import launch
 
     n = 4096
-    hyper = _hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu")
+    hyper = kernel_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu")
     if a.multi:
         from fullstack_fp4.optim.q_adamw.triton_multi import Item, launch_multi
-        items = [Item(torch.randn(k), torch.randn(k), _kernel_views(_init_state(k, "cpu")), k,
+        items = [Item(torch.randn(k), torch.randn(k), kernel_views(init_state(k, "cpu")), k,
                       padded_numel(k), 0, 0, 5,
                       torch.empty(k, dtype=torch.bfloat16).view(torch.int16)
                       if a.model_out else None) for k in (n, n // 2)]
         launch_multi(items, t=3, u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div, **hyper)
     else:
-        launch(torch.randn(n), torch.randn(n), _kernel_views(_init_state(n, "cpu")), n,
+        launch(torch.randn(n), torch.randn(n), kernel_views(init_state(n, "cpu")), n,
                padded_numel(n), seed=11, rand=torch.rand(n) if a.rand else None,
                model_out=torch.empty(n, dtype=torch.bfloat16) if a.model_out else None,
                u8=not a.u16, rounds=a.rounds, fast_div=a.fast_div, **hyper)
@@ -86,14 +86,14 @@ def _use_v_encoder_46() -> None:
     """Swap the kernel's v encoder for the 4/6 one before anything compiles: Triton resolves the
     callee from triton_step's globals when it first compiles (and hashes) the kernel."""
     from fullstack_fp4.optim.q_adamw import triton_step
-    from fullstack_fp4.optim.q_adamw.triton_rows import _encode46
+    from fullstack_fp4.optim.q_adamw.triton_rows import encode46
 
     @triton.jit
     def _encode_v46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
                     rtab_ptr, R: tl.constexpr):
-        return _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
-                         y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
-                         rtab_ptr, R, False)
+        return encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                        y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+                        rtab_ptr, R, False)
 
     triton_step._encode_v = _encode_v46
 

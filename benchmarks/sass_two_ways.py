@@ -5,10 +5,11 @@ Compiles ``_quantize_two_ways_kernel`` for the three calls the linear makes (``x
 only — 1024 channels a program on 8 warps, ``_config(wide=True)``) as
 ``tests/triton_compile_gate.py`` records them, each under the register caps asked for, and
 prints registers, spill bytes (stores / loads) and the instructions to the first EXIT per
-thread (64 elements a thread). These are static counts, not timings (BENCHMARKS.md §L.1, §L.4).
+thread (64 elements a thread). These are static counts, not timings (docs/perf/nvfp4.md).
 
 ``python benchmarks/sass_two_ways.py [--modes x,W,dY] [--maxnreg none,128,96] [--nibble]``;
-``--nibble``: dY rounded through the nibble (``SR_DIRECT = False``, the form before §L.4).
+``--nibble``: dY rounded through the nibble (``SR_DIRECT = False``) instead of straight to the
+decoded value.
 Run with the GPU image's triton first on PYTHONPATH to count for 3.6 (what the H200 runs).
 """
 
@@ -30,7 +31,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     gate = _sass.gate()
     import torch
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     R, C = tqd.RowWay, tqd.ColWay
     ways = {"x": (R("nearest"), C("nearest")),
             "W": (R("nearest", (16, 16), codes=True), None),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of configs/3b_64b/ on one GPU: every arm builds its model from its own YAML and
-# runs a few steps on random tokens (issue 8: each arm "must at least build the model and run a
-# few steps on one H200", 4 blocks if memory demands).
+# runs a few steps on random tokens: each arm must at least build the model and run a few steps
+# on one H200, at 4 blocks if memory demands.
 usage() {
     cat <<'USAGE'
 usage: benchmarks/smoke_3b_64b.sh [ARM ...] [-- section.key=value ...]

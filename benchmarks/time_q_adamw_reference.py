@@ -2,7 +2,7 @@
 
 ``python benchmarks/time_q_adamw_reference.py [--numel 2000000] [--steps 5]``: one flat FP32
 parameter of ``--numel`` entries, random gradients, two warm-up steps, then the median of
-``--steps`` timed steps (torch's default CPU threads). Figures: fullstack_fp4/optim/q_adamw/PERF.md.
+``--steps`` timed steps (torch's default CPU threads). Figures: docs/perf/q-adamw.md.
 """
 
 from __future__ import annotations

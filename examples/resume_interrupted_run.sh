@@ -13,4 +13,4 @@ sleep 60                      # let it train a while
 kill -TERM $PID               # the scheduler's pre-emption signal
 wait $PID && echo "exited 0 after saving"
 cat $RUN/checkpoints/latest; echo
-$PY pretrain_gpt.py "${ARGS[@]}"   # checkpoint.load=auto (the default) picks up `latest`
+$PY pretrain_gpt.py "${ARGS[@]}"   # checkpoint.load=auto (the default): the newest complete checkpoint

@@ -34,7 +34,7 @@ def _comments(cls) -> dict[str, str]:
 def _type_name(tp) -> str:
     if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _type_name(args[0]) + " or null"
+        return " or ".join(_type_name(a) for a in args) + " or null"
     if typing.get_origin(tp) is list:
         return f"list[{_type_name(typing.get_args(tp)[0])}]"
     return getattr(tp, "__name__", str(tp))

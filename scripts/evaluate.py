@@ -1,17 +1,30 @@
 #!/usr/bin/env python3
-"""Evaluate checkpoints: held-out perplexity and zero-shot cloze accuracy, as JSON.
+"""Evaluate checkpoints: perplexity on held-out data and zero-shot cloze accuracy, as JSON.
 
     python scripts/evaluate.py --checkpoint runs/ablation/bf16/checkpoints [--checkpoint NAME=PATH ...]
         [--data data/quickstart] [--out eval.json] [--ppl-tokens N] [--cloze-items 500]
+    python scripts/evaluate.py --checkpoint runs/my_text/checkpoints --valid-prefix data/my/valid_text_document \
+        --cloze-items 0                                   # perplexity only, on any indexed dataset
+    python scripts/evaluate.py --checkpoint runs/my_text/checkpoints --text notes.txt more.txt \
+        --cloze-items 0                                   # perplexity of text files
     python scripts/evaluate.py --build-cloze-only [--data data/quickstart]
 
 A checkpoint is one of ours (`iter_NNNNNNN/` with `meta.json` + `dist/`, or a save_dir: its
 newest complete checkpoint). The model is rebuilt from the config recorded in `meta.json` (same
-recipes: an NVFP4 arm is evaluated with its NVFP4 forward), unsharded (TP = PP = 1, one
+recipes: an NVFP4 arm is evaluated with its NVFP4 forward, or in BF16 past its
+`fp4.bf16_from` switch step), unsharded (TP = PP = 1, one
 process), in its training precision (BF16 under megatron's Float16Module, or FP32), and only
 its model tensors are read from `dist/` (megatron-core dist_checkpointing; any TP/DP layout).
 
-(a) Perplexity on the held-out split (`--valid-prefix`, default DATA/valid_text_document):
+The tokenizer (for `--text` and the cloze task) is `--tokenizer`, else the one the (first)
+checkpoint was trained with (its `data.tokenizer`) where that file exists, else
+DATA/tokenizer.model; any tokenizer
+`megatron.training.tokenizer.load_tokenizer` reads. A checkpoint trained with another tokenizer
+(by content hash) is refused.
+
+(a) Perplexity on the held-out split (`--valid-prefix`, default DATA/valid_text_document), or
+    on text files (`--text`, tokenized here: each file one document, or per `--doc-boundary`
+    as scripts/preprocess_data.py splits them, end-of-document token appended):
     its documents concatenated in index order (end-of-document tokens included, as stored),
     cut into non-overlapping windows of the model's training sequence length s; window i
     feeds tokens [i·s, (i+1)·s) and is scored on the next token at every position, so every
@@ -19,7 +32,7 @@ its model tensors are read from `dist/` (megatron-core dist_checkpointing; any T
     in validation loss). Over the first `--ppl-tokens` predicted tokens (whole windows; 0:
     all). perplexity = exp(mean NLL), NLL from FP32 log-softmax over the model's (padded)
     output vocabulary, as the training loss.
-(b) Cloze (scripts/_eval/cloze.py): DATA/cloze.jsonl, built once from the held-out documents
+(b) Cloze (scripts/_eval/cloze.py; `--cloze-items 0` skips it): DATA/cloze.jsonl, built once from the held-out documents
     (DATA/corpus/heldout/*.txt) with a fixed seed and reused by every arm. Two scores:
     - greedy accuracy (the headline number): the model's greedy continuation of the passage
       reproduces every token of the answer word (teacher-forced argmax at each answer position,
@@ -83,8 +96,14 @@ def load_model(path: str, *, tokenizer_path: str | None, device=None):
     cfg.parallel.use_distributed_optimizer = False
     dev = initialize(cfg) if device is None else device
     vocab = cfg.model.vocab_size
-    if tokenizer_path and cfg.data.tokenizer and os.path.isfile(cfg.data.tokenizer):
-        if cloze_task.sha256_file(cfg.data.tokenizer) != cloze_task.sha256_file(tokenizer_path):
+    if tokenizer_path and cfg.data.tokenizer:
+        from megatron.training.tokenizer import TokenizerError, load_tokenizer
+
+        try:
+            trained = load_tokenizer(cfg.data.tokenizer).unique_identifiers["sha256"]
+        except TokenizerError:
+            trained = None  # the training tokenizer is not on this machine: nothing to compare
+        if trained is not None and trained != load_tokenizer(tokenizer_path).unique_identifiers["sha256"]:
             raise CheckpointError(f"checkpoint {ckpt} was trained with tokenizer {cfg.data.tokenizer}, "
                                   f"which differs from {tokenizer_path}")
     if vocab is None:
@@ -100,6 +119,10 @@ def load_model(path: str, *, tokenizer_path: str | None, device=None):
     except Exception as e:
         raise CheckpointError(f"checkpoint {ckpt} could not be read: {type(e).__name__}: {e}") from None
     module.eval()
+    # fp4.bf16_from: a checkpoint past the switch step is evaluated as it trained, in BF16
+    from megatron.training.precision import PrecisionSchedule
+
+    PrecisionSchedule(cfg, log=False).apply([gpt], int(meta.get("iteration", 0)))
 
     @torch.no_grad()
     def logits_fn(tokens):
@@ -121,6 +144,26 @@ def heldout_stream(prefix: str):
     return np.concatenate([np.asarray(ds[i], dtype=np.int64) for i in range(len(ds))])
 
 
+def text_stream(files: list[str], tok, boundary: str = "file"):
+    """Token ids of text files as one stream: documents per `boundary` (preprocess_data.py's
+    split), each followed by the end-of-document token, as preprocess_data.py stores them."""
+    import numpy as np
+    import preprocess_data
+
+    try:
+        paths = preprocess_data.expand_inputs(files)
+        ids = []
+        for doc in preprocess_data.iter_file_documents(paths, boundary, "text"):
+            t = tok.tokenize(doc)
+            if t:
+                ids += list(t) + [tok.eod]
+    except preprocess_data.InputError as e:
+        raise ValueError(str(e)) from None
+    if not ids:
+        raise ValueError(f"--text {' '.join(files)}: no text to score")
+    return np.asarray(ids, dtype=np.int64)
+
+
 def perplexity(logits_fn, stream, *, max_tokens: int = 0, batch_size: int = 8) -> dict:
     import torch
 
@@ -129,7 +172,8 @@ def perplexity(logits_fn, stream, *, max_tokens: int = 0, batch_size: int = 8) -
     if max_tokens:
         n_windows = min(n_windows, max(1, math.ceil(max_tokens / s)))
     if n_windows == 0:
-        raise ValueError(f"the held-out split has {len(stream)} tokens, fewer than one window of {s + 1}")
+        raise ValueError(f"the evaluation text has {len(stream)} tokens, fewer than one window of "
+                         f"{s + 1} (the model's sequence length + 1): give more text")
     data = torch.from_numpy(stream[:n_windows * s + 1])
     total, count = 0.0, 0
     for b0 in range(0, n_windows, batch_size):
@@ -198,10 +242,13 @@ def parse_args(argv=None):
     p.add_argument("--data", default="data/quickstart",
                    help="data dir with valid_text_document, tokenizer.model, corpus/heldout/")
     p.add_argument("--valid-prefix", help="held-out indexed dataset (default DATA/valid_text_document)")
-    p.add_argument("--tokenizer", help="default DATA/tokenizer.model")
+    p.add_argument("--text", nargs="+", metavar="FILE", help="score these text files instead of --valid-prefix")
+    p.add_argument("--doc-boundary", default="file", choices=["file", "blank-line", "jsonl"],
+                   help="--text: what one document is (as in preprocess_data.py)")
+    p.add_argument("--tokenizer", help="default: the checkpoint's data.tokenizer, else DATA/tokenizer.model")
     p.add_argument("--heldout-dir", help="held-out text documents (default DATA/corpus/heldout)")
     p.add_argument("--cloze", help="cloze task JSONL (default DATA/cloze.jsonl; built if missing)")
-    p.add_argument("--cloze-items", type=int, default=500)
+    p.add_argument("--cloze-items", type=int, default=500, help="0: perplexity only, no cloze task")
     p.add_argument("--cloze-seed", type=int, default=1234)
     p.add_argument("--cloze-min-ctx", type=int, default=64)
     p.add_argument("--cloze-max-ctx", type=int, default=200)
@@ -215,34 +262,72 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def _checkpoint_tokenizer(spec: str) -> str | None:
+    """data.tokenizer of the checkpoint `spec` names (without building anything)."""
+    from megatron.training import checkpointing
+
+    path = spec.split("=", 1)[1] if "=" in spec and not os.path.exists(spec) else spec
+    ckpt = checkpointing.resolve_load_path(path, None)
+    if ckpt is None:
+        return None
+    return (checkpointing.check_complete(ckpt).get("config", {}).get("data") or {}).get("tokenizer")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     d = args.data
-    valid_prefix = args.valid_prefix or os.path.join(d, "valid_text_document")
-    tok_path = args.tokenizer or os.path.join(d, "tokenizer.model")
+    valid_prefix = None if args.text else (args.valid_prefix or os.path.join(d, "valid_text_document"))
     heldout_dir = args.heldout_dir or os.path.join(d, "corpus", "heldout")
     cloze_path = args.cloze or os.path.join(d, "cloze.jsonl")
+    use_cloze = args.cloze_items > 0 or args.build_cloze_only
     if not args.checkpoint and not args.build_cloze_only:
         print("error: give --checkpoint (or --build-cloze-only)", file=sys.stderr)
         return 2
+    if args.text and args.valid_prefix:
+        print("error: give --text or --valid-prefix, not both", file=sys.stderr)
+        return 2
+    if args.cloze_items < 0:
+        print("error: --cloze-items must be >= 0 (0: perplexity only)", file=sys.stderr)
+        return 2
     from megatron.training.errors import UserError
     from megatron.training.initialize import shutdown
-    from megatron.training.tokenizer import TokenizerError, load_tokenizer
+    from megatron.training.tokenizer import TokenizerError, load_tokenizer, tokenizer_kind
 
     try:
-        tok = load_tokenizer(tok_path)
-        files = sorted(glob.glob(os.path.join(heldout_dir, "*.txt")))
-        items = cloze_task.load_or_build(
-            cloze_path, files, tok, tok_path, n_items=args.cloze_items, seed=args.cloze_seed,
-            min_ctx=args.cloze_min_ctx, max_ctx=args.cloze_max_ctx, n_choices=args.cloze_choices,
-            rebuild=args.rebuild_cloze, log=lambda m: print(m, file=sys.stderr, flush=True))
+        tok_path = args.tokenizer
+        if tok_path is None and args.checkpoint:
+            tok_path = _checkpoint_tokenizer(args.checkpoint[0])
+            if tok_path is not None and not os.path.exists(tok_path):
+                tok_path = None
+        if tok_path is None and os.path.isfile(os.path.join(d, "tokenizer.model")):
+            tok_path = os.path.join(d, "tokenizer.model")
+        tok = None
+        if use_cloze or args.text:
+            if tok_path is None:
+                raise UserError("no tokenizer: the checkpoint names none (data.tokenizer); give --tokenizer")
+            tok = load_tokenizer(tok_path)
+        items = []
+        if use_cloze:
+            files = sorted(glob.glob(os.path.join(heldout_dir, "*.txt")))
+            if not files:
+                raise ValueError(f"no held-out documents to build the cloze task from ({heldout_dir}/*.txt; "
+                                 "--heldout-dir names them, --cloze-items 0 skips the cloze task)")
+            items = cloze_task.load_or_build(
+                cloze_path, files, tok, tokenizer_kind(tok_path)[1], n_items=args.cloze_items,
+                seed=args.cloze_seed, min_ctx=args.cloze_min_ctx, max_ctx=args.cloze_max_ctx,
+                n_choices=args.cloze_choices, rebuild=args.rebuild_cloze,
+                log=lambda m: print(m, file=sys.stderr, flush=True))
         if args.build_cloze_only:
             print(json.dumps({"cloze": cloze_path, "items": len(items)}))
             return 0
-        for ext in (".bin", ".idx"):
-            if not os.path.isfile(valid_prefix + ext):
-                raise UserError(f"held-out split not found: {valid_prefix + ext}")
-        stream = heldout_stream(valid_prefix)
+        if args.text:
+            stream = text_stream(args.text, tok, args.doc_boundary)
+        else:
+            for ext in (".bin", ".idx"):
+                if not os.path.isfile(valid_prefix + ext):
+                    raise UserError(f"held-out split not found: {valid_prefix + ext} (--valid-prefix names "
+                                    "an indexed dataset, --text scores text files)")
+            stream = heldout_stream(valid_prefix)
         results = {}
         for spec in args.checkpoint:
             name, path = spec.split("=", 1) if "=" in spec and not os.path.exists(spec) else (None, spec)
@@ -255,12 +340,15 @@ def main(argv=None) -> int:
                    "precision": cfg.train.precision,
                    "heldout": perplexity(logits_fn, stream, max_tokens=args.ppl_tokens,
                                          batch_size=args.batch_size),
-                   "cloze": score_cloze(logits_fn, items, per_item=args.per_item)}
+                   "cloze": score_cloze(logits_fn, items, per_item=args.per_item) if items else None}
             res["eval_seconds"] = time.time() - t0
             results[name] = res
-            print(f"[evaluate] {name}: perplexity {res['heldout']['perplexity']:.3f} over "
-                  f"{res['heldout']['tokens']} tokens, cloze greedy {res['cloze']['greedy_accuracy']:.3f}, "
-                  f"choice {res['cloze']['choice_accuracy']:.3f} ({len(items)} items)", file=sys.stderr, flush=True)
+            line = (f"[evaluate] {name}: perplexity {res['heldout']['perplexity']:.3f} over "
+                    f"{res['heldout']['tokens']} tokens")
+            if items:
+                line += (f", cloze greedy {res['cloze']['greedy_accuracy']:.3f}, "
+                         f"choice {res['cloze']['choice_accuracy']:.3f} ({len(items)} items)")
+            print(line, file=sys.stderr, flush=True)
             del logits_fn
     except (UserError, TokenizerError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -272,8 +360,9 @@ def main(argv=None) -> int:
     out = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git_commit": _git_commit(), "argv": sys.argv,
                     "torch": torch.__version__,
                     "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                    "valid_prefix": valid_prefix, "tokenizer": tok_path, "cloze": cloze_path,
-                    "cloze_sha256": cloze_task.sha256_file(cloze_path)},
+                    "valid_prefix": valid_prefix, "text": args.text, "tokenizer": tok_path,
+                    "cloze": cloze_path if items else None,
+                    "cloze_sha256": cloze_task.sha256_file(cloze_path) if items else None},
            "results": results}
     text = json.dumps(out, indent=1)
     if args.out:

@@ -1,4 +1,7 @@
-"""Export a `fp4.linear=lora_svd` checkpoint as a plain dense checkpoint (`fp4.linear=bf16`).
+"""Export a `fp4.linear=lora_svd` checkpoint as a plain dense checkpoint of ours (`fp4.linear=bf16`).
+
+For a Hugging Face `LlamaForCausalLM` folder (safetensors, any recipe, LoRA-SVD merged the same
+way) use `scripts/convert_hf.py export`.
 
     python scripts/export_merged_checkpoint.py --src runs/x/checkpoints [--out runs/x/merged]
         [--check]
@@ -52,15 +55,17 @@ def export(src: str, out: str, *, check: bool = False) -> dict:
     from megatron.training import checkpointing
     from megatron.training.config import from_dict
     from megatron.training.config_schema import LoRASVDConfig, RunConfig
+    from megatron.training.errors import CheckpointError
     from fullstack_fp4.integration.lora_svd_layers import exact_matmuls, merged_state_dict
 
     path = checkpointing.resolve_load_path(src, None)
     meta = checkpointing.check_complete(path)
     cfg = from_dict(RunConfig, meta["config"], prefix="")
     if cfg.fp4.linear != "lora_svd":
-        raise SystemExit(f"error: {path} is a fp4.linear={cfg.fp4.linear} checkpoint, not lora_svd")
+        raise CheckpointError(f"{path} is a fp4.linear={cfg.fp4.linear} checkpoint, not lora_svd: its weights "
+                              "are dense already (a Hugging Face folder: scripts/convert_hf.py export)")
     if cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size != 1:
-        raise SystemExit("error: the export runs in one process: TP = PP = 1 checkpoints only")
+        raise CheckpointError("the export runs in one process: TP = PP = 1 checkpoints only")
     lora = _trainer(cfg, path)
     state = merged_state_dict(lora.gpt)
 
@@ -69,6 +74,9 @@ def export(src: str, out: str, *, check: bool = False) -> dict:
     dense_cfg.fp4.lora_svd = LoRASVDConfig()
     dense = _trainer(dense_cfg, "none")
     dense.gpt.load_state_dict(state, strict=True)
+    # the mixed-precision optimizer's FP32 master copies were made from the random init: refresh
+    # them from the merged weights, which a resume of the export reads back as the model
+    dense.optimizer.reload_model_params()
     # Zero moments (the load side expects every state tensor) and megatron-core's common step
     # counter (it must be shared by all parameters): the run's iteration.
     for sub in getattr(dense.optimizer, "chained_optimizers", None) or [dense.optimizer]:
@@ -96,8 +104,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     out = a.out or os.path.join(os.path.dirname(os.path.abspath(a.src.rstrip("/"))), "merged") \
         if os.path.isfile(os.path.join(a.src, "meta.json")) else (a.out or os.path.join(a.src, "merged"))
+    from megatron.training.errors import UserError
+
     try:
         result = export(a.src, out, check=a.check)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     finally:
         from megatron.training.initialize import shutdown
 

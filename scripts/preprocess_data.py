@@ -3,6 +3,8 @@
 
     python scripts/preprocess_data.py --input 'data/corpus/train/*.txt' \
         --tokenizer data/tok/tokenizer.model --output-prefix data/mine/train_text_document
+    python scripts/preprocess_data.py --input my.txt --doc-boundary blank-line \
+        --tokenizer my_hf_tokenizer/tokenizer.json --output-prefix data/mine/train_text_document
     python scripts/preprocess_data.py --input docs.jsonl --json-key text ...
     python scripts/preprocess_data.py --hf-dataset NAME --hf-split train --hf-text-field text ...
 
@@ -15,7 +17,9 @@ What one document is (`--doc-boundary`):
 
 Each document becomes one item followed by `end_document`; with `--append-eod` (on by default)
 the tokenizer's end-of-document id is appended, which is what GPTDataset's `eod` masks and
-position resets key on. Tokens are stored as uint16 when the vocabulary has fewer than 65500
+position resets key on. The tokenizer is any that `megatron.training.tokenizer.load_tokenizer`
+reads: a SentencePiece `.model`, a Hugging Face `tokenizer.json` (or a folder with either), a
+TikToken vocabulary. Bad input is one `error:` line and exit code 2. Tokens are stored as uint16 when the vocabulary has fewer than 65500
 entries, else int32. Output is written under temporary names and renamed when complete (.bin
 first, .idx last), so an interrupted run never leaves a pair that looks finished.
 """
@@ -32,7 +36,7 @@ UINT16_VOCAB_LIMIT = 65500
 
 
 class InputError(Exception):
-    """Bad input; main() prints it as one line and exits 1."""
+    """Bad input; main() prints it as one line and exits 2."""
 
 
 def expand_inputs(patterns):
@@ -96,7 +100,7 @@ def iter_hf_documents(name, split, field, config_name=None):
         import datasets  # optional dependency
     except ImportError:
         raise InputError(
-            "--hf-dataset needs the optional package `datasets` (pip install datasets)"
+            "--hf-dataset needs the optional package `datasets` (pip install -e .[datasets])"
         ) from None
     try:
         ds = datasets.load_dataset(name, config_name, split=split)
@@ -113,15 +117,22 @@ _TOKENIZER = None
 
 
 def _init_worker(model_path):
-    """Workers load SentencePiece alone (importing megatron.core costs seconds per process)."""
+    """A SentencePiece model is loaded alone in a worker (importing megatron.core costs seconds
+    per process); any other tokenizer through `load_tokenizer`."""
     global _TOKENIZER
-    import sentencepiece
+    if model_path.endswith(".model") and os.path.isfile(model_path):
+        import sentencepiece
 
-    _TOKENIZER = sentencepiece.SentencePieceProcessor(model_file=model_path)
+        _TOKENIZER = sentencepiece.SentencePieceProcessor(model_file=model_path).encode
+    else:
+        sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from megatron.training.tokenizer import load_tokenizer
+
+        _TOKENIZER = load_tokenizer(model_path).tokenize
 
 
 def _encode(text):
-    return _TOKENIZER.encode(text)
+    return _TOKENIZER(text)
 
 
 def token_dtype(vocab_size):
@@ -191,7 +202,9 @@ def build_parser():
     p.add_argument("--json-key", default="text", help="JSONL field holding the text")
     p.add_argument("--doc-boundary", default="auto",
                    choices=["auto", "file", "blank-line", "jsonl"])
-    p.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
+    p.add_argument("--tokenizer", required=True,
+                   help="SentencePiece .model, Hugging Face tokenizer.json (or a folder with either), "
+                        "or a TikToken vocabulary .json")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin and PREFIX.idx")
     p.add_argument("--append-eod", dest="append_eod", action="store_true", default=True,
                    help="append the end-of-document token to each document (default)")
@@ -221,7 +234,7 @@ def main(argv=None):
             docs, args.tokenizer, args.output_prefix, args.append_eod, args.workers, total)
     except (InputError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {args.output_prefix}.bin/.idx: {n_docs} documents, {n_tokens} tokens")
     return 0
 

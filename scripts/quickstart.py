@@ -18,6 +18,21 @@ DATA = os.path.join(ROOT, "data", "quickstart")
 RUN = os.path.join(ROOT, "runs", "quickstart")
 
 
+def continue_overrides(done_iters: int) -> list[str]:
+    """What the closing hint suggests: twice the steps, stated as a longer run (`extend`: the
+    rest of the lr decay is stretched to the new length, no lr jump; a finished run stays at
+    optimizer.min_lr; megatron/training/continuation.py). Without the statement the resume is
+    refused, since train.iters differs from the checkpoint's."""
+    return [f"train.iters={2 * done_iters}", "train.continue_with=extend"]
+
+
+def _trained_iters() -> int:
+    import yaml
+
+    with open(os.path.join(RUN, "config.yaml")) as f:   # the resolved config of the run just done
+        return int(yaml.safe_load(f)["train"]["iters"])
+
+
 def main(argv: list[str]) -> int:
     os.chdir(ROOT)
     print("== 1/2 data: data/quickstart (corpus, tokenizer, indexed dataset)", flush=True)
@@ -40,8 +55,8 @@ def main(argv: list[str]) -> int:
         entropy = json.load(f)["valid_unigram_entropy_nats"]
     print(f"\nvalidation loss {val:.3f} nats/token vs unigram entropy of the held-out text {entropy:.3f}"
           f" ({'below' if val < entropy else 'NOT below'} it by {entropy - val:.3f})")
-    print(f"checkpoints:  {RUN}/checkpoints  (resume: run `make quickstart` again with more iters,"
-          f" e.g. `.venv/bin/python scripts/quickstart.py train.iters=600`)")
+    print(f"checkpoints:  {RUN}/checkpoints  (to train on from there: "
+          f"`.venv/bin/python scripts/quickstart.py {' '.join(continue_overrides(_trained_iters()))}`)")
     print(f"metrics:      {metrics}")
     print(f"TensorBoard:  .venv/bin/tensorboard --logdir {RUN}/tensorboard")
     return 0

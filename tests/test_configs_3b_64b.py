@@ -19,7 +19,7 @@ from megatron.training.config_validate import validate_config
 REPO = os.path.abspath(os.path.dirname(os.path.dirname(__file__)))
 DIR = os.path.join(REPO, "configs", "3b_64b")
 ARM_NAMES = ["bf16", "nvfp4_linear", "lora_svd", "q_adamw", "root", "q_root", "q_attn", "full_stack",
-             "full_stack_root"]
+             "full_stack_root", "full_stack_muon"]
 RECIPE_KEYS = {"fp4.linear", "fp4.attention", "optimizer.name"}
 
 

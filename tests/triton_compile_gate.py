@@ -50,7 +50,7 @@ _LABEL = ["?"]
 def _install_recorder():
     from triton.runtime.jit import JITFunction
 
-    from fullstack_fp4.nvfp4 import triton_launch
+    from fullstack_fp4.nvfp4.kernels import launch as triton_launch
 
     # every launch the plain way, through JITFunction.run (recorded below): the lean launcher
     # would look for a CUDA device and a compiled kernel
@@ -102,8 +102,8 @@ def run_scenarios():
     import torch
 
     from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS
-    from fullstack_fp4.nvfp4 import triton_quantize as tq
-    from fullstack_fp4.nvfp4.triton_dequantize import dequantize_triton
+    from fullstack_fp4.nvfp4.kernels import quantize as tq
+    from fullstack_fp4.nvfp4.kernels.decode import dequantize_triton
 
     assert not tq._is_interpreter(), "the gate must run with TRITON_INTERPRET unset / 0"
     full = full_sweep()
@@ -166,12 +166,12 @@ def run_scenarios():
             _scenario(f"dequantize {tile} -> {out}")
             dequantize_triton(t, out)
         _scenario(f"decode_bf16_triton {tile} (emulated GEMM operand)")
-        from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton
+        from fullstack_fp4.nvfp4.kernels.decode import decode_bf16_triton
         decode_bf16_triton(t)
 
     # --- NVFP4 linear: fused two-way operands (the launches the linear makes) + GEMM epilogue
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton, scale_cast_triton
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_accumulate_triton, scale_cast_triton
     rw, cw = tqd.RowWay, tqd.ColWay
     sr = "stochastic"
     ways = (  # (label, input dtype, channels, row way, column way, int64 offsets, alphas)
@@ -206,7 +206,7 @@ def run_scenarios():
     tqd.amax_two_ways_pair(torch.randn(48, 1024, dtype=torch.bfloat16),
                            torch.randn(64, 1024, dtype=torch.bfloat16))
     _scenario("linear backward: saved W and RHT(xT) decoded in one launch")
-    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_pair
+    from fullstack_fp4.nvfp4.kernels.decode import decode_bf16_pair
     decode_bf16_pair(tq.quantize_triton(torch.randn(64, 256, dtype=torch.bfloat16), tile=(16, 16)),
                      tq.quantize_triton(torch.randn(256, 64, dtype=torch.bfloat16)))
     for out in dtypes:
@@ -250,27 +250,23 @@ def run_scenarios():
                                          backend="triton")
         o, lse = attention_forward(fwd_views, v, causal=causal, scale=d ** -0.5)
         do = torch.randn(q.shape, dtype=r["in_dt"])
-        # NVFP4 dS: both dq paths — dS stored by the dkdv kernel + _dq_ds_kernel (FP4_QATTN_DS_STORE=1),
-        # and the recompute _dq_kernel (FP4_QATTN_DS_STORE=0 / scratch over the byte limit)
-        for store in ((True, False) if ds_fp4 else (None,)):
-            attention_backward(do, o, lse, v, saved.unpack("triton"), causal=causal,
-                               scale=d ** -0.5, ds_fp4=ds_fp4, ds_stochastic=stoch, seed=5,
-                               out_dtypes=(r["in_dt"],) * 3, ds_store=store)
+        attention_backward(do, o, lse, v, saved.unpack("triton"), causal=causal,
+                           scale=d ** -0.5, ds_fp4=ds_fp4, ds_stochastic=stoch, seed=5,
+                           out_dtypes=(r["in_dt"],) * 3)
     # the BF16-view path (make_views: tests, benchmark stage times) and the 64-row backward at
-    # 8 warps (FP4_QATTN_BWD rn = rm = 1: the old default, a benchmark sweep option)
+    # 8 warps (knobs.QATTN_BWD rn = rm = 1, a benchmark sweep option)
+    from fullstack_fp4 import knobs
     for d in (64, 128):
         q, k, v = (torch.randn(1, 4, 128, d, dtype=torch.bfloat16) for _ in range(3))
-        _scenario(f"attention make_views d={d}; backward FP4_QATTN_BWD=8,2,8,2,1,1")
+        _scenario(f"attention make_views d={d}; backward knobs.QATTN_BWD=(8, 2, 8, 2, 1, 1)")
         views = make_views(q, k, qk_fp4=True, ds_fp4=True, smooth=True, backend="triton")
         o, lse = attention_forward(views, v, causal=True, scale=d ** -0.5)
-        os.environ["FP4_QATTN_BWD"] = "8,2,8,2,1,1"
+        bwd_knob, knobs.QATTN_BWD = knobs.QATTN_BWD, (8, 2, 8, 2, 1, 1)
         try:
-            for store in (True, False):
-                attention_backward(torch.randn(q.shape, dtype=torch.bfloat16), o, lse, v, views,
-                                   causal=True, scale=d ** -0.5, out_dtypes=(torch.bfloat16,) * 3,
-                                   ds_store=store)
+            attention_backward(torch.randn(q.shape, dtype=torch.bfloat16), o, lse, v, views,
+                               causal=True, scale=d ** -0.5, out_dtypes=(torch.bfloat16,) * 3)
         finally:
-            os.environ.pop("FP4_QATTN_BWD", None)
+            knobs.QATTN_BWD = bwd_knob
     # megatron's layout through the autograd function's host path: q, k as [s, b, h, d] views,
     # v a view into the fused QKV buffer, dO [s, b, h, d]; O, dQ, dK, dV stored [s, b, h, d]
     # (strides are runtime ints: the same compiles as above unless a stride specialises)
@@ -314,8 +310,8 @@ def run_scenarios():
 
     # --- Q-AdamW fused step ----------------------------------------------------------------
     from fullstack_fp4.optim.q_adamw.codecs import padded_numel
-    from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _kernel_views
-    from fullstack_fp4.optim.q_adamw.state import _init_state
+    from fullstack_fp4.optim.q_adamw.optimizer import kernel_hyper, kernel_views
+    from fullstack_fp4.optim.q_adamw.state import init_state
     from fullstack_fp4.optim.q_adamw.triton_step import launch
     # model_out: the fused BF16 model-param write (megatron's Float16 / distributed optimizer)
     # fd: the approximate update division (launch(fast_div=), QAdamW(approx_division=))
@@ -328,22 +324,22 @@ def run_scenarios():
     for r in rows:
         n = r["n"]
         p = torch.randn(n)
-        st = _kernel_views(_init_state(n, "cpu"))
+        st = kernel_views(init_state(n, "cpu"))
         rand = torch.rand(padded_numel(n)) if r["rand"] else None
         mo = torch.empty(n, dtype=torch.bfloat16) if r["mo"] else None
         _scenario(f"q_adamw n={n} grad={r['gdt']} rand={r['rand']} model_out={r['mo']} "
                   f"fast_div={r['fd']}")
         launch(p, torch.randn(n, dtype=r["gdt"]), st, n, padded_numel(n), seed=11,
                rand=rand, model_out=mo, fast_div=r["fd"],
-               **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+               **kernel_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     # the model_out write with the integer RNE instead of the hardware cast (BF16_HW_CVT=False)
     import fullstack_fp4.optim.q_adamw.triton_step as q_step
     hw_cvt, q_step.BF16_HW_CVT = q_step.BF16_HW_CVT, False
     try:
         _scenario("q_adamw n=4096 model_out, integer BF16 RNE")
-        launch(torch.randn(4096), torch.randn(4096), _kernel_views(_init_state(4096, "cpu")), 4096,
+        launch(torch.randn(4096), torch.randn(4096), kernel_views(init_state(4096, "cpu")), 4096,
                4096, seed=11, model_out=torch.empty(4096, dtype=torch.bfloat16),
-               **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+               **kernel_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     finally:
         q_step.BF16_HW_CVT = hw_cvt
     # the multi-tensor launch (triton_multi.py): parameters found through a table
@@ -351,12 +347,12 @@ def run_scenarios():
     # (SUB 1, the default, without the loop; SUB 2 with it)
     for gdt, mo, fd, sub in ((torch.float32, False, False, 1), (torch.bfloat16, True, True, 2)):
         items = [Item(torch.randn(n), torch.randn(n, dtype=gdt),
-                      _kernel_views(_init_state(n, "cpu")), n, padded_numel(n), 0, 0, 5 + n,
+                      kernel_views(init_state(n, "cpu")), n, padded_numel(n), 0, 0, 5 + n,
                       torch.empty(n, dtype=torch.bfloat16).view(torch.int16) if mo else None)
                  for n in (4096, 2048)]
         _scenario(f"q_adamw multi-tensor grad={gdt} model_out={mo} fast_div={fd} sub={sub}")
         launch_multi(items, t=3, fast_div=fd, sub=sub,
-                     **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+                     **kernel_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
     # superseded kernel variants kept for benchmarks/bench_q_adamw.py (same launch signature)
     import fullstack_fp4.optim.q_adamw as qa
     for mod in sorted(m.name for m in pkgutil.iter_modules(qa.__path__)):
@@ -364,8 +360,8 @@ def run_scenarios():
             n = 4096
             _scenario(f"q_adamw {mod} (benchmark baseline)")
             importlib.import_module(f"{qa.__name__}.{mod}").launch(
-                torch.randn(n), torch.randn(n), _kernel_views(_init_state(n, "cpu")), n,
-                padded_numel(n), seed=11, **_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
+                torch.randn(n), torch.randn(n), kernel_views(init_state(n, "cpu")), n,
+                padded_numel(n), seed=11, **kernel_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, 3, "cpu"))
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -456,7 +452,7 @@ def _ptxas_verbose(ptx: str) -> str:
 
 _JOBS: list = []
 _COST = {"q_adamw_kernel": 40, "q_adamw_multi_kernel": 45, "_quantize_two_ways_kernel": 30, "_quantize_kernel": 6,
-         "_dkdv_kernel": 4, "_dq_kernel": 3, "_dq_ds_kernel": 2}  # rough s
+         "_dkdv_kernel": 4, "_dq_kernel": 3}  # rough s
 
 
 def compile_job(i: int) -> dict:

@@ -16,8 +16,8 @@ import torch
 from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, hadamard16
 from fullstack_fp4.nvfp4.reference import quantize_reference
 from fullstack_fp4.nvfp4.sr_stream import sr_uniforms
-from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
-from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+from fullstack_fp4.nvfp4.kernels.quantize import quantize_triton
+from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
 
 
 def _same(a, b) -> bool:

@@ -1,12 +1,13 @@
-"""Where the NVFP4 linear's CUDA-graph time goes beyond its kernels' own times (issue 3).
+"""Where the NVFP4 linear's CUDA-graph time goes beyond its kernels' own times.
 
 ``benchmarks/bench_nvfp4_linear.py`` times fwd+bwd as a CUDA graph replayed after an L2 flush
-(``do_bench``): at 8192 × 3072 → 3072 NVFP4 took ~0.93 ms there against ~0.79 ms of kernel time
-(``profile_linear_device.py``, eager), BF16 0.66 against 0.58. This replays each graph
-``REPS`` times under torch.profiler (CUPTI records the kernels of a graph replay), each replay
-after the same flush (a 256 MB write, here a ``neg_`` so that it marks where a replay starts;
-then again without the flush, a 4 KB ``neg_`` marking the start), and prints per kernel of the replay: its mean device time, the mean idle gap before it (from the
-previous kernel's end), and for the replay the span from the first kernel's start to the last
+(``do_bench``), which can take longer than the kernels' own times summed
+(``profile_linear_device.py``, eager; figures: ``BENCHMARKS.md#nvfp4-quantize-and-linear``).
+This replays each graph ``REPS`` times under torch.profiler (CUPTI records the kernels of a
+graph replay), each replay after the same flush (a 256 MB write, here a ``neg_`` so that it
+marks where a replay starts; then again without the flush, a 4 KB ``neg_`` marking the start),
+and prints per kernel of the replay: its mean device time, the mean idle gap before it (from the
+preceding kernel's end), and for the replay the span from the first kernel's start to the last
 one's end, the kernels' sum and the gaps' sum. The same fwd+bwd run eagerly (no flush, as the
 eager profile) is listed beside, to show what the graph and the flush each change.
 The NVFP4 GEMMs are emulated (decoded BF16 operands, FP32 accumulation).

@@ -15,8 +15,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
-from fullstack_fp4.optim.q_adamw.optimizer import _hyper, _kernel_views  # noqa: E402
-from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
+from fullstack_fp4.optim.q_adamw.optimizer import kernel_hyper, kernel_views  # noqa: E402
+from fullstack_fp4.optim.q_adamw.state import init_state  # noqa: E402
 from fullstack_fp4.optim.q_adamw.triton_step import launch  # noqa: E402
 
 
@@ -25,11 +25,11 @@ def main():
     p = torch.randn(3072 * 8192, device="cuda") * 0.02
     g = torch.randn_like(p) * 1e-3
     n = p.numel()
-    st = _kernel_views(_init_state(n, "cuda"))
+    st = kernel_views(init_state(n, "cuda"))
     for t in range(1, 5):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        launch(p, g, st, n, padded_numel(n), seed=t, **_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
+        launch(p, g, st, n, padded_numel(n), seed=t, **kernel_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t, "cuda"))
         b.record()
         torch.cuda.synchronize()
         print(f"step {t}: {a.elapsed_time(b) * 1e3:.1f} us for {n} entries "

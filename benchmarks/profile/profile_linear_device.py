@@ -1,7 +1,7 @@
 """Where the NVFP4 linear's fwd+bwd spends *device* time: a per-kernel table from torch.profiler.
 
 For 8192 tokens × 3072 → 3072 and → 8192 it runs ``ITERS`` fwd+bwd of ``nvfp4_linear`` (the GEMM
-backend in use, ``FULLSTACK_FP4_GEMM``) and of BF16 ``F.linear`` under torch.profiler and prints
+backend in use, ``gemm.gemm_backend()``) and of BF16 ``F.linear`` under torch.profiler and prints
 each CUDA kernel's device time per fwd+bwd, largest first, with the sum. Against the CUDA-graph
 time of ``benchmarks/bench_nvfp4_linear.py`` the sum says which kernels a faster linear must cut.
 (The NVFP4 GEMMs are emulated on the H200: BF16 tensor cores on decoded operands.)

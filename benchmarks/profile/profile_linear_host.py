@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Where the host time of one NVFP4 linear fwd+bwd goes (8192 x 3072 -> 3072, BF16, one GPU).
 
-The eager fwd+bwd ran 0.85 ms above its CUDA-graph replay (BENCHMARKS.md §A.3): the host, not
-the GPU, sets the pace at this size. This runs 200 fwd+bwd under cProfile with the GPU kept
-busy (no sync inside the loop) and prints the functions by their own time, then the host time
-per call of the pieces measured alone (a loop of launches, synchronised once at the end).
+The eager fwd+bwd takes well over its CUDA-graph replay at this size (1.460 against 0.809 ms,
+``BENCHMARKS.md#nvfp4-quantize-and-linear``): the host, not the GPU, sets the pace. This runs
+200 fwd+bwd under cProfile with the GPU kept busy (no sync inside the loop) and prints the
+functions by their own time, then the host time per call of the pieces measured alone (a loop
+of launches, synchronised once at the end).
 
     python benchmarks/profile/profile_linear_host.py
 """
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fullstack_fp4.linear import nvfp4_linear
-from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
 
 
 def host_us(fn, n=200):

@@ -2,9 +2,9 @@
 """Where the host's time goes in one step of 4 blocks of the 3b preset (bench_blocks.py's
 setting), and what the lean Triton launcher changes, in one process.
 
-The full stack's step has been 1.5x BF16's although its kernels sum to 1.34x (BENCHMARKS.md
-§G.6): the GPU waits for the one host thread. Per arm (``--arms``, default bf16 and the full
-stack), after warm-up steps:
+The full stack's step is 1.35–1.60x BF16's although its kernels alone sum to ~1.34x
+(``BENCHMARKS.md#blocks-3b-shape``): the GPU waits for the one host thread. Per arm
+(``--arms``, default bf16 and the full stack), after warm-up steps:
 
 1. Host busy time of a forward+backward and of an optimizer step: the time under cProfile minus
    the time spent blocked in the step's host syncs (``.item()`` and friends), so it does not
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import torch  # noqa: E402
 
 from bench_blocks import ARMS, COMMON  # noqa: E402
-from fullstack_fp4.nvfp4 import triton_launch  # noqa: E402
+from fullstack_fp4.nvfp4.kernels import launch as triton_launch  # noqa: E402
 from megatron.training.config import load_config  # noqa: E402
 
 # host calls that block until the GPU has caught up (their time is waiting, not host work)

@@ -1,5 +1,5 @@
 """Every FP32 ``d`` in ``[2^-100, 2^126]``: the branch-free reciprocal of
-``triton_quantize_jit._candidate_nb`` (``1.0/d`` as Triton compiles it, ``div.full.f32``, then
+``fp4_math.candidate_nb`` (``1.0/d`` as Triton compiles it, ``div.full.f32``, then
 two steps ``e = fma(-d, r, 1)``, ``r = fma(r, e, r)``) against ``div_rn(1, d)``, bit for bit.
 
 That range is every ``d·kd`` the block-scale factor can see (the helper's docstring); outside

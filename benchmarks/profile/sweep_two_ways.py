@@ -1,7 +1,7 @@
-"""Launch configurations of the NVFP4 linear's operand kernels (issue 3), timed on the GPU.
+"""Launch configurations of the NVFP4 linear's operand kernels, timed on the GPU.
 
-``_quantize_two_ways_kernel`` and ``_amax_two_ways_kernel`` (fullstack_fp4/nvfp4/
-triton_quantize_decode.py) run one lane per (16-channel block, quad) with 16 tokens a lane, so a
+``_quantize_two_ways_kernel`` and ``_amax_two_ways_kernel`` (fullstack_fp4/nvfp4/kernels/
+quantize_two_ways.py, amax.py) run one lane per (16-channel block, quad) with 16 tokens a lane, so a
 thread's registers do not depend on how many blocks a program takes (NB) — only the CTA size
 and so the number of CTAs that fit an SM do. What this sweeps, per kernel and per linear shape:
 
@@ -20,19 +20,19 @@ Compiles go first, in parallel worker processes that fill the shared Triton cach
 (``TRITON_CACHE_DIR``): the dY kernel takes ~20 s to compile, and there are ~25 variants.
 
 ``--dy``: only dY's call (both ways stochastic, decoded), its rounding form against its register
-cap (``triton_quantize_decode.SR_DIRECT`` / ``WIDE_MAXNREG``: through the nibble as before, or
-straight to the decoded value, uncapped or capped at 128), at 8192 × 3072 and 8192 × 8192; each
-checked bit for bit against the nibble form; the fastest (summed over both shapes) is written to
-``$OUT/dy_choice.json`` for ``scripts/gpu/run_with_dy_choice.py``.
+cap (``quantize_two_ways.SR_DIRECT`` / ``WIDE_MAXNREG``: through the nibble, or straight to
+the decoded value, uncapped or capped at 128), at 8192 × 3072 and 8192 × 8192; each checked bit
+for bit against the nibble form; the fastest (summed over both shapes) is printed and, with
+``$OUT`` set, written to ``$OUT/dy_choice.json``.
 
-``--amax``: the amax pass (``triton_quantize_decode.AMAX_BLOCK`` words a program,
+``--amax``: the amax pass (``quantize_two_ways.AMAX_BLOCK`` words a program,
 ``AMAX_TBS`` token blocks a program, ``AMAX_WARPS``) at the linear's shapes, both ways (x, dY)
 and the row way alone (W), each result checked bit for bit against PyTorch's max of ``|m|`` and
 of ``|hadamard16(pad(m)ᵀ)|`` (the reference function, on the GPU), timed against a
 device-to-device copy of the same input (the pass reads what the copy reads and writes nothing).
 
 ``--tbs``: x's call (row decoded + column codes) with 1, 2 or 4 token blocks a program
-(``triton_quantize_decode.COL_CODES_TBS``: a channel's codes and scales of the program's token
+(``quantize_two_ways.COL_CODES_TBS``: a channel's codes and scales of the program's token
 blocks stored as one run each), uncapped and capped at 128 registers, at 8192 × 3072 and
 8192 × 8192, each checked bit for bit against one token block a program.
 
@@ -56,7 +56,7 @@ CODES = 0.5 + 1 / 16           # bytes an element of packed codes + E4M3 scales
 
 def modes():
     """name -> (shapes, row way, col way, bytes written an element, [(NB, warps, maxnreg)])."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     R, C = tqd.RowWay, tqd.ColWay
     base = [(32, 4, None), (16, 2, None), (64, 8, None), (8, 1, None)]
     return {
@@ -71,10 +71,10 @@ def modes():
 
 
 def configure(nb, nw, maxnreg):
-    """Point triton_quantize_decode's launches at one configuration (plain JITFunction.run
+    """Point quantize_two_ways's launches at one configuration (plain JITFunction.run
     launches, so the register cap is part of each compile's key)."""
-    from fullstack_fp4.nvfp4 import triton_launch
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import launch as triton_launch
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     triton_launch.set_mode("0")
     tqd._config = lambda nblk, wide=False: (min(nb, triton_launch.next_pow2(max(nblk, 1))),
                                 max(1, min(nb, triton_launch.next_pow2(max(nblk, 1))) // 8))
@@ -89,7 +89,7 @@ def configure(nb, nw, maxnreg):
 
 def call(name, m, cfg):
     """One call of the mode's kernel; returns its outputs (a tuple of tensors)."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     _, row, col, _, _ = modes()[name]
     obs = cfg["obs"]
     q = tqd.quantize_two_ways(m, obs, row=row, col=col, seed_row=11, seed_col=12)
@@ -120,7 +120,7 @@ def warm(job):
     os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/tc")
     apply(setting)
     m = _input(shape)
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     call(name, m, {"obs": tqd.amax_two_ways(m)})
     torch.cuda.synchronize()
     return job
@@ -147,8 +147,8 @@ DY_NAME = "dY: row SR dec + col SR dec"
 
 
 def dy_form(direct, cap):
-    from fullstack_fp4.nvfp4 import triton_launch
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import launch as triton_launch
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     triton_launch.set_mode("0")
     tqd.SR_DIRECT, tqd.WIDE_MAXNREG = direct, cap
 
@@ -156,7 +156,7 @@ def dy_form(direct, cap):
 def time_forms(name, m, forms, set_form):
     """Each form of one call on ``m``: (form, bits equal to the first form's, device ms); the
     amax both ways is taken once, under the first form."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     set_form(*forms[0])
     cfg = {"obs": tqd.amax_two_ways(m)}
     ref = [o.clone() for o in call(name, m, cfg)]
@@ -194,7 +194,7 @@ X_NAME = "x: row dec + col codes"
 
 def tbs_form(tbs, maxnreg):
     """x's call with ``tbs`` token blocks a program (``COL_CODES_TBS``) and a register cap."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     configure(32, 4, maxnreg)
     tqd.COL_CODES_TBS = tbs
 
@@ -220,8 +220,8 @@ AMAX_SHAPES = [((T, 3072), True), ((T, 8192), True), ((3072, 3072), False), ((T,
 
 
 def amax_form(block, tbs, warps):
-    from fullstack_fp4.nvfp4 import triton_launch
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import launch as triton_launch
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     triton_launch.set_mode("0")
     tqd.AMAX_BLOCK, tqd.AMAX_TBS, tqd.AMAX_WARPS = block, tbs, warps
 
@@ -242,7 +242,7 @@ def _amax_want(m, col):
 def amax_main():
     """The amax pass at each (words a program, token blocks a program, warps), bit for bit
     against PyTorch, timed against a copy of its input."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     print("| amax, shape | ways | BLOCK / TBS / warps | bits = PyTorch | ms | GB/s read | copy ms "
           "| / copy |")
     print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
@@ -278,7 +278,7 @@ def main():
             for shape in shapes[:1] for c in cfgs]
     warm_all(jobs, a.jobs)
     print(f"compiled {len(jobs)} variants", flush=True)
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     print("| kernel | shape | NB/warps | maxnreg | bits = default | ms | GB/s | copy ms | / copy |")
     print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for name, (shapes, row, col, wbytes, cfgs) in modes().items():

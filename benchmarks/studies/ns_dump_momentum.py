@@ -36,11 +36,11 @@ from megatron.training.config import load_config  # noqa: E402
 
 
 def _inner_optimizers(optimizer):
-    from fullstack_fp4.integration.optimizers import _main_to_model, _wrappers  # noqa: PLC0415
-    for wrapper in _wrappers(optimizer):
+    from fullstack_fp4.integration.wrappers import main_to_model, megatron_wrappers  # noqa: PLC0415
+    for wrapper in megatron_wrappers(optimizer):
         inner = wrapper.optimizer
         for sub in getattr(inner, "subs", [inner]):
-            yield sub, _main_to_model(wrapper)
+            yield sub, main_to_model(wrapper)
 
 
 @torch.no_grad()

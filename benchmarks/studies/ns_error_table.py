@@ -1,4 +1,4 @@
-"""NVFP4 Newton–Schulz error table (issue 6): naive beside ours, random and real matrices.
+"""NVFP4 Newton–Schulz error table: naive beside ours, random and real matrices.
 
 For each matrix G and each method (a precision/form/coefficients/clip combination):
   (a) iteration error: for every step k, the NVFP4 step from the NVFP4 trajectory's own X_k
@@ -34,7 +34,7 @@ import argparse
 
 import torch
 
-from fullstack_fp4.optim.newton_schulz import (_NVFP4Products, _step_nvfp4, newton_schulz,
+from fullstack_fp4.optim.newton_schulz import (NVFP4Products, step_nvfp4, newton_schulz,
                                                ns_step)
 from fullstack_fp4.optim.ns_coefficients import resolve_schedule
 
@@ -79,11 +79,11 @@ def iteration_error(G, schedule, form, clip, terms=1, rounding="nearest", backen
     m, n = X.shape
     X = torch.nn.functional.pad(X, (0, -n % 16, 0, -m % 16))
     gen = torch.Generator(device=X.device).manual_seed(0) if rounding == "stochastic" else None
-    P = _NVFP4Products(backend, clip, rounding, gen, X.device)
+    P = NVFP4Products(backend, clip, rounding, gen, X.device)
     errs = []
     for abc in schedule:
         exact = ns_step(X.double(), abc)
-        X = _step_nvfp4(X, m, abc, P, form, terms=terms)
+        X = step_nvfp4(X, m, abc, P, form, terms=terms)
         errs.append(rel(X, exact))
     return sum(errs) / len(errs)
 

@@ -131,7 +131,7 @@ def rows_for(m, v, variants: bool, seed: int = 0):
         st = encode_exp_avg_sq(v, subtract_mean=False)
         out.append(("sqrt+RHT, no mean subtraction (μ = 0, so no floor)",
                     metrics(m, v, m_hat, decode_exp_avg_sq(st)), ""))
-        for rule, name in (("nvfp4", "chunk scale M / amax (NVFP4's rule; before PERF.md v9)"),
+        for rule, name in (("nvfp4", "chunk scale M / amax (NVFP4's rule)"),
                            ("pow2", "chunk scale 2^floor(log2(M / amax)) (no division)")):
             gen = torch.Generator(device=m.device).manual_seed(seed)
             mh = decode_exp_avg(encode_exp_avg(m, generator=gen, chunk_rule=rule))

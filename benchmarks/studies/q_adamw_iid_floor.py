@@ -8,12 +8,12 @@
         # q_adamw_error_table.py pools
 
 Question. On the "iid lognormal σ" synthetic set of benchmarks/studies/q_adamw_error_table.py the v codec
-of version 1 (codecs.encode_exp_avg_sq until 2026-12-03: √v → BF16 mean per 32-tile → RHT-16
+of version 1 (codecs.encode_exp_avg_sq with ``tile=32, scale_rule="6"``: √v → BF16 mean per 32-tile → RHT-16
 of the residual → NVFP4 1×16, 6-rule, RTN, FP32 scale per 1024-chunk → ŝ = max(r̂ + μ, μ/4),
 v̂ = ŝ²) had, on the README's draw, a √v relL2 35% below direct NVFP4 on v; the target is 50%.
 This script measures which error source limits it and whether a variant reaches −50% within
 the 1.2 B/param state budget. The rows turn knobs of version 1 (``D``). The codec's version 2
-(``V2``, codecs.CODEC_VERSION, since 2026-12-03) is the "4" rule (every block max → 4) with a
+(``V2``, codecs.CODEC_VERSION, the default) is the "4" rule (every block max → 4) with a
 64-entry tile: within a point of the 4/6 rule at that tile, at no cost in the fused kernel,
 where 4/6 costs ~15% more instructions (codecs.py's docstring).
 
@@ -254,7 +254,7 @@ def codec(v: torch.Tensor, **kw) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- the rows
 D = Variant("default")        # codec version 1, the baseline each row turns one knob of
-V2 = replace(D, name="version 2", rule="4", tile=64)     # the codec's default now
+V2 = replace(D, name="version 2", rule="4", tile=64)     # the codec's default
 ROOT = replace(D, tile=0, had=0, guard=0.0)     # NVFP4 on √v itself: no mean, no Hadamard
 VARIANTS = [
     ("re-implementation", [D]),

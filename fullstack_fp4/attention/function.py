@@ -27,10 +27,11 @@ its inputs contiguous (CPU oracle; same numbers).
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional
 
 import torch
+
+from fullstack_fp4 import knobs
 
 from . import reference
 from .layout import dense_in_own_order, dim_order, owns_its_storage
@@ -45,9 +46,10 @@ def _kernel_v(v: torch.Tensor) -> torch.Tensor:
     Why the copy: megatron's V is a view into the fused QKV projection output, and saving the
     view for the backward keeps that whole buffer alive — Q and K in BF16 too, which Q-Attn
     otherwise keeps only as 4-bit views (2×4096 tokens, 24 heads / 8 groups, d 128: 80 MiB
-    pinned per layer for 16 MiB of V; the copy moves 2 × 16 MiB). ``FP4_QATTN_SAVE_V_VIEW=1``
-    saves the view instead (no copy, the buffer stays alive until the backward)."""
-    if owns_its_storage(v) or os.environ.get("FP4_QATTN_SAVE_V_VIEW", "0").strip() == "1":
+    pinned per layer for 16 MiB of V; the copy moves 2 × 16 MiB). ``knobs.QATTN_SAVE_V_VIEW``
+    (``FP4_QATTN_SAVE_V_VIEW=1``) saves the view instead (no copy, the buffer stays alive until
+    the backward)."""
+    if owns_its_storage(v) or knobs.QATTN_SAVE_V_VIEW:
         return v
     return dense_in_own_order(v)
 

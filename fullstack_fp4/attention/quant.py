@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from fullstack_fp4.nvfp4.e2m1 import e2m1_decode
-from fullstack_fp4.nvfp4.reference import quantize_reference
+# A NaN/Inf operand gives a NaN tensor scale instead of an exception (the training loop's
+# divergence guard then skips the step on every rank; see quantize_reference_propagating).
+from fullstack_fp4.nvfp4.reference import quantize_reference_propagating as quantize_reference
 
 from .packed import empty_packed
 

@@ -1,8 +1,8 @@
-"""Triton Q-Attn backward: a row pre-pass, a flash-style dK/dV kernel and a dQ kernel; S is
-never materialised, dS only as the 4-bit tiles of the stored-dS path (below).
+"""Triton Q-Attn backward: a row pre-pass, a flash-style dK/dV kernel and a dQ kernel; neither S
+nor dS is ever materialised (each kernel recomputes its tiles).
 
 ``_delta_kernel`` (one program per (b·h, 64 queries)): ``D = rowsum(dO ⊙ O)`` in FP32 and the
-base-2 LSE ``lse2 = lse · (1/ln 2)`` (the product the host used to do; bit-identical).
+base-2 LSE ``lse2 = lse · (1/ln 2)`` (one FP32 product, as the host would do it).
 
 The dkdv kernel and the recompute dq kernel compute ``P = exp2(τ·log2e · S − lse2)`` from the
 head_dim views and, per 64×64 tile (queries × keys),
@@ -18,20 +18,11 @@ argues the granularity) in 1×16 blocks along the reduction dimension of the GEM
   GQA needs no atomics: the group's heads are summed inside the program.
 * ``_dq_kernel`` — one program per (b, head, 64·RM queries); loops over 64-key blocks;
   ``dQ += dec_tile·dec_k · (dS₄)(K₄ˢ)`` with dS blocks along keys. Causal programs run the
-  longest query blocks first. This recompute kernel is the default.
+  longest query blocks first. (Storing the dkdv kernel's dS tiles as 4-bit codes for the dq
+  kernel, instead of recomputing S, P and dP there, made the dkdv kernel slower by more than
+  it saved: docs/perf/q-attn.md.)
 
-**dS stored once (``FP4_QATTN_DS_STORE=1``; off by default: measured slower on the H200, the
-dkdv kernel with the store 1.60 ms against 0.92, the dq kernel 0.33 against 0.70 — PERF.md).**
-With ``STORE_DS`` the dkdv kernel also quantizes each dS tile it holds along *keys* (the dq
-direction, same tile amax) and writes codes + E4M3 scale bytes + the tile's FP32 decode scale to
-a transient scratch (0.5635 B per stored dS element; causal stores only the tiles at or below
-the diagonal); ``_dq_ds_kernel`` then computes dQ from them — decode + one BF16 GEMM per tile, no
-S/P/dP recompute (``triton_ds_store.py``: layout, bytes, numbers). It is used only within
-``FP4_QATTN_DS_STORE_MAX_BYTES`` (256 MiB default: 110 MiB at 1×24×4096×128 and 112 MiB at
-4×24×2048×128 causal), on the NVFP4 dS path and for head_dim ∈ {64, 128}.
-Under the interpreter dQ is bit-identical on both paths (tested).
-
-``RN``/``RM`` (1 or 2, ``FP4_QATTN_BWD``) widen a program's own dimension to 128 rows, so the
+``RN``/``RM`` (1 or 2, ``knobs.QATTN_BWD``) widen a program's own dimension to 128 rows, so the
 MMAs are 128 rows tall; the dS tile stays 64×64 — each 64-row group of the ``[64·R, 64]`` tile
 has its own amax and decode scale, applied per row of the product (the rows of a product depend
 only on the same rows of dS). The tiles are aligned at (0, 0) in both kernels, i.e. exactly the
@@ -51,15 +42,14 @@ two main kernels read in the contiguous layout (skipped when dO already is a con
 tensor). Why not read dO through its strides in ``_dkdv_kernel`` too: its loop loads Q, dO and
 Q's seq view per query block, and with contiguous operands the three share one offset tensor
 with a compile-time row stride; a runtime dO stride adds its own row offsets to a loop that
-already spills (sm_90, triton 3.6, D = 128 default config: 300 B of spill stores against 224
-before this change, 164 with the contiguous dO: PERF.md "Layouts"). The pass costs one extra
-write of dO, in a launch that was there; the separate ``.contiguous()`` copy kernel is gone.
+already spills (sm_90, triton 3.6, D = 128 default config: 300 B of spill stores with a runtime
+dO stride, 164 with the contiguous dO: docs/perf/q-attn.md). The pass costs one extra write of
+dO, in a launch that exists anyway; no separate ``.contiguous()`` copy kernel runs.
 
-Epilogue: ``dQ, dK ← τ·(…)`` and the cast to the output dtype happen in the kernels (the host
-did them in separate FP32 passes); with K-smoothing dK stays FP32 for the seq-mean projection.
+Epilogue: ``dQ, dK ← τ·(…)`` and the cast to the output dtype happen in the kernels (no
+separate FP32 passes on the host); with K-smoothing dK stays FP32 for the seq-mean projection.
 Stochastic rounding draws ``tl.rand`` (Philox) per element, keyed by (seed, b·h, query, key);
-the dQ and dK quantizations use different seeds (seed + 1 for dQ: the dkdv kernel draws that
-stream for the stored tiles, so both dq paths round alike).
+the dQ and dK quantizations use different seeds (seed + 1 for dQ).
 """
 
 import os
@@ -68,11 +58,11 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
+from fullstack_fp4 import knobs
+from fullstack_fp4.nvfp4.kernels.launch import cdiv, launch
 
 from .layout import CONTIGUOUS, bhs_strides, empty_in_order, kernel_operand
 from .triton_nvfp4 import dot_bf16, to_bf16, encode_scales, block_scales, qdq_apply
-from .triton_ds_store import _dq_ds_kernel, ds_scratch, store_ds_tile, use_ds_store
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
@@ -107,24 +97,6 @@ def _quantize_tile(x, u, ROWS: tl.constexpr, COLS: tl.constexpr, STOCH: tl.const
 
 
 @triton.jit
-def _quantize_tile_given(x, u, enc6_g, dec_g, ROWS: tl.constexpr, COLS: tl.constexpr,
-                         STOCH: tl.constexpr):
-    """:func:`_quantize_tile`'s values with the per-64-row-group ``(enc·(1/6), dec)`` given
-    (``[ROWS/64]``; the tile amax is the same whichever axis its blocks run along)."""
-    x3 = tl.reshape(x, [ROWS, COLS // 16, 16])
-    bam = tl.max(tl.abs(x3), axis=2)
-    enc6 = tl.reshape(tl.broadcast_to(enc6_g[:, None], [ROWS // 64, 64]), [ROWS])
-    dec = tl.reshape(tl.broadcast_to(dec_g[:, None], [ROWS // 64, 64]), [ROWS])
-    s, f = block_scales(bam, enc6[:, None], dec[:, None])
-    if STOCH:
-        u3 = tl.reshape(u, [ROWS, COLS // 16, 16])
-    else:
-        u3 = x3
-    v3 = qdq_apply(x3, s[:, :, None], f[:, :, None], u3, STOCH)
-    return tl.reshape(v3, [ROWS, COLS])
-
-
-@triton.jit
 def _ds_product(ds, op, dec_op, u, ROWS: tl.constexpr, COLS: tl.constexpr,
                 DS_FP4: tl.constexpr, STOCH: tl.constexpr, INTERP: tl.constexpr):
     """``dS₄ · op`` scaled to real units: the dS (or dSᵀ) tile ``[ROWS, COLS]`` quantized along
@@ -141,10 +113,10 @@ def _ds_product(ds, op, dec_op, u, ROWS: tl.constexpr, COLS: tl.constexpr,
 
 @triton.jit
 def _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh, lo, hi, offs_n,
-               start_n, Sq, Sk, qk_mul, dec_qs, seed, dsc_ptr, dss_ptr, dsd_ptr, NKT, TPH, seed_dq,
+               start_n, Sq, Sk, qk_mul, dec_qs, seed,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr,
                CAUSAL: tl.constexpr, DS_FP4: tl.constexpr, STOCH: tl.constexpr,
-               STORE_DS: tl.constexpr, INTERP: tl.constexpr):
+               INTERP: tl.constexpr):
     offs_d = tl.arange(0, D)
     for start_m in range(lo, hi, BM):
         offs_m = start_m + tl.arange(0, BM)
@@ -168,30 +140,18 @@ def _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh, lo,
         u = dsT
         if STOCH:
             u = tl.rand(seed, (bh * Sq + offs_m[None, :]) * Sk + offs_n[:, None])
-        if STORE_DS:
-            # the tile also quantized along keys and stored for _dq_ds_kernel
-            # (triton_ds_store.py); its per-tile (enc, dec) serve the dK quantization too
-            u_q = dsT
-            if STOCH:
-                u_q = tl.rand(seed_dq, (bh * Sq + offs_m[None, :]) * Sk + offs_n[:, None])
-            enc6_t, dec_t = store_ds_tile(dsT, u_q, dsc_ptr, dss_ptr, dsd_ptr, bh, start_m,
-                                          start_n, NKT, TPH, BN, BM, CAUSAL, STOCH)
-            vals = _quantize_tile_given(dsT, u, enc6_t, dec_t, BN, BM, STOCH)
-            dk += dot_bf16(to_bf16(vals, INTERP), qs, INTERP) * (
-                tl.reshape(tl.broadcast_to(dec_t[:, None], [BN // 64, 64]), [BN]) * dec_qs)[:, None]
-        else:
-            dk += _ds_product(dsT, qs, dec_qs, u, BN, BM, DS_FP4, STOCH, INTERP)
+        dk += _ds_product(dsT, qs, dec_qs, u, BN, BM, DS_FP4, STOCH, INTERP)
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seed", "seed_dq"])   # a fresh seed each call: no recompiles
+@triton.jit(do_not_specialize=["seed"])   # a fresh seed each call: no recompiles
 def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
-                 decqh_ptr, deckh_ptr, decqs_ptr, dk_ptr, dv_ptr, dsc_ptr, dss_ptr, dsd_ptr,
-                 Sq, Sk, H, GROUPS, NKT, TPH, scale, scale2, seed, seed_dq,
+                 decqh_ptr, deckh_ptr, decqs_ptr, dk_ptr, dv_ptr,
+                 Sq, Sk, H, GROUPS, scale, scale2, seed,
                  v_sb, v_sh, v_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss,
                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
                  DS_FP4: tl.constexpr, STOCH: tl.constexpr, DK_BF16: tl.constexpr,
-                 DV_BF16: tl.constexpr, STORE_DS: tl.constexpr, INTERP: tl.constexpr):
+                 DV_BF16: tl.constexpr, INTERP: tl.constexpr):
     start_n = tl.program_id(0) * BN
     bkv = tl.program_id(1)
     hk_n = H // GROUPS
@@ -222,13 +182,11 @@ def _dkdv_kernel(qh_ptr, kh_ptr, qs_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
         qk_mul = tl.load(decqh_ptr + bh) * dec_k * scale2
         dec_qs = tl.load(decqs_ptr + bh)
         dk, dv = _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh,
-                            mlo, mhi, offs_n, start_n, Sq, Sk, qk_mul, dec_qs, seed, dsc_ptr,
-                            dss_ptr, dsd_ptr, NKT, TPH, seed_dq,
-                            D, BM, BN, True, CAUSAL, DS_FP4, STOCH, STORE_DS, INTERP)
+                            mlo, mhi, offs_n, start_n, Sq, Sk, qk_mul, dec_qs, seed,
+                            D, BM, BN, True, CAUSAL, DS_FP4, STOCH, INTERP)
         dk, dv = _dkdv_loop(dk, dv, k, v, qh_ptr, qs_ptr, do_ptr, lse_ptr, delta_ptr, bh,
-                            mhi, Sq, offs_n, start_n, Sq, Sk, qk_mul, dec_qs, seed, dsc_ptr,
-                            dss_ptr, dsd_ptr, NKT, TPH, seed_dq,
-                            D, BM, BN, False, CAUSAL, DS_FP4, STOCH, STORE_DS, INTERP)
+                            mhi, Sq, offs_n, start_n, Sq, Sk, qk_mul, dec_qs, seed,
+                            D, BM, BN, False, CAUSAL, DS_FP4, STOCH, INTERP)
     dk = dk * scale
     dk_offs = b * dk_sb + hk * dk_sh + offs_n[:, None] * dk_ss + offs_d[None, :]
     if DK_BF16:
@@ -347,14 +305,12 @@ def _delta_kernel(do_ptr, o_ptr, lse_ptr, delta_ptr, lse2_ptr, dob_ptr, S, H,
 def bwd_config(d: int):
     """``((warps, stages, RN) of _dkdv_kernel, (warps, stages, RM) of _dq_kernel)``; RN/RM:
     the program's own dimension in 64-row groups (keys for dkdv, queries for dq; the dS tile
-    stays 64×64). ``FP4_QATTN_BWD="w_kv,st_kv,w_q,st_q[,rn,rm]"`` overrides
-    (``benchmarks/bench_q_attn.py --sweep``)."""
-    from .triton_fwd import _env_ints
-    cfg = _env_ints("FP4_QATTN_BWD", (4, 6))
+    stays 64×64). ``knobs.QATTN_BWD`` (``(w_kv, st_kv, w_q, st_q[, rn, rm])``, set from code)
+    overrides (``benchmarks/bench_q_attn.py --sweep``)."""
+    cfg = knobs.QATTN_BWD
     if cfg is not None:
+        knobs.check_qattn_bwd(cfg)
         rn, rm = cfg[4:6] if len(cfg) == 6 else (1, 1)
-        if rn not in (1, 2) or rm not in (1, 2):
-            raise ValueError("FP4_QATTN_BWD: rn, rm must be 1 or 2")
         return (cfg[0], cfg[1], rn), (cfg[2], cfg[3], rm)
     if d <= 64:
         return (4, 2, 1), (4, 2, 1)
@@ -363,45 +319,30 @@ def bwd_config(d: int):
     # computes exp2, dS and the quantization of the *whole* tile (SASS: 32 MUFU.EX2 per thread
     # per tile = 4096 / 128) and the GEMMs run as 64x32 wgmmas. 128 rows give each warpgroup
     # its own 64 rows: half the elementwise instructions per tile, 64x64 / 64x128 wgmmas.
-    # Registers 255 (dkdv, no spill) / 210 (dq), smem 164 KB at 2 stages (compile gate); PERF.md.
-    # 3 pipeline stages measured 5% faster on the H200 (1.848 vs 1.942 ms at 1x24x4096x128
-    # causal, `bench_q_attn.py --sweep`, 2026-12-01: benchmarks/results/2026-12-01/run16_kernels).
+    # Registers 255 (dkdv, no spill) / 210 (dq), smem 164 KB at 2 stages (compile gate).
+    # 3 pipeline stages measured 5% faster on the H200 at 1x24x4096x128 causal
+    # (`bench_q_attn.py --sweep`; docs/perf/q-attn.md).
     return (8, 3, 2), (8, 3, 2)
-
-
-def ds_dq_config(d: int):
-    """``(warps, stages, RM)`` of ``_dq_ds_kernel`` (the stored-dS dq kernel); RM = 64-row
-    groups per program. ``FP4_QATTN_DQS="warps,stages,rm"`` overrides (benchmark sweeps).
-    Default: the recompute dq kernel's config (``bwd_config``) — a guess until measured."""
-    from .triton_fwd import _env_ints
-    cfg = _env_ints("FP4_QATTN_DQS", 3)
-    if cfg is not None:
-        if cfg[2] not in (1, 2):
-            raise ValueError("FP4_QATTN_DQS: rm must be 1 or 2")
-        return cfg
-    return bwd_config(d)[1]
 
 
 def _dq_register_cap(d: int, warps: int, stochastic: bool) -> dict:
     """Launch option for the recompute dq kernel: at D <= 64 on 4 warps, at most 168 registers,
     which keeps 3 programs per SM (3 × 128 threads × 168 ≤ 64 K registers; 65 KB of shared
-    memory each). Reading V through runtime strides (``layout.py``) took the kernel from
-    153–165 to 168–176 registers (2 programs per SM) on triton 3.6; capped, ptxas fits it in
-    142–162 without spills (compile gate, PERF.md "Layouts"). Register allocation only: the
-    numbers do not change. Not for stochastic dS (211–255 registers before the change: capped
-    it spills) nor for 8 warps / D = 128 (one program per SM, held by shared memory)."""
+    memory each). Reading V through runtime strides (``layout.py``) takes the kernel to
+    168–176 registers (2 programs per SM) on triton 3.6; capped, ptxas fits it in 142–162
+    without spills (compile gate). Register allocation only: the numbers do not change. Not
+    for stochastic dS (211–255 registers: capped it spills) nor for 8 warps / D = 128 (one
+    program per SM, held by shared memory)."""
     return {"maxnreg": 168} if d <= 64 and warps == 4 and not stochastic else {}
 
 
 def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_fp4: bool = True,
                        ds_stochastic: bool = False, seed: int = 0, out_dtypes=None,
-                       ds_store=None, out_orders=None):
+                       out_orders=None):
     """``(dQ, dK, dV)``. ``lse`` is the forward's natural-log LSE [B, H, Sq]; ``ds_fp4`` says
     whether the ds path is NVFP4 (else dS and the seq views are plain BF16). ``out_dtypes``:
     the dtypes of (dQ, dK, dV), default FP32; BF16 outputs are rounded in the kernels (RNE, as
-    ``Tensor.to``), other dtypes are cast from FP32 on the host. ``ds_store``: dQ from the dS
-    tiles the dkdv kernel stores (``triton_ds_store.py``) instead of recomputing them; None =
-    ``FP4_QATTN_DS_STORE`` (default off), within ``FP4_QATTN_DS_STORE_MAX_BYTES``.
+    ``Tensor.to``), other dtypes are cast from FP32 on the host.
 
     Layouts (``layout.py``): ``do``, ``o`` and ``v`` are read through their (batch, head, seq)
     strides; dQ, dK, dV are stored dense in ``out_orders`` (three ``layout.dim_order`` tuples,
@@ -436,32 +377,18 @@ def attention_backward(do, o, lse, v, views, *, causal: bool, scale: float, ds_f
     (w_kv, st_kv, rn), (w_q, st_q, rm) = bwd_config(d)
     common = dict(D=d, BM=BLOCK, CAUSAL=causal, DS_FP4=ds_fp4, STOCH=ds_stochastic,
                   INTERP=INTERPRET)
-    store = use_ds_store(b, h, sq, sk, d, causal, ds_fp4, ds_store)
-    if store:
-        dsc, dss, dsd, nqt, nkt, tph = ds_scratch(b, h, sq, sk, causal, dev)
-    else:
-        dsc = dss = dsd = dv    # unused (STORE_DS=False)
-        nqt = nkt = tph = 0
     launch(_dkdv_kernel, (cdiv(sk, BLOCK * rn), b * hk),
         qh, kh, views.q_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd, views.dec_q_sq,
-        dk, dv, dsc, dss, dsd, sq, sk, h, groups, nkt, tph, scale, scale2, seed, seed + 1,
+        dk, dv, sq, sk, h, groups, scale, scale2, seed,
         *bhs_strides(v), *bhs_strides(dk), *bhs_strides(dv), BN=BLOCK * rn,
-        DK_BF16=dk.dtype == bf, DV_BF16=dv.dtype == bf, STORE_DS=store, **common,
+        DK_BF16=dk.dtype == bf, DV_BF16=dv.dtype == bf, **common,
         num_warps=w_kv, num_stages=st_kv)
-    if store:
-        (w_s, st_s, rs) = ds_dq_config(d)
-        launch(_dq_ds_kernel, (cdiv(sq, BLOCK * rs), b * h),
-            dsc, dss, dsd, views.k_sq, views.dec_k_sq, dq, sq, sk, h, groups, nqt, nkt, tph,
-            scale, *bhs_strides(dq), D=d, BM=BLOCK * rs, CAUSAL=causal, DQ_BF16=dq.dtype == bf,
-            INTERP=INTERPRET, num_warps=w_s, num_stages=st_s)
-        del dsc, dss, dsd
-    else:
-        common["BM"] = BLOCK * rm
-        launch(_dq_kernel, (cdiv(sq, BLOCK * rm), b * h),
-            qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd,
-            views.dec_k_sq, dq, sq, sk, h, groups, scale, scale2, seed + 1, *bhs_strides(v),
-            *bhs_strides(dq), BN=BLOCK, DQ_BF16=dq.dtype == bf, **common, num_warps=w_q,
-            num_stages=st_q, **_dq_register_cap(d, w_q, ds_stochastic))
+    common["BM"] = BLOCK * rm
+    launch(_dq_kernel, (cdiv(sq, BLOCK * rm), b * h),
+        qh, kh, views.k_sq, v, do, lse2, delta, views.dec_q_hd, views.dec_k_hd,
+        views.dec_k_sq, dq, sq, sk, h, groups, scale, scale2, seed + 1, *bhs_strides(v),
+        *bhs_strides(dq), BN=BLOCK, DQ_BF16=dq.dtype == bf, **common, num_warps=w_q,
+        num_stages=st_q, **_dq_register_cap(d, w_q, ds_stochastic))
     if smoothed:
         dk -= dk.mean(dim=2, keepdim=True)   # K-smoothing: project out the seq-mean (prologue.py)
     return dq.to(dq_t), dk.to(dk_t), dv.to(dv_t)

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
+from fullstack_fp4 import knobs
+from fullstack_fp4.nvfp4.kernels.launch import cdiv, launch
 
 from .layout import CONTIGUOUS, bhs_strides, empty_in_order, kernel_operand
 from .triton_nvfp4 import dot_bf16, to_bf16
@@ -97,43 +98,25 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, dq_ptr, dk_ptr, o_ptr, lse_ptr, Sq, Sk, H, 
     row_mask = offs_m < Sq
     tl.store(o_ptr + b * o_sb + h * o_sh + offs_m[:, None] * o_ss + offs_d[None, :],
              to_bf16(o, INTERP), mask=row_mask[:, None])
-    # natural-log LSE (lse2 · ln 2, the FP32 product the host used to do in a separate pass)
+    # natural-log LSE (lse2 · ln 2, one FP32 product, no separate pass on the host)
     tl.store(lse_ptr + bh * Sq + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453,
              mask=row_mask)
 
 
-def _env_ints(name: str, n):
-    """``FP4_QATTN_*`` override: ``n`` (an int or a tuple of allowed counts) comma-separated
-    ints (benchmark sweeps), else None."""
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return None
-    counts = (n,) if isinstance(n, int) else tuple(n)
-    try:
-        vals = tuple(int(x) for x in v.split(","))
-    except ValueError:
-        vals = ()
-    if len(vals) not in counts:
-        raise ValueError(f"{name}={v!r}: expected {' or '.join(map(str, counts))} "
-                         "comma-separated ints")
-    return vals
-
-
-def _config(d: int, is_interp: bool):
+def fwd_config(d: int, is_interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_N must divide BLOCK_M (causal split).
 
-    ``FP4_QATTN_FWD="bm,bn,warps,stages"`` overrides (``benchmarks/bench_q_attn.py --sweep``)."""
-    cfg = _env_ints("FP4_QATTN_FWD", 4)
+    ``knobs.QATTN_FWD`` (``(bm, bn, warps, stages)``, set from code) overrides
+    (``benchmarks/bench_q_attn.py --sweep``)."""
+    cfg = knobs.QATTN_FWD
     if cfg is not None:
-        if cfg[0] % cfg[1]:
-            raise ValueError("FP4_QATTN_FWD: BLOCK_N must divide BLOCK_M")
-        return cfg
+        knobs.check_qattn_fwd(cfg)
+        return tuple(cfg)
     if d <= 64:
         return 128, 64, 4, 3
     # D = 128: 64-row programs on 4 warps measured 18% faster than 128 rows on 8 warps on the
-    # H200 (0.315 vs 0.383 ms at 1x24x4096x128 causal, `bench_q_attn.py --sweep`, 2026-12-01:
-    # benchmarks/results/2026-12-01/run16_kernels/q_attn.txt). Why is not measured; a guess: twice
-    # the programs fill the 132 SMs better on the causal triangle
+    # H200 at 1x24x4096x128 causal (`bench_q_attn.py --sweep`; docs/perf/q-attn.md). Why is not
+    # measured; a guess: twice the programs fill the 132 SMs better on the causal triangle
     return 64, 64, 4, 3
 
 
@@ -153,7 +136,7 @@ def attention_forward(views, v: torch.Tensor, *, causal: bool, scale: float,
     v = kernel_operand(v.to(torch.bfloat16))
     o = empty_in_order(q.shape, out_order, torch.bfloat16, q.device)
     lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
-    bm, bn, warps, stages = _config(d, False)
+    bm, bn, warps, stages = fwd_config(d, False)
     grid = (cdiv(sq, bm), b * h)
     launch(_fwd_kernel, grid,
            q, k, v, views.dec_q_hd.contiguous(), views.dec_k_hd.contiguous(), o, lse,

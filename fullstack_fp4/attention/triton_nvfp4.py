@@ -22,7 +22,7 @@ Choices that keep it exact on GPU and in the interpreter alike:
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_quantize_jit import _neg_where  # -0 where the code's sign says so
+from fullstack_fp4.nvfp4.kernels.fp4_math import neg_where  # -0 where the code's sign says so
 
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a plain global is invisible to compiled kernels
 
@@ -48,7 +48,7 @@ def e2m1_nearest(a):
     2²³, 2²⁴ (whose FP32 ulp is that step) is FP32 round-to-nearest-even onto the grid, exact
     (a < 2²²). 2 compares + 2 selects + 2 adds instead of the 7-level threshold chain
     (``t <= 0.25 → 0, < 0.75 → 0.5, <= 1.25 → 1, < 1.75 → 1.5, <= 2.5 → 2, < 3.5 → 3,
-    <= 5 → 4, else 6``); checked equal to that chain on every FP32 in [0, 6] (PERF.md)."""
+    <= 5 → 4, else 6``); checked equal to that chain on every FP32 in [0, 6] (docs/perf/q-attn.md)."""
     c = tl.where(a < 2.0, 4194304.0, tl.where(a < 4.0, 8388608.0, 16777216.0))
     return (a + c) - c
 
@@ -112,7 +112,7 @@ def qdq_apply(x, s, f, u, STOCHASTIC: tl.constexpr):
         m = e2m1_stochastic(a, u)
     else:
         m = e2m1_nearest(a)
-    return _neg_where(y < 0, m) * s
+    return neg_where(y < 0, m) * s
 
 
 @triton.jit
@@ -125,7 +125,7 @@ def qdq_codes(x, s, f):
     m = e2m1_nearest(tl.abs(y))
     neg = y < 0
     mag = tl.where(m < 2.0, m * 2.0, tl.where(m < 6.0, m + 2.0, 7.0)).to(tl.int32)
-    return _neg_where(neg, m) * s, tl.where(neg, mag | 8, mag)
+    return neg_where(neg, m) * s, tl.where(neg, mag | 8, mag)
 
 
 @triton.jit

@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
+from fullstack_fp4 import knobs
+from fullstack_fp4.nvfp4.kernels.launch import cdiv, launch
 
 from .layout import bhs_strides, kernel_operand
 from .packed import PackedView, empty_packed, padded_seq
@@ -38,25 +39,24 @@ AMAX_ROWS = 128    # amax rows per program (fewer atomics)
 
 
 def prologue_config(d: int):
-    """``(rows per program, warps)`` of ``_prologue_kernel``; ``FP4_QATTN_PROLOGUE="rows,warps"``
-    overrides (rows a multiple of 16; ``benchmarks/bench_q_attn.py --sweep``).
+    """``(rows per program, warps)`` of ``_prologue_kernel``; ``knobs.QATTN_PROLOGUE``
+    (``FP4_QATTN_PROLOGUE="rows,warps"``) overrides (rows a power of two >= 16;
+    ``benchmarks/bench_q_attn.py --sweep``).
 
     Occupancy is the question: at D = 128, 64 rows on 8 warps take 183 registers (sm_90
     compile gate), i.e. one program = 8 warps per SM, and the kernel, a load-quantize-store
     stream, has nothing to hide its latency with (0.23 ms for Q and K at 1x24x4096x128, ~5x
     its bytes at copy speed). The D = 128 default, 16 rows on 2 warps (154 registers, 6
     programs = 12 warps per SM), was the fastest of the sweep on the H200: the prologue stage
-    (amax, K mean and views of Q and K) 0.266 ms against 0.554 ms at 64 rows on 8 warps
-    (32,4: 0.284; 16,4: 0.309; `bench_q_attn.py --sweep`, 2026-12-01, benchmarks/results/
-    2026-12-01/run31_q_attn_backends). D <= 64 keeps 64 rows on 4 warps (not measured). The
+    (amax, K mean and views of Q and K) about half the time of 64 rows on 8 warps
+    (``bench_q_attn.py --sweep``; docs/perf/q-attn.md). D <= 64 keeps 64 rows on 4 warps (not
+    measured). The
     numbers do not depend on the tiling (every block and scale lies inside one program's
     rows; tests/fullstack_fp4/attention/test_kernels.py checks 16, 32 and 64 rows bit for bit)."""
-    from .triton_fwd import _env_ints
-    cfg = _env_ints("FP4_QATTN_PROLOGUE", 2)
+    cfg = knobs.QATTN_PROLOGUE
     if cfg is not None:
-        if cfg[0] < 16 or cfg[0] % 16 or cfg[0] & (cfg[0] - 1) or cfg[1] not in (1, 2, 4, 8, 16):
-            raise ValueError("FP4_QATTN_PROLOGUE: rows a power of two >= 16, warps 1..16")
-        return cfg
+        knobs.check_qattn_prologue(cfg)
+        return tuple(cfg)
     return (16, 2) if d >= 128 else (BLOCK_S, 4)
 
 

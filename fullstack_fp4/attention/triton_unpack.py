@@ -9,15 +9,15 @@ so the backward is identical to one run on BF16-saved views. Bytes: 0.5625 read 
 per element and view — a memory-bound pre-pass (≈ 0.1 GB at 1×24×4096×128 for Q and K's four
 views, a few tens of µs), chosen over decoding inside the backward kernels: there every
 Q/K tile is re-read by S/64 programs and would be decoded that many times in an already
-ALU-bound loop (PERF.md).
+ALU-bound loop (docs/perf/q-attn.md).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
-from fullstack_fp4.nvfp4.triton_dequantize import _e2m1_value, _e4m3_value
+from fullstack_fp4.nvfp4.kernels.launch import cdiv, launch
+from fullstack_fp4.nvfp4.kernels.fp4_math import e2m1_value, e4m3_value
 
 from .packed import PackedView, padded_seq
 
@@ -28,7 +28,7 @@ BLOCK_S = 64
 def _decode_pairs(byte):
     """uint8 bytes ``[R, N]`` -> FP32 E2M1 values ``[R, N, 2]`` (low nibble first)."""
     b = byte.to(tl.int32)
-    return tl.join(_e2m1_value(b & 15), _e2m1_value(b >> 4))
+    return tl.join(e2m1_value(b & 15), e2m1_value(b >> 4))
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def _unpack_kernel(hdc_ptr, hds_ptr, sqc_ptr, sqs_ptr, hd_ptr, sq_ptr, S, SP,
         byte = tl.load(hdc_ptr + bh * S * (D // 2) + rows[:, None] * (D // 2) + hcols[None, :],
                        mask=ok, other=0)
         scols = tl.arange(0, D // 16)
-        s = _e4m3_value(tl.load(hds_ptr + bh * S * (D // 16) + rows[:, None] * (D // 16)
+        s = e4m3_value(tl.load(hds_ptr + bh * S * (D // 16) + rows[:, None] * (D // 16)
                                 + scols[None, :], mask=ok, other=0).to(tl.int32))
         v = tl.reshape(_decode_pairs(byte), [BLOCK, D // 16, 16]) * s[:, :, None]
         tl.store(hd_ptr + offs, tl.reshape(v, [BLOCK, D]).to(tl.bfloat16), mask=ok)
@@ -56,7 +56,7 @@ def _unpack_kernel(hdc_ptr, hds_ptr, sqc_ptr, sqs_ptr, hd_ptr, sq_ptr, S, SP,
         # [BLOCK/2, D, 2] -> [BLOCK/2, 2, D]: byte row i holds seq rows 2i (low), 2i+1 (high)
         v = tl.reshape(tl.permute(_decode_pairs(byte), (0, 2, 1)), [BLOCK // 16, 16, D])
         r16 = sb * (BLOCK // 16) + tl.arange(0, BLOCK // 16)
-        s = _e4m3_value(tl.load(sqs_ptr + bh * (SP // 16) * D + r16[:, None] * D + cols[None, :],
+        s = e4m3_value(tl.load(sqs_ptr + bh * (SP // 16) * D + r16[:, None] * D + cols[None, :],
                                 mask=r16[:, None] < SP // 16, other=0).to(tl.int32))
         v = v * s[:, None, :]
         tl.store(sq_ptr + offs, tl.reshape(v, [BLOCK, D]).to(tl.bfloat16), mask=ok)

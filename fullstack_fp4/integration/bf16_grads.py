@@ -13,8 +13,8 @@ params into the optimizer (TE FusedAdam); here only its gradient half is taken:
 - grad norm, clipping, zero-count and zero_grad read that attribute, as megatron-core does with
   `use_decoupled_grad=True`. The norm accumulates each tensor in FP32
   (``vector_norm(g, dtype=float32)``), so it is the FP32-buffer run's norm for the same values
-  up to the order of the FP32 sum: the same bits on the CPU, the last bits can differ on CUDA
-  (BENCHMARKS.md §N.1). megatron-core's fallback `multi_tensor_l2norm` without apex would take a
+  up to the order of the FP32 sum: the same bits on the CPU (test_bf16_grads.py), the last bits
+  can differ on CUDA. megatron-core's fallback `multi_tensor_l2norm` without apex would take a
   BF16 norm per tensor.
   Clipping scales the BF16 grads in place: FP32 product, one rounding to BF16.
 - `QAdamW` reads ``decoupled_grad`` when set (`grad_of`) and converts to FP32 on load: a BF16
@@ -41,6 +41,7 @@ from megatron.core.optimizer.optimizer import (ChainedOptimizer, Float16Optimize
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
+from fullstack_fp4.integration.wrappers import model_main_pairs
 from fullstack_fp4.optim.q_adamw.optimizer import GRAD_ATTR
 
 __all__ = ["read_bf16_grads_in_place", "uses_decoupled_grads", "grad_norm_fp32",
@@ -83,17 +84,11 @@ def grad_norm_fp32(grads: list, group) -> float:
 
 
 # ------------------------------------------------------------------ methods bound on a wrapper
-def _pairs(wrapper):
-    from fullstack_fp4.integration.optimizers import model_main_pairs
-
-    return model_main_pairs(wrapper)
-
-
 def _copy_model_grads_to_main_grads(self):
     if self.is_stub_optimizer:
         return
     distopt = isinstance(self, DistributedOptimizer)
-    for model_param, main in _pairs(self):
+    for model_param, main in model_main_pairs(self):
         g = getattr(model_param, "main_grad", None)
         if g is None:   # not in a DDP grad buffer (megatron falls back to `.grad` there too)
             g = model_param.grad

@@ -14,9 +14,9 @@ so the parameter gradients megatron-core sees have the norm
 i.e. the in-subspace part counted 1/β times (4× at the default β = 0.25). Where the gradient
 lives mostly in the top singular directions (it does early in training), the reported norm is
 up to 1/β times the BF16 model's, and `train.grad_clip` clips a LoRA-SVD run harder than the
-BF16 run it is compared with. Measured on the H200 (ablation model, BENCHMARKS.md §0.3): the
-LoRA-SVD grad norm stayed above the clip 1.0 until step ~100 while BF16's fell below it by step
-50 — the steps where the loss gap opened.
+BF16 run it is compared with. Measured on the H200 ablation model (docs/lora-svd.md,
+"Gradient clipping"): the LoRA-SVD grad norm stayed above the clip 1.0 until step ~100 while
+BF16's fell below it by step 50 — the steps where the loss gap opened.
 
 The fix: the norm megatron-core computes for clipping (and logs) uses ``β·g_L1`` for the L1
 factors, which gives
@@ -33,9 +33,9 @@ weighting a per-element scale, which also works on the distributed optimizer's f
 (where a shard holds a slice of L1's rows and ``R`` mixes rows).
 
 Measured, and why it is off by default (`fp4.lora_svd.clip_dense_norm: false`): on the H200
-ablation model (BENCHMARKS.md §0, run9) LoRA-SVD with the dense-norm clip ended at +3.18%
-validation loss against BF16, against +2.41% with the parameter-gradient norm (run7; the BF16
-baselines of the two runs agree to 0.02%). Clipping harder helped this recipe: it is the more
+ablation model LoRA-SVD with the dense-norm clip ended at +3.18% validation loss against BF16,
+against +2.41% with the parameter-gradient norm, in two runs whose BF16 baselines agree to
+0.02% (docs/lora-svd.md). Clipping harder helped this recipe: it is the more
 sensitive one to large steps (the CPU runs of docs/lora-svd.md showed the same without any
 clipping). So the hypothesis that the inflated norm caused the gap is rejected; the option
 stays for experiments, and the default keeps megatron's parameter-gradient norm.
@@ -45,17 +45,6 @@ from __future__ import annotations
 import types
 
 import torch
-
-try:  # megatron-core is an install requirement of the trainer, not of the recipe packages
-    from megatron.core.optimizer import ChainedOptimizer
-except ImportError:  # pragma: no cover
-    ChainedOptimizer = ()
-
-
-def _wrappers(optimizer) -> list:
-    if ChainedOptimizer and isinstance(optimizer, ChainedOptimizer):
-        return list(optimizer.chained_optimizers)
-    return [optimizer]
 
 
 def lora_l1_betas(model_chunks) -> dict[int, float]:
@@ -72,8 +61,8 @@ def lora_l1_betas(model_chunks) -> dict[int, float]:
 
 def _main_params_of(wrapper) -> dict[int, torch.Tensor]:
     """id(model param) -> the main param (or the distributed optimizer's main shard) whose
-    `.grad` the norm reads (`optimizers.model_main_pairs`)."""
-    from fullstack_fp4.integration.optimizers import model_main_pairs
+    `.grad` the norm reads (`wrappers.model_main_pairs`)."""
+    from fullstack_fp4.integration.wrappers import model_main_pairs
 
     return {id(mp): main for mp, main in model_main_pairs(wrapper)}
 
@@ -89,11 +78,13 @@ def clip_by_dense_norm(optimizer, model_chunks) -> int:
     """Make every megatron wrapper in ``optimizer`` compute its grad norm with the LoRA-SVD L1
     gradients weighted by β (module docstring). Returns the number of L1 params weighted here
     (0: no LoRA-SVD linear, nothing changed)."""
+    from fullstack_fp4.integration.wrappers import megatron_wrappers
+
     betas = lora_l1_betas(model_chunks)
     if not betas:
         return 0
     weighted = 0
-    for wrapper in _wrappers(optimizer):
+    for wrapper in megatron_wrappers(optimizer):
         if not hasattr(wrapper, "get_main_grads_for_grad_norm"):
             continue
         mains = _main_params_of(wrapper)

@@ -52,8 +52,8 @@ written back to the master copies *and* the model parameters. Optimizer state ac
 * **Second moments: ``v_res`` kept, ``v_L1`` propagated.** ``v`` is not linear; treating the
   elements of the dense gradient as independent, ``V = v_res + β²(L2_old∘L2_old) v_L1`` is
   its elementwise variance and the new L1 gradient ``A G`` (``A = R⁻¹Qᵀ/β``) has variance
-  ``(A∘A) V``. This keeps the per-input-feature scale of ``v`` (what the old ``mean(v)``
-  reset lost). ``v_res`` keeps its elementwise statistics (same basis; the complement moved
+  ``(A∘A) V``. This keeps the per-input-feature scale of ``v`` (which a reset to ``mean(v)``
+  would lose). ``v_res`` keeps its elementwise statistics (same basis; the complement moved
   by at most 2r directions).
 * **step** kept (megatron-core needs one count for all parameters; the bias corrections stay
   consistent with the carried moments). No state for W_res yet: L1 falls back to
@@ -63,6 +63,10 @@ written back to the master copies *and* the model parameters. Optimizer state ac
 * **Dense route** (``fp4.lora_svd.route: dense``, fullstack_fp4/linear/lora_svd.py): W_res got
   the whole gradient, so its moments are the dense W's elementwise moments whatever the split:
   they stay as they are; L1 (zero gradients) gets zero moments (:func:`zero_factor_moments`).
+
+BF16 switch (the telemetry fallback and the precision schedule `fp4.bf16_from`): `lora_exact`,
+W_res's GEMMs unquantized beside the BF16 branch, not a merge into one dense W (the parameter
+set and the optimizer state keep their layout; megatron/training/precision.py argues it).
 
 Supported optimizer wrappers: megatron-core's `FP32Optimizer` (fp32 runs: the params are
 their own masters), `Float16OptimizerWithFloat16Params` (bf16 runs: masters via
@@ -92,6 +96,7 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 from fullstack_fp4.integration.nvfp4_linear_layers import _amax_reducer, main_grad_accumulator
 from fullstack_fp4.linear.lora_svd import (BasisCache, lora_svd_linear, lora_svd_split, merge,
                                           subspace_basis)
+from fullstack_fp4.linear.nvfp4_linear import scale_rules
 
 __all__ = ["LoRASVDColumnParallelLinear", "LoRASVDRowParallelLinear", "lora_svd_modules",
            "realign_model", "exact_matmuls", "merged_state_dict", "reset_factor_moments",
@@ -113,7 +118,7 @@ class _LoRASVDMixin:
     _lora_axis: int  # TP sharding axis of weight and both factors
 
     def _lora_init(self, rank, beta, oversample, power_iters, exact=False, route="dense",
-                   fuse_wgrad_accumulation=True):
+                   fuse_wgrad_accumulation=True, scale_rule="6"):
         if self.sequence_parallel:
             raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
         out_f, in_f = self.weight.shape
@@ -128,6 +133,7 @@ class _LoRASVDMixin:
         self.lora_route = route         # backward routing (fullstack_fp4/linear/lora_svd.py)
         # W_res's wgrad into megatron's main_grad (dense route only; module docstring)
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.lora_scale_rule = scale_rules(scale_rule)   # W_res GEMMs' rules (fp4.linear_scale_rule)
         self._lora_basis = BasisCache()  # (Q, R⁻¹) of L2, recomputed only when L2 is rewritten
         w = self.weight
         self.lora_l2 = torch.nn.Parameter(torch.zeros(out_f, rank, dtype=w.dtype, device=w.device),
@@ -171,7 +177,8 @@ class _LoRASVDMixin:
         return lora_svd_linear(input, weight, self.lora_l1, self.lora_l2, self.lora_beta, bias,
                                exact=self.lora_exact, route=self.lora_route,
                                amax_reduce=_amax_reducer(self.tp_group),
-                               basis=basis, wgrad_accumulator=main_grad_accumulator(weight, fuse))
+                               basis=basis, wgrad_accumulator=main_grad_accumulator(weight, fuse),
+                               scale_rule=self.lora_scale_rule)
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         state_dict = self.state_dict(prefix="", keep_vars=True)
@@ -187,10 +194,11 @@ class LoRASVDColumnParallelLinear(_LoRASVDMixin, ColumnParallelLinear):
     _lora_axis = 0
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, lora_route="dense", fuse_wgrad_accumulation=True, **kwargs):
+                 lora_exact=False, lora_route="dense", fuse_wgrad_accumulation=True,
+                 lora_scale_rule="6", **kwargs):
         super().__init__(*args, **kwargs)
         self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
-                        lora_route, fuse_wgrad_accumulation)
+                        lora_route, fuse_wgrad_accumulation, lora_scale_rule)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         return self._lora_forward_impl(input, weight, **kwargs)
@@ -200,10 +208,11 @@ class LoRASVDRowParallelLinear(_LoRASVDMixin, RowParallelLinear):
     _lora_axis = 1
 
     def __init__(self, *args, lora_rank=64, lora_beta=1.0, lora_oversample=8, lora_power_iters=2,
-                 lora_exact=False, lora_route="dense", fuse_wgrad_accumulation=True, **kwargs):
+                 lora_exact=False, lora_route="dense", fuse_wgrad_accumulation=True,
+                 lora_scale_rule="6", **kwargs):
         super().__init__(*args, **kwargs)
         self._lora_init(lora_rank, lora_beta, lora_oversample, lora_power_iters, lora_exact,
-                        lora_route, fuse_wgrad_accumulation)
+                        lora_route, fuse_wgrad_accumulation, lora_scale_rule)
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         kwargs["allreduce_dgrad"] = False  # the input is already split along K
@@ -323,7 +332,7 @@ def transfer_moments(st_res: dict, st_l1: dict, l2_old, basis_old, l2_new, basis
 def dense_moments(st_res: dict, st_l1: dict, l2, beta: float) -> dict:
     """The moments of the dense ``W = W_res + β L2 L1`` that a ``(W_res, L1)`` AdamW-layout
     state describes — the first half of :func:`transfer_moments`, for carrying the state to
-    another split *shape* (a checkpoint resumed at another TP size, megatron/training/reshard.py):
+    another split *shape* (a checkpoint resumed at another TP size, reshard_state.py):
     ``exp_avg``: ``M = m_res + β L2 m_L1`` (exactly the dense first moment, see the module
     docstring); ``exp_avg_sq``: ``V = v_res + β²(L2∘L2) v_L1`` (elementwise variances of the
     dense gradient, independent elements assumed); ``exp_avg_sq_res``: ``v_res`` (the routing
@@ -512,21 +521,22 @@ def merged_state_dict(model, dtype=None) -> dict:
     return out
 
 
-def lora_svd_layer_specs(lcfg, fuse_wgrad_accumulation: bool = True):
+def lora_svd_layer_specs(lcfg, fuse_wgrad_accumulation: bool = True, scale_rule="6"):
     """(column, row) `ModuleSpec`s carrying the `fp4.lora_svd` settings (and
-    `parallel.gradient_accumulation_fusion`) into the layers."""
+    `parallel.gradient_accumulation_fusion`, `fp4.linear_scale_rule`) into the layers."""
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     params = dict(lora_rank=lcfg.rank, lora_beta=lcfg.beta, lora_oversample=lcfg.oversample,
                   lora_power_iters=lcfg.power_iters, lora_exact=lcfg.unquantized,
-                  lora_route=lcfg.route, fuse_wgrad_accumulation=fuse_wgrad_accumulation)
+                  lora_route=lcfg.route, fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                  lora_scale_rule=scale_rules(scale_rule))
     return (ModuleSpec(module=LoRASVDColumnParallelLinear, params=dict(params)),
             ModuleSpec(module=LoRASVDRowParallelLinear, params=dict(params)))
 
 
 def check_supported(cfg) -> None:
     """Refuse configurations the realignment cannot handle (a config error, before training)."""
-    from megatron.training.errors import ConfigError
+    from fullstack_fp4.errors import ConfigError
 
     if cfg.fp4.lora_svd.beta <= 0:
         raise ConfigError("fp4.lora_svd.beta must be > 0")

@@ -12,10 +12,15 @@ all-reduce-backward op on the input and expects `_forward_impl` to all-reduce dg
 (`allreduce_dgrad=True`); we reproduce that with `copy_to_tensor_model_parallel_region`.
 Sequence parallelism is not supported (refused at construction).
 
-BF16 fallback (`fp4.fallback=bf16`, docs/telemetry.md): `switch_module_to_bf16(m)` sets the
+BF16 switch (the telemetry fallback `fp4.fallback=bf16`, docs/telemetry.md, and the precision
+schedule `fp4.bf16_from` of the training loop): `switch_module_to_bf16(m)` sets the
 per-instance flag `m.fp4_fallback_bf16`; `_forward_impl` then takes megatron-core's own path
 (`linear_with_grad_accumulation_and_async_allreduce`, in the params' dtype). The flag is part
 of `fullstack_fp4.telemetry.fallback_state(model)`, which the trainer keeps in the checkpoint.
+
+Block-scale rules (`fp4.linear_scale_rule`, the constructor's `scale_rule`): `"6"` or `"4over6"`
+per operand (x, w, dy), passed to `nvfp4_linear` (fullstack_fp4/linear/nvfp4_linear.py, "Scale
+rules"); the TP amax reduction is the same for both.
 
 Gradient-accumulation fusion (`parallel.gradient_accumulation_fusion`, the constructor's
 `fuse_wgrad_accumulation`, default on): inside megatron-core's DDP every parameter has a
@@ -44,6 +49,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
 from fullstack_fp4.linear import nvfp4_linear
+from fullstack_fp4.linear.nvfp4_linear import scale_rules
 from fullstack_fp4.linear.partial_nvfp4 import check_kept, partial_nvfp4_linear
 
 
@@ -95,7 +101,8 @@ class _NVFP4LocalGEMM:
 
     _row_parallel = False  # row-parallel input is already split along K: no dgrad all-reduce
 
-    def __init__(self, *args, fuse_wgrad_accumulation: bool = True, unquantized_operands=(), **kwargs):
+    def __init__(self, *args, fuse_wgrad_accumulation: bool = True, unquantized_operands=(),
+                 scale_rule="6", **kwargs):
         super().__init__(*args, **kwargs)
         if self.sequence_parallel:
             raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
@@ -104,6 +111,7 @@ class _NVFP4LocalGEMM:
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         # diagnostic (`fp4.unquantized_operands`): these operands skip quantization, FP64 GEMMs
         self.unquantized_operands = check_kept(unquantized_operands)
+        self.scale_rule = scale_rules(scale_rule)   # fp4.linear_scale_rule
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         if getattr(self, "fp4_fallback_bf16", False):  # switched by the BF16 fallback
@@ -120,8 +128,10 @@ class _NVFP4LocalGEMM:
         accumulator = main_grad_accumulator(weight, self.fuse_wgrad_accumulation)
         if self.unquantized_operands:
             return partial_nvfp4_linear(input, weight, bias, keep=self.unquantized_operands,
-                                        amax_reduce=reduce, wgrad_accumulator=accumulator)
-        return nvfp4_linear(input, weight, bias, amax_reduce=reduce, wgrad_accumulator=accumulator)
+                                        amax_reduce=reduce, wgrad_accumulator=accumulator,
+                                        scale_rule=self.scale_rule)
+        return nvfp4_linear(input, weight, bias, amax_reduce=reduce, wgrad_accumulator=accumulator,
+                            scale_rule=self.scale_rule)
 
 
 def switch_module_to_bf16(module) -> None:
@@ -139,13 +149,14 @@ class NVFP4RowParallelLinear(_NVFP4LocalGEMM, RowParallelLinear):
     _row_parallel = True
 
 
-def nvfp4_layer_specs(fuse_wgrad_accumulation: bool = True, unquantized_operands=()):
+def nvfp4_layer_specs(fuse_wgrad_accumulation: bool = True, unquantized_operands=(), scale_rule="6"):
     """(column, row) `ModuleSpec`s of the NVFP4 linears carrying the trainer's settings
-    (`parallel.gradient_accumulation_fusion`, the diagnostic `fp4.unquantized_operands`) into
-    their constructors."""
+    (`parallel.gradient_accumulation_fusion`, the diagnostic `fp4.unquantized_operands`,
+    `fp4.linear_scale_rule`) into their constructors."""
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     params = dict(fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-                  unquantized_operands=tuple(unquantized_operands))
+                  unquantized_operands=tuple(unquantized_operands),
+                  scale_rule=scale_rules(scale_rule))
     return (ModuleSpec(module=NVFP4ColumnParallelLinear, params=dict(params)),
             ModuleSpec(module=NVFP4RowParallelLinear, params=dict(params)))

@@ -40,7 +40,7 @@ Distributed optimizer: global shape (PP, TP, DP) — every DP rank owns a differ
 Resume is exact. The plain optimizer may resume at another DP size (same TP and PP: its state
 is replicated over DP). A changed TP size (same PP size) is converted at load for `q_adamw`:
 every saved rank's 4-bit moments are decoded into the parameters' whole FP32 moments, cut for
-the new layout and encoded again (megatron/training/reshard.py; `param_names` in the payload
+the new layout and encoded again (reshard_state.py; `param_names` in the payload
 says which parameter each state belongs to). Any other changed parallel layout (PP size,
 distributed optimizer on/off or its DP size at the same TP size, parameter shards) is refused
 with an error naming both layouts (`resume_layout_error`).
@@ -53,9 +53,10 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-from megatron.core.optimizer.optimizer import (ChainedOptimizer, FP32Optimizer,
-                                               Float16OptimizerWithFloat16Params)
+from megatron.core.optimizer.optimizer import FP32Optimizer
 
+from fullstack_fp4.integration.wrappers import (inner_params, main_to_model, megatron_wrappers,
+                                                model_main_pairs)
 from fullstack_fp4.optim.muon import Muon
 from fullstack_fp4.optim.q_adamw import QAdamW
 from fullstack_fp4.optim.q_adamw.codecs import CHUNK
@@ -64,7 +65,7 @@ from fullstack_fp4.optim.root import Root
 
 __all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_orthogonal_matrix",
            "STATE_KEY", "OptimizerLayoutError", "resume_layout_error", "place_distributed_shards",
-           "converted_wrappers", "inner_params", "canonical_name", "dp_matrix_specs", "model_main_pairs"]
+           "canonical_name", "dp_matrix_specs"]
 
 MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
                    "linear_fc2.weight")
@@ -149,38 +150,6 @@ class SplitOptimizer:
 
 
 # ------------------------------------------------------------------------ wrapper plumbing
-def _wrappers(optimizer) -> list:
-    if isinstance(optimizer, ChainedOptimizer):
-        return list(optimizer.chained_optimizers)
-    return [optimizer]
-
-
-def model_main_pairs(wrapper):
-    """(model param, the main param the inner optimizer sees for it): megatron's
-    DistributedOptimizer its FP32 shards (only the params of which this DP rank holds a piece),
-    Float16OptimizerWithFloat16Params its FP32 copies (FP32 params: themselves), FP32Optimizer
-    the model params themselves."""
-    if isinstance(wrapper, DistributedOptimizer):
-        for mgs, sgs in ((wrapper.model_float16_groups, wrapper.shard_fp32_from_float16_groups),
-                         (wrapper.model_fp32_groups, wrapper.shard_fp32_groups)):
-            for mg, sg in zip(mgs, sgs):
-                yield from ((mp, sp) for mp, sp in zip(mg, sg) if sp is not None)
-    elif isinstance(wrapper, Float16OptimizerWithFloat16Params):
-        for g16, g32 in zip(wrapper.float16_groups, wrapper.fp32_from_float16_groups):
-            yield from zip(g16, g32)
-        for g in wrapper.fp32_from_fp32_groups:
-            yield from ((p, p) for p in g)
-    elif isinstance(wrapper, FP32Optimizer):
-        yield from ((p, p) for g in wrapper.optimizer.param_groups for p in g["params"])
-    else:
-        raise TypeError(f"no main-param map for {type(wrapper).__name__}")
-
-
-def _main_to_model(wrapper) -> dict:
-    """id(main param (or shard) the inner optimizer sees) -> model param."""
-    return {id(main): mp for mp, main in model_main_pairs(wrapper)}
-
-
 def dp_matrix_specs(wrapper, named) -> list:
     """``[(model param, DPMatrix)]`` for every orthogonalised matrix of the distributed
     optimizer ``wrapper``'s grad buffers — also those of which this DP rank holds no piece —
@@ -225,16 +194,6 @@ def _placements(inner) -> dict:
                                                         pl.phase] for pl in places]}
 
 
-def converted_wrappers(optimizer) -> list:
-    """The megatron wrappers whose inner optimizer `convert_optimizer` replaced."""
-    return [w for w in _wrappers(optimizer) if getattr(w, "fp4_converted", False)]
-
-
-def inner_params(wrapper) -> list:
-    """The inner optimizer's params in `state_dict` order (what the payload's lists follow)."""
-    return [p for g in wrapper.optimizer.param_groups for p in g["params"]]
-
-
 def canonical_name(name: str) -> str:
     """A parameter name relative to the GPT model (without DDP / Float16Module `module.`s)."""
     while name.startswith("module."):
@@ -246,7 +205,7 @@ def _inner_param_names(wrapper, model_chunks) -> list:
     """Model-parameter name (`canonical_name`) of every inner param, in `inner_params` order; a
     distributed-optimizer shard is named after the parameter it is cut from."""
     names = {id(p): canonical_name(n) for c in model_chunks for n, p in c.named_parameters()}
-    model_of = _main_to_model(wrapper)
+    model_of = main_to_model(wrapper)
     return [names.get(id(model_of[id(p)])) if id(p) in model_of else None
             for p in inner_params(wrapper)]
 
@@ -263,14 +222,14 @@ def resume_layout_error(meta: dict, optimizer, path: str):
     run's layout; ``None`` when the layouts agree or the optimizer is not converted.
 
     ``meta``: the checkpoint's meta.json (``world_size`` and the saved ``config``)."""
-    if not any(getattr(w, "fp4_converted", False) for w in _wrappers(optimizer)):
+    if not any(getattr(w, "fp4_converted", False) for w in megatron_wrappers(optimizer)):
         return None
     par = meta.get("config", {}).get("parallel", {})
     saved = (par.get("tensor_model_parallel_size", 1), par.get("pipeline_model_parallel_size", 1),
              meta.get("world_size", 1), bool(par.get("use_distributed_optimizer", False)))
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     now = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-           world, any(isinstance(w, DistributedOptimizer) for w in _wrappers(optimizer)))
+           world, any(isinstance(w, DistributedOptimizer) for w in megatron_wrappers(optimizer)))
     if saved == now:
         return None
     if saved[:2] == now[:2] and not saved[3] and not now[3]:
@@ -300,7 +259,7 @@ class _ConvertedMixin:
         return {"format": FORMAT, "layout": _layout(self), "inner": inner.state_dict(),
                 "main_params": main,
                 # model-parameter name of every inner param: lets a resume in another TP size
-                # find each state (megatron/training/reshard.py); not part of the layout check
+                # find each state (reshard_state.py); not part of the layout check
                 "param_names": getattr(self, "fp4_param_names", None),
                 "grad_scaler": self.grad_scaler.state_dict()
                 if getattr(self, "grad_scaler", None) else None}
@@ -520,7 +479,7 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
     else:
         distopt = isinstance(wrapper, DistributedOptimizer)
         tp = ps.get_tensor_model_parallel_world_size()
-        model_of = _main_to_model(wrapper)
+        model_of = main_to_model(wrapper)
         named = [(n, p) for c in model_chunks for n, p in c.named_parameters()]
         name_of = {id(p): n for n, p in named}
         mats, rest = [], []
@@ -572,7 +531,7 @@ def convert_optimizer(optimizer, cfg, model_chunks) -> None:
         return
     if name not in ("q_adamw",) + ORTHOGONAL:
         raise ValueError(f"unknown optimizer.name {name!r}")
-    for w in _wrappers(optimizer):
+    for w in megatron_wrappers(optimizer):
         _convert_wrapper(w, cfg, model_chunks)
     if name == "q_adamw":
         # BF16 model params: QAdamW's step writes them, megatron's main -> model copy skips them

@@ -19,31 +19,29 @@ projected matrix). The branch takes the top-r part with an **orthonormal** L2:
 
     L2 = U_r,   L1 = diag(S_r) V_rᵀ / β,   W_res = W − β L2 L1
 
-Why orthonormal (and not the balanced ``L2 = U√(S/β)``, ``L1 = √(S/β)Vᵀ`` of the first
-version): the optimizer is Adam, which moves every element of L1 by about ``η`` per step
-whatever the gradient's scale. The induced change of W is ``β L2 ΔL1``: with L2 = U it is
-``β U ΔL1``, i.e. the coordinates of W's update in the principal directions move by ``β η``,
-for every direction, at every point of training, so β *is* the branch's learning-rate
-multiplier. With the balanced split it is ``U diag(√(βσ_k)) ΔL1``: a multiplier
-``√(βσ_k)``, non-uniform and tied to W's spectrum (≈ 0.02(√m+√n) at init, growing during
-training and jumping at each realignment). That step comes *on top of* W_res's own Adam
-update, which (normalised elementwise) already moves W inside the subspace by about what dense
-Adam would; so a large β over-steps the subspace. Measured in the unquantized limit (4 layers
-× 256, 200 steps on the quickstart corpus, docs/lora-svd.md): val-loss gap to BF16 +1.16% at
-β = 1, +0.83% at β = 0.5, +0.39% at β = 0.25; the balanced split at β = 1 (multiplier ≈
-0.5–0.9) gave +0.70%. Hence β well below 1 (0.25 recommended). (All of this concerns the
-projected route; under the dense route L1 gets no gradient and β only sets L1's scale.) At the ablation width (8 × 512,
-docs/lora-svd.md) the unquantized recipe at β = 0.25 still trails BF16 by a gap that grows with
-training (+2.0% validation loss at step 150 on the CPU, +2.1% at step 300 on the H200): these
-are the projected route's dynamics, not NVFP4's, and the dense route (the default, below)
-removes them.
-Also ``L2ᵀL2 = I`` up to L2's BF16 rounding, so the Gram matrix the backward factorises
-has condition number ≈ 1 and ``R ≈ I``. L1 carries the dynamic range ``S``; it is a
-floating-point tensor, so that costs nothing. ``W_res`` is computed *after* L2 has been
-rounded to its storage dtype, so it absorbs that rounding: ``W_res + β L2 L1`` equals ``W``
-up to the rounding of ``W_res`` and ``L1`` themselves. The split is exact by construction
-(``W_res`` is the difference), whatever the accuracy of the randomized SVD; the SVD only
-decides *which* subspace is in BF16.
+Why orthonormal (and not the balanced ``L2 = U√(S/β)``, ``L1 = √(S/β)Vᵀ``): the optimizer is
+Adam, which moves every element of L1 by about ``η`` per step whatever the gradient's scale.
+The induced change of W is ``β L2 ΔL1``: with L2 = U it is ``β U ΔL1``, i.e. the coordinates of
+W's update in the principal directions move by ``β η``, for every direction, at every point of
+training, so β *is* the branch's learning-rate multiplier. With the balanced split it is ``U
+diag(√(βσ_k)) ΔL1``: a multiplier ``√(βσ_k)``, non-uniform and tied to W's spectrum (≈
+0.02(√m+√n) at init, growing during training and jumping at each realignment). That step comes
+*on top of* W_res's own Adam update, which (normalised elementwise) already moves W inside the
+subspace by about what dense Adam would; so a large β over-steps the subspace. Measured in the
+unquantized limit (4 layers × 256, 200 steps on the quickstart corpus, docs/lora-svd.md):
+val-loss gap to BF16 +1.16% at β = 1, +0.83% at β = 0.5, +0.39% at β = 0.25; the balanced split
+at β = 1 (multiplier ≈ 0.5–0.9) gave +0.70%. Hence β well below 1 (0.25 recommended). (All of
+this concerns the projected route; under the dense route L1 gets no gradient and β only sets
+L1's scale.) At the ablation width (8 × 512, docs/lora-svd.md) the unquantized recipe at β =
+0.25 still trails BF16 by a gap that grows with training (+2.0% validation loss at step 150 on
+the CPU, +2.1% at step 300 on the H200): these are the projected route's dynamics, not NVFP4's,
+and the dense route (the default, below) removes them. Also ``L2ᵀL2 = I`` up to L2's BF16
+rounding, so the Gram matrix the backward factorises has condition number ≈ 1 and ``R ≈ I``. L1
+carries the dynamic range ``S``; it is a floating-point tensor, so that costs nothing.
+``W_res`` is computed *after* L2 has been rounded to its storage dtype, so it absorbs that
+rounding: ``W_res + β L2 L1`` equals ``W`` up to the rounding of ``W_res`` and ``L1``
+themselves. The split is exact by construction (``W_res`` is the difference), whatever the
+accuracy of the randomized SVD; the SVD only decides *which* subspace is in BF16.
 
 Backward, projected route (``route="projected"``: the paper's routing, argued here)
 ------------------------------------------------------------------------------------
@@ -176,7 +174,7 @@ import torch
 from fullstack_fp4.nvfp4.gemm import scale_accumulate
 
 from .nvfp4_linear import (WgradAccumulator, nvfp4_linear_backward, nvfp4_linear_forward,
-                           pack_saved, unpack_saved)
+                           pack_saved, scale_rules, unpack_saved)
 
 __all__ = ["cholesky_qr", "randomized_svd", "lora_svd_split", "lora_svd_linear",
            "LoRASVDLinearFunction", "merge", "route_gradient", "subspace_basis", "BasisCache"]
@@ -337,7 +335,7 @@ class LoRASVDLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_res, l1, l2, beta, exact, generator, amax_reduce, basis, route,
-                wgrad_accumulator=None):
+                wgrad_accumulator=None, rules=None):
         in_f, out_f = w_res.shape[1], w_res.shape[0]
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
@@ -352,7 +350,7 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         else:
             # the NVFP4 GEMMs called directly (no nested autograd graph, which would keep y_res
             # alive until the backward): only their 4-bit codes are saved
-            y_res, qw, qxt = nvfp4_linear_forward(x2, w_res, need_dx, need_gq, amax_reduce)
+            y_res, qw, qxt = nvfp4_linear_forward(x2, w_res, need_dx, need_gq, amax_reduce, rules)
             saved, ctx.meta = pack_saved(qw, qxt)
             # X in BF16 only where the backward reads it: the projected route's (dY Q)ᵀ X
             saved = [x2 if route == "projected" else None] + saved
@@ -361,7 +359,7 @@ class LoRASVDLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(l1, l2, *saved)
         ctx.beta, ctx.exact, ctx.x_shape, ctx.basis, ctx.route = beta, exact, x.shape, basis, route
         ctx.x_dtype, ctx.w_dtype, ctx.need_gq = x2.dtype, w_res.dtype, need_gq
-        ctx.generator, ctx.amax_reduce = generator, amax_reduce
+        ctx.generator, ctx.amax_reduce, ctx.rules = generator, amax_reduce, rules
         # fused only where g_Wres is the wgrad itself (dense route; see module docstring)
         ctx.wgrad_accumulator = (wgrad_accumulator
                                  if route == "dense" and ctx.needs_input_grad[1] else None)
@@ -390,7 +388,8 @@ class LoRASVDLinearFunction(torch.autograd.Function):
             x2, codes = saved[0], saved[1:]
             qw, qxt = unpack_saved(codes, ctx.meta)
             dx_res, g_q = nvfp4_linear_backward(dy2, qw, qxt, x_dtype, w_dtype, ctx.generator,
-                                                ctx.amax_reduce, wgrad_into=wgrad_into)
+                                                ctx.amax_reduce, wgrad_into=wgrad_into,
+                                                scale_rule=ctx.rules)
         l2c = l2.to(x_dtype)
         p = dy2 @ l2c                                            # dY L2, [T, r]: shared
         dx = dw_res = dl1 = None
@@ -411,28 +410,32 @@ class LoRASVDLinearFunction(torch.autograd.Function):
             dw_res = g_res.to(w_dtype) if ctx.needs_input_grad[1] else None
             dl1 = g_l1.to(l1.dtype) if ctx.needs_input_grad[2] else None
         ctx.basis = None
-        return dx, dw_res, dl1, None, None, None, None, None, None, None, None
+        return dx, dw_res, dl1, None, None, None, None, None, None, None, None, None
 
 
 def lora_svd_linear(x: torch.Tensor, w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor,
                     beta: float, bias: Optional[torch.Tensor] = None, *, exact: bool = False,
                     route: str = "dense", generator: Optional[torch.Generator] = None,
                     amax_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                    basis=None, wgrad_accumulator: Optional[WgradAccumulator] = None):
+                    basis=None, wgrad_accumulator: Optional[WgradAccumulator] = None,
+                    scale_rule="6"):
     """Functional LoRA-SVD linear: ``x [..., in]``, ``w_res [out, in]``, ``l1 [r, in]``,
     ``l2 [out, r]``. ``exact=True``: the W_res GEMMs unquantized. L2 never gets a gradient.
     ``route``: ``"dense"`` (the default: W_res gets the whole wgrad ``G_q``, L1 a zero gradient)
     or ``"projected"`` (the paper's routing); both in the module docstring.
     ``basis``: :func:`subspace_basis` (L2), if the caller caches it (else computed in backward).
     ``wgrad_accumulator``: add W_res's gradient into its buffer instead of returning it (dense
-    route only; module docstring, "Gradient-accumulation fusion")."""
+    route only; module docstring, "Gradient-accumulation fusion"). ``scale_rule``: the W_res
+    GEMMs' block-scale rules (:func:`fullstack_fp4.linear.nvfp4_linear.scale_rules`; ``w`` is
+    W_res's)."""
     if route not in ("projected", "dense"):
         raise ValueError(f"route must be 'projected' or 'dense', got {route!r}")
     if wgrad_accumulator is not None and route != "dense":
         raise ValueError("wgrad_accumulator needs route='dense' (the projected route rewrites "
                          "the wgrad before use)")
     y = LoRASVDLinearFunction.apply(x, w_res, l1, l2, float(beta), bool(exact), generator,
-                                    amax_reduce, basis, route, wgrad_accumulator)
+                                    amax_reduce, basis, route, wgrad_accumulator,
+                                    scale_rules(scale_rule))
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y

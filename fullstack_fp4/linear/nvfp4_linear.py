@@ -43,16 +43,16 @@ codes (for dgrad) and ``RHT(xᵀ)``'s NVFP4 codes (for wgrad): ≈ 4.5 bits per 
 tensor-parallel group) is applied to each operand's amax so that every rank uses one tensor
 scale; ``None`` means local amax.
 
-Non-finite inputs: on the CPU (reference quantizer) they raise ``ValueError``. On CUDA the
-quantizations do **not** sync the host (``check_finite=False``): a NaN/Inf operand makes that
-operand's tensor scale NaN, so the GEMM output (forward), dX or dW is entirely NaN, and the
-per-step checks the training loop already does (megatron's NaN check on the loss / grad norm,
-``check_for_nan_in_loss_and_grad``) catch it once per step instead of one ``.item()`` per
-quantize (5 per linear per step, ~200 µs each with the pipeline drained).
-``FULLSTACK_FP4_NAN_CHECK=raise`` restores the per-quantize host check (debugging).
+Non-finite inputs never raise, on the CPU (reference quantizer) as on CUDA: the quantizations
+run with ``check_finite=False``, so a NaN/Inf operand makes that operand's tensor scale NaN and
+the GEMM output (forward), dX or dW is entirely NaN. The per-step check the training loop
+already does (its divergence guard on the loss and the total grad norm) then skips the update,
+once per step and on every rank alike, instead of one ``.item()`` per quantize on CUDA (5 per
+linear per step, ~200 µs each with the pipeline drained) or an exception that stops one rank in
+the middle of a step (tests/megatron/training/test_reliability.py::test_nan_inside_fp4_recipe_is_a_skipped_step).
 
-GPU path (see fullstack_fp4/nvfp4/PERF.md, "Fused operands"): every operand is built by one
-read of its source in its own layout (``fullstack_fp4.nvfp4.triton_quantize_decode``), after
+GPU path (see docs/perf/nvfp4.md): every operand is built by one
+read of its source in its own layout (``fullstack_fp4.nvfp4.kernels.quantize_two_ways``), after
 one amax pass that gives both of its amaxes:
 
 =========  ===========================================================================
@@ -72,9 +72,22 @@ GEMMs      ``gemm.decoded_matmul`` on the same operand layouts as before: one cu
 =========  ===========================================================================
 
 Launches per fwd+bwd (both gradients): 2 zero fills, 2 amax passes, 3 quantize kernels, 1
-decode, 3 GEMMs (19 before the pairs and the alphas). In a CUDA graph that changed no device time
-on the H200 (kernels follow each other ~0.4 µs apart); eager, each launch is host time the
-layer waits on (BENCHMARKS.md §W).
+decode, 3 GEMMs. In a CUDA graph the launches cost no device time on the H200 (kernels follow
+each other ~0.4 µs apart); eager, each launch is host time the layer waits on (BENCHMARKS.md,
+the NVFP4 linear).
+
+Scale rules (``scale_rule``, per operand; :class:`ScaleRules`): ``"6"`` maps each block's max to
+6, ``"4over6"`` also tries the scale that maps it to 4 and keeps the candidate with the lower
+error, with 256 instead of 448 as the E4M3 bound of the tensor scale ("Four Over Six", arXiv
+2512.02010; the rule and its FP32 order are :mod:`fullstack_fp4.nvfp4.reference`'s). x's rule
+applies to x (fprop) and to RHT(xᵀ) (wgrad), dY's to dY (dgrad) and to RHT(dYᵀ) (wgrad; the
+choice is made on the nearest-rounded candidates, then the chosen scale rounds stochastically),
+W's to its 16×16 tiles (the error of a tile summed over its 256 elements). The tensor amax, and
+with it the TP ``amax_reduce``, is the same for both rules. An operand with ``"4over6"`` is
+quantized by :func:`fullstack_fp4.nvfp4.quantize` (the reference on CPU, its Triton kernel on
+CUDA, bit-identical to it) through the composed path below, not by the fused operand kernels,
+which implement the 6 rule only: the forward takes the composed path when x's or W's rule is
+4over6, the backward when dY's is (the saved codes are the same format either way).
 
 Same codes, scales, stochastic-rounding draws (Philox seeds drawn from ``generator`` in the
 same order: dY's, then RHT(dYᵀ)'s) and GEMM calls as the composition
@@ -96,8 +109,7 @@ backward then returns to autograd as W's gradient is the accumulator's business
 
 from __future__ import annotations
 
-import os
-from typing import Callable, Optional, Protocol
+from typing import Callable, Mapping, NamedTuple, Optional, Protocol, Union
 
 import torch
 import torch.nn.functional as F
@@ -107,9 +119,39 @@ from fullstack_fp4.nvfp4.gemm import decode_to_bf16, decoded_matmul, nvfp4_matmu
 
 __all__ = ["NVFP4LinearFunction", "nvfp4_linear", "nvfp4_linear_forward", "nvfp4_linear_backward",
            "pack_saved", "unpack_saved", "quantize_wgrad_operand", "WgradAccumulator",
-           "BufferAccumulator"]
+           "BufferAccumulator", "ScaleRules", "scale_rules"]
 
 AmaxReduce = Optional[Callable[[torch.Tensor], torch.Tensor]]
+
+
+class ScaleRules(NamedTuple):
+    """The block-scale rule of each operand, ``"6"`` or ``"4over6"`` (module docstring, "Scale
+    rules"): ``x`` for x and RHT(xᵀ), ``w`` for W's 16×16 tiles, ``dy`` for dY and RHT(dYᵀ)."""
+
+    x: str = "6"
+    w: str = "6"
+    dy: str = "6"
+
+
+_RULES = ("6", "4over6")
+
+
+def scale_rules(rule: Union[str, Mapping[str, str], ScaleRules, None] = "6") -> ScaleRules:
+    """``"6"`` / ``"4over6"`` for every operand, or a mapping of ``x`` / ``w`` / ``dy`` (missing
+    keys: ``"6"``), checked."""
+    if isinstance(rule, ScaleRules):
+        out = rule
+    elif rule is None or isinstance(rule, str):
+        out = ScaleRules(*(3 * [rule or "6"]))
+    else:
+        bad = set(rule) - set(ScaleRules._fields)
+        if bad:
+            raise ValueError(f"scale rules name unknown operand(s) {sorted(bad)}: use x, w, dy")
+        out = ScaleRules(**{k: str(v) for k, v in rule.items()})
+    for op, r in zip(ScaleRules._fields, out):
+        if r not in _RULES:
+            raise ValueError(f"scale rule of {op} must be '6' or '4over6', got {r!r}")
+    return out
 
 
 class WgradAccumulator(Protocol):
@@ -148,14 +190,15 @@ class BufferAccumulator:
 
 
 def _check_finite(t: torch.Tensor) -> bool:
-    """Host NaN check per quantize only off the GPU path (see module docstring)."""
-    return not t.is_cuda or os.environ.get("FULLSTACK_FP4_NAN_CHECK", "") == "raise"
+    """No host NaN check per quantize on either path (see module docstring); tests patch this
+    to exercise the raising form."""
+    return False
 
 
 def _fused_kernels():
     """The fused-operand kernels (None without Triton)."""
     try:
-        from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd  # noqa: PLC0415
+        from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd  # noqa: PLC0415
     except ImportError:
         return None
     return tqd
@@ -168,7 +211,7 @@ def _use_fused(t: torch.Tensor) -> bool:
 def _amax(t: torch.Tensor, rht_signs) -> torch.Tensor:
     if t.is_cuda:
         try:
-            from fullstack_fp4.nvfp4.triton_quantize import amax_triton  # noqa: PLC0415
+            from fullstack_fp4.nvfp4.kernels.quantize import amax_triton  # noqa: PLC0415
         except ImportError:
             amax_triton = None
         if amax_triton is not None:
@@ -195,12 +238,13 @@ def pad_tokens(m: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
-                           amax_reduce: AmaxReduce = None) -> NVFP4Tensor:
+                           amax_reduce: AmaxReduce = None, scale_rule: str = "6") -> NVFP4Tensor:
     """``[T, C]`` -> NVFP4 of ``RHT16(pad(m)ᵀ)``, shape ``[C, T_pad]``, quantized along tokens.
 
-    CUDA: :mod:`fullstack_fp4.nvfp4.triton_quantize_decode` reads ``m`` in place (no transposed
-    copy): one amax pass, then the codes; same amax_reduce call and seed draw, same bits."""
-    if _use_fused(m):
+    CUDA, rule ``"6"``: :mod:`fullstack_fp4.nvfp4.kernels.quantize_two_ways` reads ``m`` in place
+    (no transposed copy): one amax pass, then the codes; same amax_reduce call and seed draw,
+    same bits. Rule ``"4over6"``: :func:`fullstack_fp4.nvfp4.quantize` of the transposed copy."""
+    if scale_rule == "6" and _use_fused(m):
         tqd = _fused_kernels()
         obs = tqd.amax_two_ways(m, row=False, col=True)
         gamax = amax_reduce(obs.view(torch.float32)[1]) if amax_reduce is not None else None
@@ -213,7 +257,7 @@ def quantize_wgrad_operand(m: torch.Tensor, *, rounding: str, generator=None,
     if m.is_cuda:
         mt = mt.contiguous()           # the kernel reads rows with a contiguous last dim
     return _quantize(mt, amax_reduce, rht_signs=DEFAULT_SIGNS, tile=(1, 16), rounding=rounding,
-                     generator=generator)
+                     generator=generator, scale_rule=scale_rule)
 
 
 def _pack(q: NVFP4Tensor):
@@ -225,28 +269,32 @@ def _unpack(tensors, meta) -> NVFP4Tensor:
 
 
 def _composed_forward(x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype,
-                      need_dx: bool, need_dw: bool, amax_reduce: AmaxReduce):
+                      need_dx: bool, need_dw: bool, amax_reduce: AmaxReduce,
+                      rules: ScaleRules = ScaleRules()):
     """CPU / reference path of the forward (the composition the GPU path reproduces)."""
-    qx = _quantize(x2, amax_reduce, tile=(1, 16), rounding="nearest")
-    qw = _quantize(weight, amax_reduce, tile=(16, 16), rounding="nearest")
+    qx = _quantize(x2, amax_reduce, tile=(1, 16), rounding="nearest", scale_rule=rules.x)
+    qw = _quantize(weight, amax_reduce, tile=(16, 16), rounding="nearest", scale_rule=rules.w)
     y = nvfp4_matmul(qx, qw, out_dtype=out_dtype)
-    qxt = quantize_wgrad_operand(x2, rounding="nearest", amax_reduce=amax_reduce) if need_dw else None
+    qxt = (quantize_wgrad_operand(x2, rounding="nearest", amax_reduce=amax_reduce,
+                                  scale_rule=rules.x) if need_dw else None)
     return y, (qw if need_dx else None), qxt
 
 
 def _composed_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
                        x_dtype: torch.dtype, w_dtype: torch.dtype, generator,
-                       amax_reduce: AmaxReduce, wgrad_into: Optional[torch.Tensor] = None):
+                       amax_reduce: AmaxReduce, wgrad_into: Optional[torch.Tensor] = None,
+                       rules: ScaleRules = ScaleRules()):
     """CPU / reference path of the backward: dX from dY (1×16, SR) and W's saved 16×16 codes
     (read transposed), dW from RHT(dYᵀ) (SR) and RHT(xᵀ)'s saved codes (added into
     ``wgrad_into`` instead, if given: then dW is None)."""
     dx = dw = None
     if qw is not None:
-        qdy = _quantize(dy2, amax_reduce, tile=(1, 16), rounding="stochastic", generator=generator)
+        qdy = _quantize(dy2, amax_reduce, tile=(1, 16), rounding="stochastic", generator=generator,
+                        scale_rule=rules.dy)
         dx = nvfp4_matmul_nt(qdy, qw, out_dtype=x_dtype)
     if qxt is not None:
         qdyt = quantize_wgrad_operand(dy2, rounding="stochastic", generator=generator,
-                                      amax_reduce=amax_reduce)
+                                      amax_reduce=amax_reduce, scale_rule=rules.dy)
         dw = nvfp4_matmul(qdyt, qxt, out_dtype=w_dtype, accumulate_into=wgrad_into)
     return dx, dw
 
@@ -329,25 +377,27 @@ def _peer_scale(q: Optional[NVFP4Tensor]) -> Optional[torch.Tensor]:
 
 def _decode_pair(qw: NVFP4Tensor, qxt: NVFP4Tensor):
     """The saved W's and RHT(xᵀ)'s GEMM operands, decoded in one launch."""
-    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_pair  # noqa: PLC0415
+    from fullstack_fp4.nvfp4.kernels.decode import decode_bf16_pair  # noqa: PLC0415
     return decode_bf16_pair(qw, qxt)
 
 
 def nvfp4_linear_forward(x2: torch.Tensor, weight: torch.Tensor, need_dx: bool, need_dw: bool,
-                         amax_reduce: AmaxReduce = None):
+                         amax_reduce: AmaxReduce = None, scale_rule="6"):
     """The forward without autograd: ``(y [T, out] in x2's dtype, W's 16×16 codes or None,
     RHT(xᵀ)'s codes or None)`` — the codes are what :func:`nvfp4_linear_backward` needs for dX
     (``need_dx``) and dW (``need_dw``). For an autograd Function that wraps the NVFP4 GEMMs with
     more terms (LoRA-SVD) without a nested autograd graph: that would keep the output and the
-    graph's Python bookkeeping alive until the backward."""
-    forward = _fused_forward if _use_fused(x2) else _composed_forward
-    return forward(x2, weight, x2.dtype, need_dx, need_dw, amax_reduce)
+    graph's Python bookkeeping alive until the backward. ``scale_rule``: :func:`scale_rules`."""
+    rules = scale_rules(scale_rule)
+    if rules.x == "6" and rules.w == "6" and _use_fused(x2):
+        return _fused_forward(x2, weight, x2.dtype, need_dx, need_dw, amax_reduce)
+    return _composed_forward(x2, weight, x2.dtype, need_dx, need_dw, amax_reduce, rules)
 
 
 def nvfp4_linear_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor],
                           x_dtype: torch.dtype, w_dtype: torch.dtype, generator=None,
                           amax_reduce: AmaxReduce = None,
-                          wgrad_into: Optional[torch.Tensor] = None):
+                          wgrad_into: Optional[torch.Tensor] = None, scale_rule="6"):
     """The backward without autograd: ``(dX [T, in] or None, dW [out, in] or None)`` from
     ``dY [T, out]`` and the codes :func:`nvfp4_linear_forward` returned (dX needs ``qw``, dW
     ``qxt``); SR seeds come from ``generator`` (dY's way first, then RHT(dYᵀ)'s).
@@ -356,11 +406,15 @@ def nvfp4_linear_backward(dy2: torch.Tensor, qw: Optional[NVFP4Tensor], qxt: Opt
     into it in place, ``wgrad_into ← wgrad_into + acc·(ts_a·ts_b)`` rounded once to its dtype
     (``gemm.scale_accumulate``), and dW is returned as None. Same codes, draws and GEMM as
     without it: the sum equals ``(wgrad_into.float() + dW_fp32).to(wgrad_into.dtype)`` where
-    ``dW_fp32`` is the dW this function returns for ``w_dtype=torch.float32``."""
+    ``dW_fp32`` is the dW this function returns for ``w_dtype=torch.float32``. ``scale_rule``:
+    :func:`scale_rules` (dY's entry applies here; x's and W's are in the saved codes)."""
     if wgrad_into is not None and qxt is None:
         raise ValueError("wgrad_into needs the wgrad operand codes (qxt)")
-    backward = _fused_backward if _use_fused(dy2) else _composed_backward
-    return backward(dy2, qw, qxt, x_dtype, w_dtype, generator, amax_reduce, wgrad_into)
+    rules = scale_rules(scale_rule)
+    if rules.dy == "6" and _use_fused(dy2):
+        return _fused_backward(dy2, qw, qxt, x_dtype, w_dtype, generator, amax_reduce, wgrad_into)
+    return _composed_backward(dy2, qw, qxt, x_dtype, w_dtype, generator, amax_reduce, wgrad_into,
+                              rules)
 
 
 def pack_saved(qw: Optional[NVFP4Tensor], qxt: Optional[NVFP4Tensor]):
@@ -389,13 +443,13 @@ class NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias=None, generator=None, amax_reduce=None,
-                wgrad_accumulator: Optional[WgradAccumulator] = None):
+                wgrad_accumulator: Optional[WgradAccumulator] = None, rules: ScaleRules = ScaleRules()):
         in_f, out_f = weight.shape[1], weight.shape[0]
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
         x2 = x.reshape(-1, in_f)
         y, qw, qxt = nvfp4_linear_forward(x2, weight, ctx.needs_input_grad[0],
-                                          ctx.needs_input_grad[1], amax_reduce)
+                                          ctx.needs_input_grad[1], amax_reduce, rules)
         if bias is not None:
             y = y + bias.to(y.dtype)
         saved, ctx.meta = pack_saved(qw, qxt)
@@ -403,7 +457,7 @@ class NVFP4LinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.generator, ctx.amax_reduce = generator, amax_reduce
+        ctx.generator, ctx.amax_reduce, ctx.rules = generator, amax_reduce, rules
         ctx.wgrad_accumulator = wgrad_accumulator if qxt is not None else None
         return y.reshape(*x.shape[:-1], out_f)
 
@@ -414,7 +468,8 @@ class NVFP4LinearFunction(torch.autograd.Function):
         accumulator = ctx.wgrad_accumulator
         dx, dw = nvfp4_linear_backward(
             dy2, qw, qxt, ctx.x_dtype, ctx.w_dtype, ctx.generator, ctx.amax_reduce,
-            wgrad_into=accumulator.buffer() if accumulator is not None else None)
+            wgrad_into=accumulator.buffer() if accumulator is not None else None,
+            scale_rule=ctx.rules)
         if accumulator is not None:
             dw = accumulator.accumulated()   # dW is in its buffer already
         if dx is not None:
@@ -422,14 +477,17 @@ class NVFP4LinearFunction(torch.autograd.Function):
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(dim=0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                  generator: Optional[torch.Generator] = None,
                  amax_reduce: AmaxReduce = None,
-                 wgrad_accumulator: Optional[WgradAccumulator] = None) -> torch.Tensor:
+                 wgrad_accumulator: Optional[WgradAccumulator] = None,
+                 scale_rule="6") -> torch.Tensor:
     """Functional NVFP4 linear, ``x [..., in]``, ``weight [out, in]`` (both multiples of 16).
     ``wgrad_accumulator``: add W's gradient into its buffer instead of returning it (module
-    docstring, "Gradient-accumulation fusion")."""
-    return NVFP4LinearFunction.apply(x, weight, bias, generator, amax_reduce, wgrad_accumulator)
+    docstring, "Gradient-accumulation fusion"). ``scale_rule``: ``"6"``, ``"4over6"`` or a
+    mapping of ``x`` / ``w`` / ``dy`` (module docstring, "Scale rules")."""
+    return NVFP4LinearFunction.apply(x, weight, bias, generator, amax_reduce, wgrad_accumulator,
+                                     scale_rules(scale_rule))

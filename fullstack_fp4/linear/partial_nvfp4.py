@@ -27,7 +27,8 @@ sums carry 29 more bits than FP32's, so a result differs from the NVFP4 linear's
 by the FP32 accumulation's rounding only, and FP64 does not depend on TF32 settings. It is a
 diagnostic, not a speed path: FP64 GEMMs and no fused kernels. On an H200 an 8 × 512 ablation
 arm with ``keep = {"w"}`` took 5.2 min against the NVFP4 arm's 4.0–4.3, both sharing the GPU
-with ten other runs (BENCHMARKS.md §S.1); at wide shapes FP64's lower GEMM rate costs more.
+with ten other runs (BENCHMARKS.md, LoRA-SVD: loss against plain NVFP4); at wide shapes
+FP64's lower GEMM rate costs more.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ import torch
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, hadamard16
 from fullstack_fp4.nvfp4.gemm import decode_to_bf16
 
-from .nvfp4_linear import AmaxReduce, WgradAccumulator, _quantize, pad_tokens, quantize_wgrad_operand
+from .nvfp4_linear import (AmaxReduce, ScaleRules, WgradAccumulator, _quantize, pad_tokens,
+                           quantize_wgrad_operand, scale_rules)
 
 __all__ = ["OPERANDS", "check_kept", "partial_nvfp4_linear", "PartialNVFP4LinearFunction"]
 
@@ -91,21 +93,24 @@ class PartialNVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, keep: frozenset, generator=None, amax_reduce: AmaxReduce = None,
-                wgrad_accumulator: Optional[WgradAccumulator] = None):
+                wgrad_accumulator: Optional[WgradAccumulator] = None, rules: ScaleRules = ScaleRules()):
         in_f, out_f = weight.shape[1], weight.shape[0]
         if x.shape[-1] != in_f:
             raise ValueError(f"x last dim {x.shape[-1]} != in_features {in_f}")
         x2 = x.reshape(-1, in_f)
         need_dw = ctx.needs_input_grad[1]
         # the composed path's order: x, W, then RHT(xᵀ) (amax_reduce calls, no random draws)
-        qx = None if "x" in keep else _quantize(x2, amax_reduce, tile=(1, 16), rounding="nearest")
-        qw = None if "w" in keep else _quantize(weight, amax_reduce, tile=(16, 16), rounding="nearest")
+        qx = None if "x" in keep else _quantize(x2, amax_reduce, tile=(1, 16), rounding="nearest",
+                                                scale_rule=rules.x)
+        qw = None if "w" in keep else _quantize(weight, amax_reduce, tile=(16, 16), rounding="nearest",
+                                                scale_rule=rules.w)
         a = _Operand(x2, None) if qx is None else _Operand.of(qx)
         b = _Operand(weight, None) if qw is None else _Operand.of(qw)
         y = _gemm(a, b).to(x.dtype)
         qxt = None
         if need_dw and "x" not in keep:
-            qxt = quantize_wgrad_operand(x2, rounding="nearest", amax_reduce=amax_reduce)
+            qxt = quantize_wgrad_operand(x2, rounding="nearest", amax_reduce=amax_reduce,
+                                         scale_rule=rules.x)
         if bias is not None:
             y = y + bias.to(y.dtype)
         saved = []
@@ -117,7 +122,7 @@ class PartialNVFP4LinearFunction(torch.autograd.Function):
         ctx.keep, ctx.need_dw = keep, need_dw
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.generator, ctx.amax_reduce = generator, amax_reduce
+        ctx.generator, ctx.amax_reduce, ctx.rule_dy = generator, amax_reduce, rules.dy
         ctx.wgrad_accumulator = wgrad_accumulator if need_dw else None
         return y.reshape(*x.shape[:-1], out_f)
 
@@ -137,12 +142,13 @@ class PartialNVFP4LinearFunction(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:   # dY's draw first, as the composed path
             a = (_Operand(dy2, None) if keep_dy else
-                 _Operand.of(_quantize(dy2, reduce, tile=(1, 16), rounding="stochastic", generator=gen)))
+                 _Operand.of(_quantize(dy2, reduce, tile=(1, 16), rounding="stochastic", generator=gen,
+                                       scale_rule=ctx.rule_dy)))
             dx = _gemm(a, w_op, transpose_b=False).to(ctx.x_dtype).reshape(ctx.x_shape)
         if xt_op is not None:
             a = (_Operand(_rotated_tokens(dy2), None) if keep_dy else
                  _Operand.of(quantize_wgrad_operand(dy2, rounding="stochastic", generator=gen,
-                                                    amax_reduce=reduce)))
+                                                    amax_reduce=reduce, scale_rule=ctx.rule_dy)))
             dw64 = _gemm(a, xt_op)
             acc = ctx.wgrad_accumulator
             if acc is not None:        # one rounding into the buffer, as the fused epilogue
@@ -154,14 +160,16 @@ class PartialNVFP4LinearFunction(torch.autograd.Function):
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(dim=0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def partial_nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                          keep: Iterable[str] = (), generator: Optional[torch.Generator] = None,
                          amax_reduce: AmaxReduce = None,
-                         wgrad_accumulator: Optional[WgradAccumulator] = None) -> torch.Tensor:
+                         wgrad_accumulator: Optional[WgradAccumulator] = None,
+                         scale_rule="6") -> torch.Tensor:
     """The NVFP4 linear with the operands named in ``keep`` (of ``x``, ``w``, ``dy``) unquantized;
-    the rest as :func:`fullstack_fp4.linear.nvfp4_linear` quantizes them (module docstring)."""
+    the rest as :func:`fullstack_fp4.linear.nvfp4_linear` quantizes them (module docstring),
+    with its ``scale_rule``."""
     return PartialNVFP4LinearFunction.apply(x, weight, bias, check_kept(keep), generator,
-                                            amax_reduce, wgrad_accumulator)
+                                            amax_reduce, wgrad_accumulator, scale_rules(scale_rule))

@@ -3,7 +3,7 @@
 Both operands are quantized along the shared reduction dimension K (``a``: ``[..., M, K]``
 flattened to ``[M, K]``; ``b``: ``[N, K]``), exactly as the tensor cores consume them.
 
-Emulated path (every GPU before Blackwell, and the CPU):
+Emulated path (every GPU, and the CPU):
 
 1. Decode ``e2m1(code) · fp32(block_scale)`` and store it in BF16. This is **exact**:
    an E2M1 magnitude is ``m · 2^e`` with a 2-bit significand m ∈ {0, 1, 2, 3} (0.5 = 1·2⁻¹,
@@ -24,12 +24,13 @@ Emulated path (every GPU before Blackwell, and the CPU):
 The result equals the exact NVFP4 product up to FP32 accumulation order and the final cast.
 
 On CUDA, by default (backend ``"cublaslt"``), steps 2 and 3 are one cuBLASLt call
-(``cublaslt.scaled_mm_cublaslt``): ``alpha`` is read by device pointer and the output written
-in BF16 / FP32 or added into a buffer, with no FP32 accumulator in memory; its outputs equal the
-two-pass path's bit for bit (checked on the H200 on operands with exact sums). The backend
-``"cublas"`` (``FULLSTACK_FP4_GEMM=cublas`` or :func:`set_gemm_backend`; also for FP16 outputs,
-odd strides, or where cuBLASLt cannot be loaded) runs the two steps: ``torch.mm`` with FP32
-output, then step 3 as one Triton pass (``triton_gemm_epilogue.scale_cast_triton``: reads the
+(``kernels.cublaslt.scaled_mm_cublaslt``): ``alpha`` is read by device pointer and the output
+written in BF16 / FP32 or added into a buffer, with no FP32 accumulator in memory; its outputs
+equal the two-pass path's bit for bit where the sums are exact (checked on the H200 by
+``benchmarks/bench_nvfp4_gemm.py``). The backend ``"cublas"`` (:func:`set_gemm_backend`, for
+the benchmark's comparison; taken anyway for FP16 outputs, odd strides, or where cuBLASLt
+cannot be loaded) runs the two steps: ``torch.mm`` with FP32 output, then step 3 as one
+Triton pass (``kernels.gemm_epilogue.scale_cast_triton``: reads the
 FP32 accumulator once, writes ``out_dtype``; bit-identical to ``(acc * alpha).to(out_dtype)``,
 which is two passes and an FP32 temporary). :func:`decoded_matmul` runs steps 2-3 on operands
 decoded elsewhere (the NVFP4 linear's fused quantize→decode kernels).
@@ -38,24 +39,24 @@ Accumulating epilogue (``accumulate_into=dst`` of :func:`decoded_matmul` / :func
 or :func:`scale_accumulate` on an accumulator): instead of casting, step 3 adds the scaled
 accumulator into an existing FP32 or BF16 tensor, ``dst ← dst + acc · alpha``, rounded once to
 ``dst``'s dtype (``(dst.float() + acc * alpha).to(dst.dtype)``; on CUDA one Triton pass,
-``triton_gemm_epilogue.scale_accumulate_triton``, bit-identical). It is the NVFP4 linear's
+``kernels.gemm_epilogue.scale_accumulate_triton``, bit-identical). It is the NVFP4 linear's
 gradient-accumulation fusion: the wgrad goes straight into the optimizer's gradient buffer,
 without a BF16 dW and without the separate ``main_grad.add_(dW)`` pass. With the cuBLASLt
 backend the GEMM adds it itself (``beta = 1``); cuBLAS may round ``acc · alpha + dst`` once
 where the two-pass path rounds ``acc · alpha`` first, so the two differ by at most one FP32 ulp
 of the product plus one ulp of the sum (tested on the GPU) — the size of the accumulation-order
-freedom every GEMM has.
+freedom every GEMM has. Because the two backends are not bit-identical in every case, the
+backend is no environment variable: training always runs ``"cublaslt"`` (with the fallbacks
+above), and only :func:`set_gemm_backend` switches it.
 
-Native path (Blackwell, sm_100 / sm_120): ``torch._scaled_mm`` with ``float4_e2m1fn_x2``
-operands and swizzled E4M3 block scales. UNTESTED: it has never run here (our GPU is an H200,
-sm_90); it is behind ``FULLSTACK_FP4_NATIVE_GEMM=1`` and must get a test on Blackwell against
-the emulated path before anyone turns it on.
+A native Blackwell path (sm_100 / sm_120: ``torch._scaled_mm`` with ``float4_e2m1fn_x2``
+operands and swizzled E4M3 block scales) would slot in here, behind :func:`nvfp4_matmul` and
+:func:`decoded_matmul`, once it can be tested on Blackwell against the emulated path; its FP32
+accumulation order differs, so it would be a validated config key, not a switch.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from typing import Optional
 
 import torch
@@ -67,13 +68,7 @@ __all__ = ["nvfp4_matmul", "nvfp4_matmul_nt", "decode_to_bf16", "decoded_matmul"
            "scale_accumulate", "set_gemm_backend", "gemm_backend"]
 
 _BACKENDS = ("cublaslt", "cublas")
-# Read once at import (the GEMM runs several times a linear, on the host's critical path).
-# An unknown value warns and keeps the default, as FULLSTACK_FP4_LEAN_LAUNCH does (both backends
-# compute the same product: a typo must not stop a run at import).
-_BACKEND = os.environ.get("FULLSTACK_FP4_GEMM", "cublaslt")
-if _BACKEND not in _BACKENDS:
-    warnings.warn(f"FULLSTACK_FP4_GEMM={_BACKEND!r} is not one of {_BACKENDS}: using 'cublaslt'")
-    _BACKEND = "cublaslt"
+_BACKEND = "cublaslt"
 
 
 def set_gemm_backend(name: str) -> str:
@@ -98,10 +93,10 @@ def _triton(name: str):
     GEMM path runs it several times a linear, on the host's critical path)."""
     if name not in _TRITON_FNS:
         try:
-            from . import triton_dequantize, triton_gemm_epilogue  # noqa: PLC0415
-            _TRITON_FNS.update(decode_bf16_triton=triton_dequantize.decode_bf16_triton,
-                               scale_cast_triton=triton_gemm_epilogue.scale_cast_triton,
-                               scale_accumulate_triton=triton_gemm_epilogue.scale_accumulate_triton)
+            from .kernels import decode, gemm_epilogue  # noqa: PLC0415
+            _TRITON_FNS.update(decode_bf16_triton=decode.decode_bf16_triton,
+                               scale_cast_triton=gemm_epilogue.scale_cast_triton,
+                               scale_accumulate_triton=gemm_epilogue.scale_accumulate_triton)
         except ImportError:
             _TRITON_FNS.update(decode_bf16_triton=None, scale_cast_triton=None,
                                scale_accumulate_triton=None)
@@ -194,7 +189,7 @@ def _cublaslt_ready(a2: torch.Tensor) -> bool:
     state exists. Whether the operands fit one call is ``cublaslt.try_scaled_mm``'s answer
     (BF16 x BF16 -> FP16 and odd strides take the two-step path, same product)."""
     if not _CUBLASLT:
-        from . import cublaslt  # noqa: PLC0415
+        from .kernels import cublaslt  # noqa: PLC0415
         _CUBLASLT.append(cublaslt if cublaslt.available() else None)
     return _CUBLASLT[0] is not None and _CUBLASLT[0].ready(a2)
 
@@ -217,13 +212,8 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.
     _check(a, b)
     if accumulate_into is not None and len(a.shape) != 2:
         raise ValueError("accumulate_into needs a 2D a")
-    if _native_enabled(a):
-        acc = _native_scaled_mm(a, b)
-    else:
-        out = decoded_matmul(decode_to_bf16(a), decode_to_bf16(b).t(), a.tensor_scale,
-                             b.tensor_scale, out_dtype, accumulate_into)
-        return None if out is None else out.reshape(*a.shape[:-1], b.shape[0])
-    out = _epilogue(acc, a.tensor_scale, b.tensor_scale, out_dtype, accumulate_into)
+    out = decoded_matmul(decode_to_bf16(a), decode_to_bf16(b).t(), a.tensor_scale,
+                         b.tensor_scale, out_dtype, accumulate_into)
     return None if out is None else out.reshape(*a.shape[:-1], b.shape[0])
 
 
@@ -231,49 +221,11 @@ def nvfp4_matmul_nt(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = tor
     """``dequant(a) @ dequant(b)`` for ``b`` ``[K, N]`` quantized with 16×16 tiles: the same
     product as ``nvfp4_matmul(a, b.t())`` (16×16 tiles transpose exactly, so ``decode(b.t()) ==
     decode(b).t()``) without repacking ``b``'s nibbles; the GEMM reads ``decode(b)`` as a
-    transposed operand. Emulated path only (the native path goes through ``b.t()``)."""
+    transposed operand."""
     if tuple(b.tile) != (16, 16) or len(b.shape) != 2:
         raise ValueError("nvfp4_matmul_nt needs a 2D b quantized with 16x16 tiles")
-    if _native_enabled(a):
-        return nvfp4_matmul(a, b.t(), out_dtype)
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"reduction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
     a2, b2 = decode_to_bf16(a), decode_to_bf16(b)      # b2: [K, N]
     out = decoded_matmul(a2, b2, a.tensor_scale, b.tensor_scale, out_dtype)
     return out.reshape(*a.shape[:-1], b.shape[1])
-
-
-# ---------------------------------------------------------------------------------------------
-# UNTESTED HOOK: native Blackwell FP4 GEMM. Never executed in this project's CI or on the H200.
-# ---------------------------------------------------------------------------------------------
-def _native_enabled(a: NVFP4Tensor) -> bool:
-    if os.environ.get("FULLSTACK_FP4_NATIVE_GEMM") != "1" or not a.data.is_cuda:
-        return False
-    return torch.cuda.get_device_capability(a.data.device)[0] >= 10
-
-
-def _to_blocked(scale: torch.Tensor) -> torch.Tensor:
-    """cuBLAS' swizzled scale layout (128×4 blocks as 32×16 tiles), after torchao's to_blocked."""
-    rows, cols = scale.shape
-    nr, nc = -(-rows // 128), -(-cols // 4)
-    padded = torch.zeros(nr * 128, nc * 4, dtype=scale.dtype, device=scale.device)
-    padded[:rows, :cols] = scale
-    blocks = padded.view(nr, 128, nc, 4).permute(0, 2, 1, 3)
-    return blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
-
-
-def _native_scaled_mm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
-    """UNTESTED sketch of the Blackwell path; verify against the emulated path before use.
-    Returns the FP32 accumulator ``[M, N]``; the caller applies ``alpha`` (step 3)."""
-    k = a.shape[-1]
-    a_data = a.data.reshape(-1, k // 2).contiguous()
-    a_scale = a.block_scale.reshape(-1, k // 16).view(torch.uint8)
-    b_scale = b.block_scale.reshape(-1, k // 16).view(torch.uint8)
-    acc = torch._scaled_mm(
-        a_data.view(torch.float4_e2m1fn_x2),
-        b.data.contiguous().view(torch.float4_e2m1fn_x2).t(),
-        _to_blocked(a_scale).view(torch.float8_e4m3fn),
-        _to_blocked(b_scale).view(torch.float8_e4m3fn),
-        out_dtype=torch.float32,
-    )
-    return acc

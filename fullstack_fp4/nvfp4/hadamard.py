@@ -52,7 +52,7 @@ def _work_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _butterfly(x: torch.Tensor, size: int) -> torch.Tensor:
+def butterfly(x: torch.Tensor, size: int) -> torch.Tensor:
     """Unnormalised Walsh–Hadamard along the last dim in blocks of ``size`` (Sylvester order)."""
     lead = x.shape[:-1]
     y = x.reshape(-1, x.shape[-1] // size, size)
@@ -92,7 +92,7 @@ def hadamard16(x: torch.Tensor, signs=DEFAULT_SIGNS) -> torch.Tensor:
     dt = _work_dtype(x)
     s = _signs(signs, 16, dt, x.device)
     xs = (x.to(dt).reshape(*x.shape[:-1], -1, 16) * s).reshape(x.shape)
-    return _butterfly(xs, 16) * 0.25
+    return butterfly(xs, 16) * 0.25
 
 
 def inverse_hadamard16(y: torch.Tensor, signs=DEFAULT_SIGNS) -> torch.Tensor:
@@ -101,7 +101,7 @@ def inverse_hadamard16(y: torch.Tensor, signs=DEFAULT_SIGNS) -> torch.Tensor:
         raise ValueError(f"last dimension must be a multiple of 16, got {y.shape[-1]}")
     dt = _work_dtype(y)
     s = _signs(signs, 16, dt, y.device)
-    z = _butterfly(y.to(dt), 16) * 0.25
+    z = butterfly(y.to(dt), 16) * 0.25
     return (z.reshape(*y.shape[:-1], -1, 16) * s).reshape(y.shape)
 
 
@@ -116,4 +116,4 @@ def hadamard_transform(x: torch.Tensor, size: int) -> torch.Tensor:
         raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of {size}")
     dt = _work_dtype(x)
     # 1/sqrt(size) is exact for even powers of two and correctly rounded otherwise.
-    return _butterfly(x.to(dt), size) * (1.0 / size ** 0.5)
+    return butterfly(x.to(dt), size) * (1.0 / size ** 0.5)

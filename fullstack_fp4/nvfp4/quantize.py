@@ -1,13 +1,13 @@
 """``quantize``: the public entry point, dispatching to a Triton kernel or the reference.
 
-``backend="auto"`` uses ``fullstack_fp4.nvfp4.triton_quantize.quantize_triton`` for CUDA inputs
+``backend="auto"`` uses ``fullstack_fp4.nvfp4.kernels.quantize.quantize_triton`` for CUDA inputs
 when that module imports, else the pure-PyTorch reference (the oracle, :mod:`.reference`);
 ``backend="reference"`` forces the reference, ``backend="triton"`` forces the kernel. Both must
 return bit-identical ``NVFP4Tensor`` s (codes, block scales, tensor scale) for the same input,
 ``global_amax`` and (for stochastic rounding) the same ``rand``.
 
-The kernel import is lazy and guarded: the package works on machines without Triton or before
-the kernel module exists, and a CPU tensor never pays for the import.
+The kernel import is lazy and guarded: the package works on machines without Triton, and a
+CPU tensor never pays for the import.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .reference import quantize_reference
+from .reference import quantize_reference, quantize_reference_propagating
 from .tensor import NVFP4Tensor
 
 __all__ = ["quantize"]
@@ -24,7 +24,7 @@ __all__ = ["quantize"]
 
 def _triton_quantize():
     try:
-        from .triton_quantize import quantize_triton  # noqa: PLC0415 (optional dependency)
+        from .kernels.quantize import quantize_triton  # noqa: PLC0415 (optional dependency)
     except ImportError:
         return None
     return quantize_triton
@@ -54,9 +54,10 @@ def quantize(
         the Triton kernel fuses the transform (bit-identical to the reference composition).
         ``global_amax`` must then be the amax of the transformed tensor.
     check_finite: True raises ValueError on NaN/Inf input (one host sync on the kernel path).
-        False (kernel path only): no sync; a non-finite input makes the tensor scale NaN, so
-        every product with the result is NaN (see ``quantize_triton``). The reference always
-        raises.
+        False: no raise (no sync on the kernel path); a non-finite input makes the tensor scale
+        NaN, so every product with the result is NaN (see ``quantize_triton``); the reference
+        path does the same (``quantize_reference_propagating``). ``backend="reference"``
+        always raises.
     Raises ValueError on NaN/Inf input, bad shapes or bad options.
     """
     kw = dict(tile=tile, rounding=rounding, scale_rule=scale_rule, global_amax=global_amax,
@@ -68,16 +69,17 @@ def quantize(
     kernel = _triton_quantize() if (x.is_cuda or backend == "triton") else None
     if kernel is None:
         if backend == "triton":
-            raise ValueError("backend='triton' requested but fullstack_fp4.nvfp4.triton_quantize "
+            raise ValueError("backend='triton' requested but fullstack_fp4.nvfp4.kernels.quantize "
                              "is not importable")
-        return _reference(x, rht_signs, kw)
+        return _reference(x, rht_signs, kw, propagate=not check_finite)
     return kernel(x, rht_signs=rht_signs, check_finite=check_finite, **kw)
 
 
-def _reference(x, rht_signs, kw):
+def _reference(x, rht_signs, kw, propagate: bool = False):
+    quant = quantize_reference_propagating if propagate else quantize_reference
     if rht_signs is None:
-        return quantize_reference(x, **kw)
+        return quant(x, **kw)
     from .hadamard import hadamard16  # noqa: PLC0415
-    q = quantize_reference(hadamard16(x, rht_signs), **kw)
+    q = quant(hadamard16(x, rht_signs), **kw)
     q.dtype = x.dtype          # as the kernel: the source dtype, not the transform's FP32
     return q

@@ -45,7 +45,7 @@ import torch
 from .e2m1 import E2M1_MAX, e2m1_decode, e2m1_round_nearest, e2m1_round_stochastic, pack_codes
 from .tensor import NVFP4Tensor
 
-__all__ = ["quantize_reference", "tensor_scales", "block_amax"]
+__all__ = ["quantize_reference", "quantize_reference_propagating", "tensor_scales", "block_amax"]
 
 FP32_MAX = torch.finfo(torch.float32).max
 E4M3_MAX = 448.0
@@ -78,8 +78,8 @@ def block_amax(x2: torch.Tensor, tile) -> torch.Tensor:
     return t.repeat_interleave(16, dim=0).unsqueeze(-1)
 
 
-def _candidate(x3: torch.Tensor, bamax: torch.Tensor, enc: torch.Tensor, dec: torch.Tensor,
-               target: float):
+def scale_candidate(x3: torch.Tensor, bamax: torch.Tensor, enc: torch.Tensor, dec: torch.Tensor,
+                    target: float):
     """Block scale and element factor for the candidate mapping the block max to ``target``."""
     dev = x3.device
     # enc · (1/6) first (one FP32 product, as TE's global_encode_scale_multiplier), then × bamax;
@@ -146,9 +146,9 @@ def quantize_reference(
 
     bamax = block_amax(x2, tile)                    # [R, K/16, 1]
     x3 = x2.reshape(rows, k // 16, 16)
-    s, f = _candidate(x3, bamax, enc, dec, 6.0)
+    s, f = scale_candidate(x3, bamax, enc, dec, 6.0)
     if scale_rule == "4over6":
-        s4, f4 = _candidate(x3, bamax, enc, dec, 4.0)
+        s4, f4 = scale_candidate(x3, bamax, enc, dec, 4.0)
         c6 = e2m1_round_nearest(torch.clamp(x3 * f, -E2M1_MAX, E2M1_MAX))
         c4 = e2m1_round_nearest(torch.clamp(x3 * f4, -E2M1_MAX, E2M1_MAX))
         rpt = tile[0]
@@ -175,3 +175,19 @@ def quantize_reference(
         dtype=x.dtype,
         tile=tile,
     )
+
+
+def quantize_reference_propagating(x: torch.Tensor, *, global_amax=None, **kw) -> NVFP4Tensor:
+    """``quantize_reference`` that does not raise on a non-finite input or ``global_amax``: the
+    result then has a NaN tensor scale, so every product with it is NaN — what the kernels do
+    with ``check_finite=False``. A training step with a NaN/Inf activation or gradient inside a
+    recipe thus ends in a non-finite loss / grad norm that the training loop's divergence guard
+    skips, on the CPU as on the GPU, instead of an exception in the middle of a step (which
+    would stop only the rank that saw it). Finite inputs give exactly ``quantize_reference``."""
+    g_ok = global_amax is None or bool(torch.isfinite(torch.as_tensor(global_amax)).all())
+    if g_ok and bool(torch.isfinite(x).all()):
+        return quantize_reference(x, global_amax=global_amax, **kw)
+    clean = torch.nan_to_num(x.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+    q = quantize_reference(clean, **kw)
+    return NVFP4Tensor(q.data, q.block_scale, torch.full_like(q.tensor_scale, float("nan")),
+                       q.shape, q.dtype, q.tile)

@@ -24,10 +24,10 @@ seed >> 32)``, and the counter's 128 bits are ``(counter & 0xFFFFFFFF, counter >
 — what ``tl.randint4x(seed, counter)`` computes.
 
 **Why 8 bits, and why this shape.**
-* One Philox4x32-10 call (~70 integer instructions) now serves 16 elements instead of 4. In
-  the NVFP4 linear's backward both quantizations of dY round stochastically, and on the H200
-  the Philox calls were most of the fused quantize kernel's time (8192×16384 dY, both ways:
-  0.955 ms with 32-bit uniforms, 0.367 ms with nearest rounding; BENCHMARKS.md).
+* One Philox4x32-10 call (~70 integer instructions) serves 16 elements, where 32-bit uniforms
+  would serve 4. In the NVFP4 linear's backward both quantizations of dY round
+  stochastically, and with 32-bit uniforms the Philox calls dominate the fused quantize
+  kernel's time on the H200 (docs/perf/nvfp4.md).
 * 8 bits an element is what the hardware spends: Blackwell's ``cvt.rs.satfinite.e2m1x4.f32``
   (PTX) takes one 32-bit random operand for four FP4 conversions.
 * Bias: rounding up iff ``u < frac`` with ``u = (k + ½)/256`` rounds up with probability
@@ -36,11 +36,11 @@ seed >> 32)``, and the counter's 128 bits are ``(counter & 0xFFFFFFFF, counter >
   input already carries. The ``½`` centres the grid: without it (``k/256``) every fraction
   would round up with probability ``ceil(256·frac)/256``, a one-sided bias of up to 2⁻⁸.
 * The quad split makes the draws land where each kernel already holds its values: the fused
-  two-ways kernel (triton_quantize_decode.py) holds 4 channels × 16 tokens a thread, and the
+  two-ways kernel (kernels/quantize_two_ways.py) holds 4 channels × 16 tokens a thread, and the
   call above is exactly 4 of its values × 4 tokens (row way, rows = tokens) or 4 channels × 4
   tokens (column way, rows = channels): 4 calls a thread a way instead of 16. The tiled
-  kernels (triton_quantize.py) hold one row of a block a thread; they evaluate a call per
-  (row, element quad) and keep the row's word: as many calls as before, same stream.
+  kernel (kernels/quantize.py) holds one row of a block a thread; it evaluates a call per
+  (row, element quad) and keeps the row's word: one call per 4 elements, same stream.
 """
 
 from __future__ import annotations

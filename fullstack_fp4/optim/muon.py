@@ -1,12 +1,25 @@
 """Muon (and the shared machinery of orthogonalised optimizers) for plain 2-D torch params.
 
-Muon step for a weight ``W`` (rows × cols) with gradient ``G``, per Keller Jordan's reference:
+Muon step for a weight ``W`` (rows × cols) with gradient ``G``, as Keller Jordan's reference
+(github.com/KellerJordan/Muon, ``muon.py``: ``muon_update`` + ``zeropower_via_newtonschulz5``):
 
     M ← μ·M + (1 − μ)·G                       (EMA momentum, μ = 0.95)
-    D = (1 − μ)·G + μ·M   if nesterov else M  (Nesterov look-ahead)
-    U = NS₅(D) · sqrt(max(1, rows / cols))     (NS: newton_schulz; the factor keeps the RMS of
-                                               a tall matrix's update equal to a wide one's)
+    D = (1 − μ)·G + μ·M   if nesterov else M  (Nesterov look-ahead, on by default)
+    U = NS₅(D) · sqrt(max(1, rows / cols))     (NS: newton_schulz, BF16, Muon's triple, X/‖X‖_F
+                                               first, tall matrices transposed; the factor keeps
+                                               the RMS of a tall matrix's update equal to a
+                                               wide one's)
     W ← W·(1 − lr·wd) − lr·U                   (decoupled weight decay, AdamW-style)
+
+Against that reference the step is the same up to the order of FP32 sums (tested against an
+FP64 re-derivation in tests/fullstack_fp4/optim/test_reference_steps.py); the reference's Nesterov
+overwrites the caller's gradient in place (``grad.lerp_``), this one does not. Against
+megatron-core's ``TensorParallelMuon`` (emerging-optimizers' ``OrthogonalizedOptimizer``): the
+same EMA momentum; megatron's defaults are Nesterov off (``muon_use_nesterov=False``) and the
+"spectral" shape factor ``sqrt(max(rows, cols))`` (update RMS ≈ 1, so its lrs are ~1/sqrt(max)
+of these), FP32-IO NS with BF16 products, and the QKV split per query group, as here. Fused
+weights are split into their logical matrices here (below); the reference takes whatever 2-D
+parameters it is given. docs/optimizers.md lists what the other (AdamW) groups get.
 
 Fused logical matrices: a parameter may carry ``ns_split_sizes`` (a list of row counts along
 dim 0 summing to ``rows``), e.g. megatron's fused QKV ``[q_rows, k_rows, v_rows]`` or gate/up
@@ -35,14 +48,13 @@ optimizer is given every matrix of the model in one order common to all DP ranks
 DP group); the pieces themselves are its params (1-D, each tagged ``ns_dp_spec``). A step then
 updates each piece's momentum (element-wise, as before), writes every piece into one zeroed
 buffer holding all the whole matrices, sums that buffer over the DP group (each entry has
-exactly one non-zero contributor, so the sum is exact) — and the gradient too when ``_pre_ns``
-reads it (Root's ε) — and every rank that holds a piece of a matrix runs the 1-GPU update on
-the whole matrix (row permutation, blocks, ``_pre_ns``, NS, scale) and keeps its piece. The
+exactly one non-zero contributor, so the sum is exact), and every rank that holds a piece of a
+matrix runs the 1-GPU update on the whole matrix (row permutation, blocks, ``_pre_ns``, NS,
+scale) and keeps its piece. The
 update therefore equals the 1-GPU update given the same gradients; the NS of a matrix is
 computed by each rank holding a piece of it (twice for a matrix cut by a shard boundary).
-Cost: two all-reduces of FP32 buffers of the size of all matrices per step (one without Root's
-ε from the gradient). Momentum stays in the pieces, so the state is sharded as the
-distributed optimizer intends. With TP > 1 (a :class:`DPMatrix` carrying ``ns_tp_axis``) the
+Cost: one all-reduce of an FP32 buffer of the size of all matrices per step. Momentum stays
+in the pieces, so the state is sharded as the distributed optimizer intends. With TP > 1 (a :class:`DPMatrix` carrying ``ns_tp_axis``) the
 summed matrix is this TP rank's shard, gathered over TP as above: every TP rank's buffer has the
 same layout (TP splits evenly), so the same DP rank holds the same pieces on every TP rank and
 the TP gathers match.
@@ -119,7 +131,7 @@ def split_params_for_orthogonal(named_params: Iterable[tuple[str, torch.nn.Param
 
 class OrthogonalOptimizer(torch.optim.Optimizer):
     """Shared step: momentum → per-block pre-processing → NS → shape scale → decoupled WD.
-    Subclasses define ``_momentum``, ``_pre_ns`` and ``_scale``."""
+    Subclasses define ``_momentum`` (returns the NS input D), ``_pre_ns`` and ``_scale``."""
 
     def __init__(self, params, *, lr, momentum, weight_decay, ns_steps, ns_precision,
                  ns_coefficients, ns_clip_percentile, ns_backend, defaults_extra,
@@ -145,14 +157,13 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _pre_ns(self, d_block, g_block, group):
+        """The matrix NS orthogonalises, from one logical block of D. ``g_block``: the
+        gradient's block where the caller has it (diagnostics), else None; neither Muon nor
+        Root reads it (Root's ε comes from D)."""
         return d_block
 
     def _scale(self, rows, cols, group) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
-
-    def _pre_ns_reads_grad(self, group) -> bool:
-        """Whether ``_pre_ns`` reads its gradient block (then TP gathers that block too)."""
-        return False
 
     def set_dp_matrices(self, matrices: list, dp_group) -> None:
         """Every matrix of the model, in an order common to all ranks of ``dp_group``, each a
@@ -195,7 +206,7 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
                 if p.grad is None or getattr(p, "ns_dp_spec", None) is not None:
                     continue   # pieces of a matrix: _step_dp_pieces, after the whole params
                 d = self._momentum(p.grad, self.state[p], group)
-                update = self._whole_update(d, p.grad, p, group, p.dtype)
+                update = self._whole_update(d, p, group, p.dtype)
                 if wd:
                     p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr)
@@ -203,23 +214,23 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
             self._step_dp_pieces()
         return loss
 
-    def _whole_update(self, d, g, spec, group, dtype):
+    def _whole_update(self, d, spec, group, dtype):
         """The update of a whole matrix (a param, or a :class:`DPMatrix`'s summed pieces) from
-        its momentum ``d`` and gradient ``g``; ``spec`` carries the tags (module docstring):
+        its NS input ``d`` (``_momentum``'s D); ``spec`` carries the tags (module docstring):
         rows permuted, blocks, ``_pre_ns``, NS (gathered over TP with ``ns_tp_axis``), shape
         scale, rows permuted back."""
         perm = getattr(spec, "ns_row_perm", None)
         if perm is not None:  # interleaved logical blocks: regroup rows first
             perm = perm.to(d.device)
-            d, g = d.index_select(0, perm), g.index_select(0, perm)
+            d = d.index_select(0, perm)
         update = torch.empty_like(d, dtype=dtype)
         tp_axis, tp_group = getattr(spec, "ns_tp_axis", None), getattr(spec, "ns_tp_group", None)
-        for d_b, g_b, u_b in zip(split_blocks(d, spec), split_blocks(g, spec), split_blocks(update, spec)):
+        for d_b, u_b in zip(split_blocks(d, spec), split_blocks(update, spec)):
             if tp_axis is None:
-                o = self.orthogonalize(self._pre_ns(d_b, g_b, group), group)
+                o = self.orthogonalize(self._pre_ns(d_b, None, group), group)
                 u_b.copy_(o.to(dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
             else:
-                u_b.copy_(self._orthogonalize_tp(d_b, g_b, tp_axis, tp_group, group, dtype))
+                u_b.copy_(self._orthogonalize_tp(d_b, tp_axis, tp_group, group, dtype))
         if perm is not None:  # scatter the update back to the stored row order
             update = torch.empty_like(update).index_copy_(0, perm, update)
         return update
@@ -232,34 +243,25 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         mats = self.dp_matrices
         live = [m for m in mats if m.piece is not None and m.piece.grad is not None]
         dev = next((m.device for m in mats if m.device is not None), None)
-        # the same answer on every DP rank (the collectives below must match): the defaults,
-        # not the groups (a rank may hold no piece)
-        reads_g = self._pre_ns_reads_grad(self.defaults)
         n = self._dp_offsets[-1]
         D = torch.zeros(n, dtype=torch.float32, device=dev)
-        G = torch.zeros(n, dtype=torch.float32, device=dev) if reads_g else None
         at = {id(m): b for m, b in zip(mats, self._dp_offsets)}
         for m in live:
             b, p = at[id(m)], m.piece
             D[b + m.start: b + m.end] = self._momentum(p.grad, self.state[p], group_of[id(p)])
-            if G is not None:
-                G[b + m.start: b + m.end] = p.grad
         # one non-zero contributor per entry: the sums are the whole matrices, exactly
         dist.all_reduce(D, group=self.dp_group)
-        if G is not None:
-            dist.all_reduce(G, group=self.dp_group)
         for m in live:
             b, p = at[id(m)], m.piece
             group = group_of[id(p)]
             d = D[b: b + m.numel].view(m.shape)
-            g = G[b: b + m.numel].view(m.shape) if G is not None else d
-            piece = self._whole_update(d, g, m, group, p.dtype).view(-1)[m.start: m.end]
+            piece = self._whole_update(d, m, group, p.dtype).view(-1)[m.start: m.end]
             lr, wd = group["lr"], group["weight_decay"]
             if wd:
                 p.mul_(1 - lr * wd)
             p.add_(piece, alpha=-lr)
 
-    def _orthogonalize_tp(self, d_b, g_b, axis, tp_group, group, dtype):
+    def _orthogonalize_tp(self, d_b, axis, tp_group, group, dtype):
         """Duplicated TP: gather the block over ``tp_group`` along ``axis``, pre-process,
         orthogonalise and scale the whole block, return this rank's slice (see the module
         docstring)."""
@@ -267,8 +269,7 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
 
         rank = dist.get_rank(group=tp_group)
         d_f = _all_gather_along(d_b, axis, tp_group)
-        g_f = _all_gather_along(g_b, axis, tp_group) if self._pre_ns_reads_grad(group) else None
-        o = self.orthogonalize(self._pre_ns(d_f, g_f, group), group)
+        o = self.orthogonalize(self._pre_ns(d_f, None, group), group)
         o = o.to(dtype) * self._scale(d_f.shape[0], d_f.shape[1], group)
         n = d_b.shape[axis]
         return o.narrow(axis, rank * n, n)

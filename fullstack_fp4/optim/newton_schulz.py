@@ -53,7 +53,7 @@ import torch
 from .ns_coefficients import Triple, resolve_schedule
 
 __all__ = ["newton_schulz", "newton_schulz_graphed", "graphable", "clear_ns_graphs", "ns_step",
-           "abs_quantile", "abs_sample"]
+           "abs_quantile", "abs_sample", "NVFP4Products", "step_nvfp4"]
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
            "nvfp4": torch.float32}
@@ -74,8 +74,8 @@ def abs_sample(x: torch.Tensor, n_max: int = QUANTILE_SAMPLE) -> torch.Tensor:
 
     Why a sample: torch's CUDA kthvalue/quantile run ONE thread block per slice, so a single
     25M-entry slice (a 3072×8192 gradient) takes ~50–100 ms and torch.quantile refuses > 16M
-    entries; that was Root's 5.8 s step (2 kthvalue per logical block, 28 blocks). The sample
-    is the Weyl sequence ``idx_i = i·P mod n`` with P coprime to n and P/n ≈ 0.618 (golden
+    entries; with 2 kthvalue per logical block and 28 blocks, Root's step would take seconds.
+    The sample is the Weyl sequence ``idx_i = i·P mod n`` with P coprime to n and P/n ≈ 0.618 (golden
     ratio): distinct indices spread evenly over rows AND columns (a plain stride n/N shares
     factors with the row length and would see only a few columns, e.g. 64 of 8192).
 
@@ -131,7 +131,7 @@ def _clip(x: torch.Tensor, percentile: Optional[float]) -> torch.Tensor:
     return x.clamp(-t, t)
 
 
-class _NVFP4Products:
+class NVFP4Products:
     """NVFP4 operands and products for one backend. ``op(x)`` quantizes ``x`` along its last
     dim; ``mm(p, q)`` = ``p @ q.T`` with FP32 accumulation and FP32 output."""
 
@@ -241,7 +241,7 @@ def _repelling_point_sq(abc: Triple):
 
 def _guard_scale(A: torch.Tensor, abc: Triple):
     """The basin guard's factor s (0-dim device tensor) for ``A``, or None when the triple
-    has no repelling point. See ``_step_nvfp4``."""
+    has no repelling point. See ``step_nvfp4``."""
     edge2 = _repelling_point_sq(abc)
     if edge2 is None:
         return None
@@ -336,8 +336,8 @@ def _step_nvfp4_two_term_lean(X: torch.Tensor, m: int, abc: Triple,
     return cross_two_term_axpy(X, rs, tau * (b + c * tau) + a, split2(Bp), Xc)
 
 
-def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: str,
-                guard: bool = True, terms: int = 1):
+def step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: NVFP4Products, form: str,
+               guard: bool = True, terms: int = 1):
     """One NVFP4 step on the padded ``X`` (``m`` = true row count; padding rows are zero).
     ``terms`` > 1 (shifted form only): two-term operands, ``_step_nvfp4_split`` (on the Triton
     backend without clipping, its lean equivalent ``_step_nvfp4_two_term_lean``)."""
@@ -345,7 +345,7 @@ def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: s
     if terms > 1:
         if form != "shifted":
             raise ValueError("nvfp4_terms > 1 is implemented for the shifted form only")
-        if terms == 2 and LEAN_TWO_TERM and isinstance(P, _NVFP4Products) \
+        if terms == 2 and LEAN_TWO_TERM and isinstance(P, NVFP4Products) \
                 and P.backend == "triton" and P.clip is None and P.rounding == "nearest" \
                 and X.dtype == torch.float32:        # else the composition (or its errors)
             return _step_nvfp4_two_term_lean(X, m, abc, guard)
@@ -357,8 +357,8 @@ def _step_nvfp4(X: torch.Tensor, m: int, abc: Triple, P: _NVFP4Products, form: s
         Aq = P.op(A)                   # A symmetric: q(A) serves as A and as Aᵀ
         B = b * A + c * P.mm(Aq, Aq)
         return a * X + P.mm(P.op(B), Xc)
-    # Launch- and traffic-lean (the NS is launch-bound at 3b shapes: ~120 launches and ~19
-    # m×n FP32 passes per step before). No host sync anywhere; the guard's scale enters the
+    # Launch- and traffic-lean (the NS is launch-bound at 3b shapes; a plain composition takes
+    # ~120 launches and ~19 m×n FP32 passes per step). No host sync anywhere; the guard's scale enters the
     # quantize kernel and the scalar coefficients instead of rescaling X and A in memory;
     # one amax of X serves both of X's quantized views; D = A − τI is formed in place; the
     # GEMMs' tensor-scale products are folded into the following axpy.
@@ -443,8 +443,9 @@ def newton_schulz(
     generator / rounding: only for ``precision="nvfp4"`` with ``rounding="stochastic"``.
     nvfp4_terms: NVFP4 operands per quantized matrix (1: q(x); 2: q(x) + q(x − q(x)), see
     ``_split``), one int for every step or one per step; default 2 for the shifted form
-    (ours), 1 for the naive form. Two terms bring the error to the issue's targets at ~2.4×
-    the GEMM FLOPs of one term (ORTHOGONAL.md); 1 is the fast, less accurate choice.
+    (ours), 1 for the naive form. Two terms bring the error within the targets (mean iteration
+    error ≤ 3 %, final error ≤ 5 %) at ~2.4× the GEMM FLOPs of one term (ORTHOGONAL.md); 1 is
+    the fast, less accurate choice.
     """
     if G.ndim != 2:
         raise ValueError(f"newton_schulz expects a 2-D matrix, got shape {tuple(G.shape)}")
@@ -473,9 +474,9 @@ def newton_schulz(
         pm, pn = -m % 16, -n % 16
         if pm or pn:
             X = torch.nn.functional.pad(X, (0, pn, 0, pm))
-        P = _NVFP4Products(backend, clip_percentile, rounding, generator, X.device)
+        P = NVFP4Products(backend, clip_percentile, rounding, generator, X.device)
         for abc, t in zip(schedule, terms):
-            X = _step_nvfp4(X, m, abc, P, nvfp4_form, terms=t)
+            X = step_nvfp4(X, m, abc, P, nvfp4_form, terms=t)
         X = X[:m, :n]
     return X.mT.contiguous() if transposed else X.contiguous()
 
@@ -483,10 +484,10 @@ def newton_schulz(
 # ----------------------------------------------------------------------------- CUDA graphs
 # Why: an NVFP4 NS step issues ~55 small kernels (one-term operands; ~80 with two) and the
 # optimizer runs 5 steps on each of 7 logical matrices per 3b block, so Python and the launch
-# path, not the GPU, set the optimizer step's time at these shapes (PERF notes in
-# ORTHOGONAL.md, "Speed"). Every NS path below is free of host synchronisation (by design: the
-# tensor scales, the guard's scale and τ are device scalars), so it can be captured once per
-# (shape, arguments) and replayed: one launch per NS instead of hundreds.
+# path, not the GPU, set the optimizer step's time at these shapes (ORTHOGONAL.md, "Speed").
+# Every NS path below is free of host synchronisation (by design: the tensor scales, the
+# guard's scale and τ are device scalars), so it can be captured once per (shape, arguments)
+# and replayed: one launch per NS instead of hundreds.
 _GRAPHS: dict = {}
 _GRAPH_POOLS: dict = {}
 
@@ -563,14 +564,14 @@ def newton_schulz_graphed(G: torch.Tensor, **kwargs) -> torch.Tensor:
     with this shape, dtype, device and arguments (two eager warm-up runs, then the capture).
 
     The result is a fresh tensor (a copy of the graph's output). It is bit-identical to
-    ``newton_schulz`` on a
-    contiguous copy of ``G`` (the same kernels in the same order on the same values; checked
-    on the GPU by scripts/gpu/check_ns_graph.py). On a strided ``G`` the eager path's first
-    norm may sum in another order, so the two can differ in the last bits there.
+    ``newton_schulz`` on a contiguous copy of ``G`` (the same kernels in the same order on the
+    same values; checked on the GPU by ``benchmarks/bench_newton_schulz.py`` before it times
+    anything). On a strided ``G`` the eager path's first norm may sum in another order, so the
+    two can differ in the last bits there.
     Calls that cannot be captured (``graphable``) run eagerly. A graph holds its input, its
     output and its scratch (shared by all NS graphs of the device) for the process's life, or
-    until ``clear_ns_graphs``: for Root at the 3b shapes the optimizer-phase peak rose by
-    0.5 GiB (BENCHMARKS.md §J.2)."""
+    until ``clear_ns_graphs``: for Root at the 3b shapes that adds ~0.5 GiB to the
+    optimizer-phase peak (``benchmarks/bench_blocks.py --arms root`` reports it)."""
     if not graphable(G, kwargs.get("precision", "fp32"), kwargs.get("backend", "auto"),
                      kwargs.get("generator"), kwargs.get("rounding", "nearest")):
         return newton_schulz(G, **kwargs)

@@ -11,7 +11,7 @@ reads any strides, so ``X`` quantized along dim 0 (the operand of ``B'·X``) is 
 written directly in ``X``'s layout, ready for a plain NN GEMM.
 
 Numerics are the project contract (docs/nvfp4-format.md, RTN, 1×16, 6-rule): the E4M3 and E2M1
-rounding helpers are imported from ``fullstack_fp4.nvfp4.triton_quantize_jit`` (bit-exact with the
+rounding helpers are imported from ``fullstack_fp4.nvfp4.kernels.fp4_math`` (bit-exact with the
 reference there), the tensor scale follows the reference's FP32 order. So
 ``decoded · tensor_scale == quantize(x).dequantize()`` bit for bit (tested under
 TRITON_INTERPRET=1), and ``decoded_matmul`` equals ``nvfp4_matmul`` up to accumulation order.
@@ -26,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import cdiv, launch
-from fullstack_fp4.nvfp4.triton_quantize_jit import (FP32_MAX, INV6, _e2m1_code, _e4m3_rne,
-                                                    _neg_where)
+from fullstack_fp4.nvfp4.kernels.launch import cdiv, launch
+from fullstack_fp4.nvfp4.kernels.fp4_math import FP32_MAX, INV6, e2m1_code, e4m3_rne, neg_where
 
 __all__ = ["quantize_decode", "decoded_matmul", "decoded_matmul_unscaled", "abs_max", "split2",
            "sym_two_term", "cross_two_term_axpy"]
@@ -61,11 +60,11 @@ def _qdq_kernel(x_ptr, out_ptr, amax_ptr, scale_ptr, ts_ptr, R, NBLK, sxr, sxk, 
         tl.store(ts_ptr, dec)
     bamax = tl.max(tl.abs(x), 2)                                    # [BM, NB]
     s = tl.minimum(bamax * (enc * INV6), 448.0)
-    s_val, _ = _e4m3_rne(s)
+    s_val, _ = e4m3_rne(s)
     f = tl.minimum(tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), s_val * dec), FP32_MAX)
     y = tl.minimum(tl.maximum(x * f[:, :, None], -6.0), 6.0)
-    _, r = _e2m1_code(y, y, False)
-    val = _neg_where(y < 0.0, r) * s_val[:, :, None]                 # exact, fits BF16
+    _, r = e2m1_code(y, y, False)
+    val = neg_where(y < 0.0, r) * s_val[:, :, None]                 # exact, fits BF16
     tl.store(out_ptr + rows * sor + cols * sok, val.to(tl.bfloat16), mask=mask)
 
 

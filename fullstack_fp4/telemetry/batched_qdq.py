@@ -3,14 +3,14 @@
 Why: a telemetry step quantizes a few sampled blocks of every operand of every layer (x, W,
 dY, the two wgrad operands; Q-Attn's 64×64 dS tiles, each with its own tensor scale). Done one
 ``quantize`` + ``dequantize`` per sample, that is ~100 small kernel launches each, ~10⁴ per
-step on a 4-block model: the host, not the GPU, set the telemetry step's cost (BENCHMARKS.md
-§A.2). The samples are independent once their tensor scale is fixed (stats.py docstring), so
+step on a 4-block model: the host, not the GPU, set the telemetry step's cost
+(`BENCHMARKS.md#telemetry`). The samples are independent once their tensor scale is fixed (stats.py docstring), so
 the collector gathers them during the step and quantizes all samples of one kind together
 here, with a per-row global amax.
 
 Arithmetic: ``fullstack_fp4.nvfp4.reference.quantize_reference`` followed by
 ``NVFP4Tensor.dequantize``, operation for operation, with the tensor scales ``(enc, dec)``
-broadcast per row instead of one scalar (``tensor_scales`` and ``_candidate`` are elementwise,
+broadcast per row instead of one scalar (``tensor_scales`` and ``scale_candidate`` are elementwise,
 so they are called as they are). Row ``i`` therefore gets exactly the numbers that
 ``dequantize(quantize(x_i, global_amax=g_i, ...))`` gives, bit for bit (tested), and that the
 Triton kernel gives (bit-identical to the reference). The finite check of the reference is
@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from fullstack_fp4.nvfp4.e2m1 import E2M1_MAX, e2m1_decode, e2m1_round_nearest, e2m1_round_stochastic
-from fullstack_fp4.nvfp4.reference import _candidate, block_amax, tensor_scales
+from fullstack_fp4.nvfp4.reference import block_amax, scale_candidate, tensor_scales
 
 from .stats import inverse_rht16
 
@@ -60,7 +60,7 @@ def qdq_rows(x: torch.Tensor, global_amax: torch.Tensor, *, tile=(1, 16), roundi
         x2 = hadamard16(x2, rht_signs)
     enc, dec = tensor_scales(global_amax.to(torch.float32).reshape(r, 1, 1))
     x3 = x2.reshape(r, k // 16, 16)
-    s, f = _candidate(x3, block_amax(x2, tile), enc, dec, 6.0)
+    s, f = scale_candidate(x3, block_amax(x2, tile), enc, dec, 6.0)
     y = torch.clamp(x3 * f, -E2M1_MAX, E2M1_MAX)
     if rounding == "nearest":
         codes = e2m1_round_nearest(y)

@@ -36,7 +36,7 @@ quantizes all samples of one kind (tile, rounding, RHT) in one batched call with
 tensor scale (``batched_qdq.qdq_rows``, the reference arithmetic bit for bit) and adds each
 sample's sums to its name: ~15 launches per operand in the hooks instead of ~100, and a few
 dozen per kind at the end (the per-sample calls made the host, not the GPU, the telemetry
-step's cost; BENCHMARKS.md §A.2). The stochastic-rounding uniforms are drawn there, from the
+step's cost; `BENCHMARKS.md#telemetry`). The stochastic-rounding uniforms are drawn there, from the
 step's generator, in the order the samples were gathered.
 
 Sums of squared errors and of squares (or counts) are accumulated per name over micro-batches

@@ -54,10 +54,10 @@ def rht16_tokens_amax(m: torch.Tensor, *, chunk_elems: int = _AMAX_CHUNK,
     zero-filled in a separate ``[16, C]`` tail (only when ``T % 16``).
 
     ``kernel`` (default: on CUDA tensors): the NVFP4 linear's own one-read Triton pass
-    (:func:`fullstack_fp4.nvfp4.triton_quantize_decode.amax_two_ways`, the column way only),
+    (:func:`fullstack_fp4.nvfp4.kernels.quantize_two_ways.amax_two_ways`, the column way only),
     which computes the same FP32 butterflies and takes the max on the FP32 bits: the same number,
     without the chunked torch passes and their FP32 temporaries — the largest GPU cost of the
-    linears' telemetry step (BENCHMARKS.md §0.2). Needs bf16/fp16/fp32 and C % 16 == 0, else the
+    linears' telemetry step (`BENCHMARKS.md#telemetry`). Needs bf16/fp16/fp32 and C % 16 == 0, else the
     torch path runs.
     """
     m2 = m.detach().reshape(-1, m.shape[-1])
@@ -65,7 +65,7 @@ def rht16_tokens_amax(m: torch.Tensor, *, chunk_elems: int = _AMAX_CHUNK,
     if kernel is None:
         kernel = m2.is_cuda
     if kernel and c % 16 == 0 and t > 0 and m2.dtype in (torch.bfloat16, torch.float16, torch.float32):
-        from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+        from fullstack_fp4.nvfp4.kernels.quantize_two_ways import amax_two_ways
 
         # the kernel's RHT is ``hadamard16``'s (× signs, butterflies, × ¼): the amax itself
         return amax_two_ways(m2, row=False, col=True).view(torch.float32)[1].clone()
@@ -298,7 +298,7 @@ def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2:
     (``state``: its optimizer state *before* this step; empty = zero moments, step 1;
     ``phase``: the chunk-grid phase of a piece of a larger tensor, QAdamW's placement)."""
     from fullstack_fp4.optim.q_adamw.codecs import CHUNK
-    from fullstack_fp4.optim.q_adamw.state import _unpack_state
+    from fullstack_fp4.optim.q_adamw.state import unpack_state
 
     n = grad.numel()
     g = grad.detach().reshape(-1)
@@ -307,7 +307,7 @@ def q_adamw_sample_sums(state: dict, grad: torch.Tensor, *, beta1: float, beta2:
     acc: Dict[str, list] = {}
     ms = vs = None
     if "exp_avg_codes" in state:
-        ms, vs = _unpack_state(state, n, phase) if phase else _unpack_state(state, n)
+        ms, vs = unpack_state(state, n, phase) if phase else unpack_state(state, n)
     for j in sample_indices(n_chunks, chunks, generator).tolist():
         lo, hi = _chunk_bounds(j, n, phase, CHUNK)
         ph = phase if j == 0 else 0
@@ -353,7 +353,7 @@ def q_adamw_group_sums(items: list, *, beta1: float, beta2: float, eps: float, c
     """
     from fullstack_fp4.optim.q_adamw import decode_exp_avg, decode_exp_avg_sq
     from fullstack_fp4.optim.q_adamw.codecs import BLOCK, CHUNK, padded_numel
-    from fullstack_fp4.optim.q_adamw.state import _unpack_state
+    from fullstack_fp4.optim.q_adamw.state import unpack_state
 
     out: list = [dict() for _ in items]
     batches: Dict[int, list] = {}                   # step -> [(item index, m state, v state, g piece, rand)]
@@ -371,7 +371,7 @@ def q_adamw_group_sums(items: list, *, beta1: float, beta2: float, eps: float, c
         step = _step_count(state) + 1
         ms = vs = None
         if "exp_avg_codes" in state:
-            ms, vs = _unpack_state(state, n, phase) if phase else _unpack_state(state, n)
+            ms, vs = unpack_state(state, n, phase) if phase else unpack_state(state, n)
         for j in sample_indices(-(-(phase + n) // CHUNK), chunks, generator).tolist():
             lo, hi = _chunk_bounds(j, n, phase, CHUNK)
             ph = phase if j == 0 else 0

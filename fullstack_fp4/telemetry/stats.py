@@ -77,7 +77,7 @@ def rht_signs_on(device, signs=None) -> torch.Tensor:
 
 def wht16(y: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Unnormalised Walsh–Hadamard (Sylvester order) on ``y``'s dimension ``dim`` of size 16,
-    with ``fullstack_fp4.nvfp4.hadamard._butterfly``'s arithmetic: pairs at strides 1, 2, 4, 8,
+    with ``fullstack_fp4.nvfp4.hadamard.butterfly``'s arithmetic: pairs at strides 1, 2, 4, 8,
     ``(a + b, a - b)`` each. Elementwise the same FP operations in the same order, so the result
     is bit-identical to the butterfly along the last dim of the transposed tensor."""
     dim = dim % y.dim()

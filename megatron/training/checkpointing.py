@@ -7,16 +7,28 @@ Layout of one checkpoint (`<save_dir>/iter_0000100/`):
     extra/rank_00000.pt   recipe state that is not a tensor of the model/optimizer (if any)
     meta.json             iteration, consumed samples, resolved config, file manifest (last written)
 
-Atomicity: everything is written to `iter_N.tmp/`, `meta.json` (with the size of every file)
-is written last, the directory is renamed to `iter_N/`, and only then is `<save_dir>/latest`
-replaced (write-then-`os.replace`). A directory without `meta.json`, or with a file whose size
-differs from the manifest, is not a checkpoint: `load: auto` skips it with a warning; an
-explicit `load: <path>` to it is an error. The newest `keep_last` checkpoints are kept.
+Atomicity: everything is written to `iter_N.tmp/`, `meta.json` (with the size and CRC-32 of
+every file, checkpoint_integrity.py) is written last, the directory is renamed to `iter_N/`, and
+only then is `<save_dir>/latest` replaced (write-then-`os.replace`). A directory without
+`meta.json`, or with a file whose size or checksum differs from the manifest, is not a
+checkpoint: `load: auto` skips it with a warning; an explicit `load: <path>` to it is an error.
+`load: auto` takes the newest complete checkpoint found by scanning `iter_N/` directories;
+`latest` is written for people and tools but never followed (it could name a damaged, older or
+foreign directory). With no loadable checkpoint in a save_dir that holds `iter_N/` directories
+or `latest`, `load: auto` is an error unless `checkpoint.allow_fresh_start: true`. A save_dir is
+used by one run at a time (save_lock.py).
+
+Pruning (`keep_last`) removes only complete checkpoints, never a damaged directory, and never
+the newest checkpoint older than the last applied optimizer step (the newest one the run knows
+to be good: the step after it was applied), so a divergence can never leave only diverged
+checkpoints. A damaged `iter_N/` the run reaches again is renamed `iter_N.damaged`, not deleted.
 
 Loading checks the manifest and the model shape recorded in `meta.json` against the config
 before touching any tensor, so a damaged or incompatible checkpoint gives one `CheckpointError`
 naming the problem. If reading a shard still fails, the error is raised at start-up: the run
 exits and nothing trains on a partly loaded model; the checkpoint on disk is never modified.
+A save that fails (a full disk: ENOSPC) removes its own `iter_N.tmp/` and raises one
+`CheckpointError`; the checkpoints saved before are untouched.
 
 Another parallel layout: megatron-core reshards the `ShardedTensor`s itself. State whose form
 depends on the TP size (LoRA-SVD factors, Q-AdamW's per-rank 4-bit objects) is converted at
@@ -27,7 +39,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import shutil
 
 import torch
@@ -37,16 +48,17 @@ from megatron.core import parallel_state as ps
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron.training import checkpoint_integrity as integrity
 from megatron.training import reshard
-from megatron.training.config import to_dict
+from megatron.training.config_schema import to_dict
 from megatron.training.errors import CheckpointError
 
 FORMAT_VERSION = 1
-_ITER_RE = re.compile(r"^iter_(\d{7,})$")
+_ITER_RE = integrity.ITER_RE
 # Config fields that change the shapes or meaning of saved tensors: must match on resume.
 SHAPE_KEYS = {
     "model": ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-              "position_embedding", "make_vocab_size_divisible_by"),
+              "position_embedding", "make_vocab_size_divisible_by", "vocab_size"),
     "fp4": ("linear", "attention", "bf16_first_layers", "bf16_last_layers"),
     "fp4.lora_svd": ("rank", "beta"),
     "optimizer": ("name",),
@@ -67,19 +79,15 @@ def iter_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
 
-def _manifest(root: str) -> dict[str, int]:
-    out = {}
-    for base, _, files in os.walk(root):
-        for name in files:
-            full = os.path.join(base, name)
-            rel = os.path.relpath(full, root)
-            if rel != "meta.json":
-                out[rel] = os.path.getsize(full)
-    return out
+# Checkpoints whose checksums this process has computed (its own saves) or verified: pruning
+# and re-saving need not read them again (realpaths; rank 0 only does either).
+_VERIFIED: set[str] = set()
 
 
-def check_complete(path: str) -> dict:
-    """Return meta.json of a complete checkpoint, or raise CheckpointError saying what is wrong."""
+def check_complete(path: str, *, content: bool = True) -> dict:
+    """Return meta.json of a complete checkpoint, or raise CheckpointError saying what is wrong.
+    content=True also verifies every file's CRC-32 (reads the whole checkpoint, once per
+    process: a verified checkpoint is remembered)."""
     meta_path = os.path.join(path, "meta.json")
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -93,42 +101,59 @@ def check_complete(path: str) -> dict:
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path}: format version {meta.get('format_version')} "
                               f"is not {FORMAT_VERSION}")
-    for rel, size in meta.get("files", {}).items():
+    if not isinstance(meta.get("files"), dict) or not isinstance(meta.get("checksums", {}), dict):
+        raise CheckpointError(f"checkpoint {path}: meta.json has no file manifest")
+    for rel, size in meta["files"].items():
         full = os.path.join(path, rel)
         if not os.path.isfile(full):
             raise CheckpointError(f"checkpoint {path} is damaged: file {rel} is missing")
         if os.path.getsize(full) != size:
             raise CheckpointError(f"checkpoint {path} is damaged: file {rel} has "
                                   f"{os.path.getsize(full)} bytes, expected {size} (truncated?)")
+    if content and meta.get("checksums") and os.path.realpath(path) not in _VERIFIED:
+        bad = integrity.first_mismatch(path, meta["checksums"])
+        if bad:
+            raise CheckpointError(f"checkpoint {path} is damaged: file {bad} does not match its "
+                                  "checksum (its content changed after the save)")
+        _VERIFIED.add(os.path.realpath(path))
     return meta
 
 
 def find_latest(save_dir: str) -> str | None:
-    """Newest complete checkpoint under save_dir (the `latest` pointer first), or None."""
+    """Newest complete checkpoint among save_dir's `iter_N/` directories, or None. The `latest`
+    pointer is not followed: the newest complete checkpoint is the one to resume from, and a
+    pointer could name an older, a damaged or another run's directory."""
     if not save_dir or not os.path.isdir(save_dir):
         return None
-    pointer = os.path.join(save_dir, "latest")
-    candidates = []
-    if os.path.isfile(pointer):
-        with open(pointer) as f:
-            candidates.append(f.read().strip())
-    candidates += sorted((d for d in os.listdir(save_dir) if _ITER_RE.match(d)), reverse=True)
-    for name in candidates:
+    for _, name in integrity.iteration_dirs(save_dir):
         path = os.path.join(save_dir, name)
         try:
             check_complete(path)
             return path
         except CheckpointError as e:
-            if _rank() == 0:
-                print(f"[checkpoint] skipping {path}: {e}", flush=True)
+            print(f"[checkpoint] skipping {path}: {e}", flush=True)
     return None
 
 
-def resolve_load_path(load: str, save_dir: str | None) -> str | None:
+def _holds_checkpoints(save_dir: str) -> bool:
+    """Does save_dir hold what once was a checkpoint (`iter_N/` directories or `latest`)?"""
+    return os.path.isdir(save_dir) and (bool(integrity.iteration_dirs(save_dir))
+                                        or os.path.lexists(os.path.join(save_dir, "latest")))
+
+
+def resolve_load_path(load: str, save_dir: str | None, *, allow_fresh_start: bool = False) -> str | None:
     if load == "none":
         return None
     if load == "auto":
-        return find_latest(save_dir) if save_dir else None
+        if not save_dir:
+            return None
+        found = find_latest(save_dir)
+        if found is None and not allow_fresh_start and _holds_checkpoints(save_dir):
+            raise CheckpointError(
+                f"checkpoint.load=auto: {save_dir} holds checkpoints but none is loadable (see the "
+                "lines above); nothing was changed on disk. Repair or move them, load one "
+                "explicitly, or set checkpoint.allow_fresh_start=true to start from iteration 0")
+        return found
     if os.path.isfile(os.path.join(load, "meta.json")):
         check_complete(load)
         return load
@@ -140,13 +165,33 @@ def resolve_load_path(load: str, save_dir: str | None) -> str | None:
     raise CheckpointError(f"checkpoint.load={load}: no such checkpoint directory")
 
 
+def resolve_for_run(load: str, save_dir: str | None, *, allow_fresh_start: bool) -> str | None:
+    """resolve_load_path on global rank 0 only (it reads and checksums the whole checkpoint),
+    its answer or error broadcast: every rank loads the same checkpoint or raises the same
+    error. Collective."""
+    verdict = [None, None]
+    if _rank() == 0:
+        try:
+            verdict[0] = resolve_load_path(load, save_dir, allow_fresh_start=allow_fresh_start)
+        except CheckpointError as e:
+            verdict[1] = str(e)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[1]:
+        raise CheckpointError(verdict[1])
+    return verdict[0]
+
+
 def _lookup(tree: dict, dotted: str) -> dict:
     for part in dotted.split("."):
         tree = tree.get(part, {}) if isinstance(tree, dict) else {}
     return tree
 
 
-def check_compatible(meta: dict, cfg, path: str) -> None:
+def check_compatible(meta: dict, cfg, path: str, tokenizer: dict | None = None) -> None:
+    """Refuse a checkpoint whose shapes or tokenizer differ from this run's. `tokenizer`: this
+    run's {"vocab_size", "crc32"} (of the tokenizer file; None for mock data), compared with the
+    one saved in meta.json when both exist."""
     saved = meta.get("config", {})
     now = to_dict(cfg)
     diffs = []
@@ -155,8 +200,23 @@ def check_compatible(meta: dict, cfg, path: str) -> None:
             a, b = _lookup(saved, section).get(k), _lookup(now, section)[k]
             if a != b:
                 diffs.append(f"{section}.{k}: checkpoint {a!r}, config {b!r}")
+    tok_saved, tok_now = meta.get("tokenizer"), tokenizer
+    if tok_saved is not None and tok_now is not None:
+        for k in ("vocab_size", "crc32"):
+            if tok_saved.get(k) != tok_now.get(k):
+                diffs.append(f"tokenizer {k}: checkpoint {tok_saved.get(k)!r}, this run {tok_now.get(k)!r}")
     if diffs:
         raise CheckpointError(f"checkpoint {path} does not match this config: " + "; ".join(diffs))
+
+
+def tokenizer_identity(path: str, vocab_size: int) -> dict:
+    """What check_compatible compares on resume: the vocabulary size and the CRC-32 of the
+    tokenizer file (a directory's tokenizer.model or tokenizer.json)."""
+    if os.path.isdir(path):
+        path = next((os.path.join(path, n) for n in ("tokenizer.model", "tokenizer.json")
+                     if os.path.isfile(os.path.join(path, n))), path)
+    crc = integrity.crc32_file(path) if os.path.isfile(path) else None
+    return {"vocab_size": int(vocab_size), "crc32": crc}
 
 
 def _rng_state() -> dict:
@@ -191,42 +251,121 @@ def optimizer_metadata(optimizer) -> dict:
 
 
 def save_checkpoint(save_dir: str, iteration: int, *, model, optimizer, train_state: dict, cfg,
-                    keep_last: int, extra: dict | None = None) -> str:
-    """Save atomically; returns the final directory. Collective: every rank calls it."""
+                    keep_last: int, extra: dict | None = None, protect_before: int | None = None) -> str:
+    """Save atomically; returns the final directory. Collective: every rank calls it.
+    protect_before: pruning keeps the newest complete checkpoint older than this iteration
+    (the trainer passes its last applied step: see the module docstring)."""
     final = os.path.join(save_dir, iter_dir_name(iteration))
     tmp = final + ".tmp"
     rank = _rank()
+    failure = None
     if rank == 0:
-        os.makedirs(save_dir, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted save
-        os.makedirs(os.path.join(tmp, "rng"))
-        os.makedirs(os.path.join(tmp, "extra"))
-        os.makedirs(os.path.join(tmp, "dist"))
-    _barrier()
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an interrupted save
+            for sub in ("rng", "extra", "dist"):
+                os.makedirs(os.path.join(tmp, sub))
+        except OSError as e:
+            failure = e
+    _raise_if_any_failed(failure, tmp, final)
     _in_process_results_queue()
-    dist_checkpointing.save(_sharded_state_dict(model, optimizer, is_loading=False), os.path.join(tmp, "dist"))
-    torch.save(_rng_state(), os.path.join(tmp, "rng", f"rank_{rank:05d}.pt"))
-    if extra:
-        torch.save(extra, os.path.join(tmp, "extra", f"rank_{rank:05d}.pt"))
-    _barrier()
+    try:
+        dist_checkpointing.save(_sharded_state_dict(model, optimizer, is_loading=False), os.path.join(tmp, "dist"))
+        torch.save(_rng_state(), os.path.join(tmp, "rng", f"rank_{rank:05d}.pt"))
+        if extra:
+            torch.save(extra, os.path.join(tmp, "extra", f"rank_{rank:05d}.pt"))
+    except (Exception, CheckpointException) as e:  # ENOSPC, EIO, quota: surfaces as OSError/RuntimeError
+        failure = e
+    _raise_if_any_failed(failure, tmp, final)
+    checksums, failure = _shared_checksums(tmp)
+    _raise_if_any_failed(failure, tmp, final)
     if rank == 0:
-        meta = {"format_version": FORMAT_VERSION, "iteration": iteration, **train_state,
-                "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                "config": to_dict(cfg), "files": _manifest(tmp)}
-        with open(os.path.join(tmp, "meta.json.part"), "w") as f:
-            json.dump(meta, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(os.path.join(tmp, "meta.json.part"), os.path.join(tmp, "meta.json"))
-        if os.path.isdir(final):  # re-saving the same iteration (e.g. exit right after a save)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        with open(os.path.join(save_dir, "latest.part"), "w") as f:
-            f.write(iter_dir_name(iteration))
-        os.replace(os.path.join(save_dir, "latest.part"), os.path.join(save_dir, "latest"))
-        _prune(save_dir, keep_last)
-    _barrier()
+        try:
+            sizes = {rel: os.path.getsize(os.path.join(tmp, rel)) for rel in checksums}
+            meta = {"format_version": FORMAT_VERSION, "iteration": iteration, **train_state,
+                    "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                    "config": to_dict(cfg), "files": sizes, "checksums": checksums}
+            with open(os.path.join(tmp, "meta.json.part"), "w") as f:
+                json.dump(meta, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(os.path.join(tmp, "meta.json.part"), os.path.join(tmp, "meta.json"))
+            _install(tmp, final)
+            with open(os.path.join(save_dir, "latest.part"), "w") as f:
+                f.write(iter_dir_name(iteration))
+            os.replace(os.path.join(save_dir, "latest.part"), os.path.join(save_dir, "latest"))
+            _prune(save_dir, keep_last, protect_before)
+        except OSError as e:
+            failure = e
+    _raise_if_any_failed(failure, tmp, final)
     return final
+
+
+def _shared_checksums(tmp: str) -> tuple[dict[str, str], BaseException | None]:
+    """CRC-32 of every file of the save, each rank reading its share of rank 0's file list
+    (one file in world_size); rank 0 gets them all. Collective."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    names = [integrity.list_files(tmp) if _rank() == 0 else None]
+    if world > 1:
+        dist.broadcast_object_list(names, src=0)
+    try:
+        mine, failure = integrity.checksums(tmp, names[0][_rank()::world]), None
+    except OSError as e:
+        mine, failure = {}, e
+    if world == 1:
+        return mine, failure
+    parts = [None] * world
+    dist.all_gather_object(parts, mine)
+    merged = {}
+    for part in parts:
+        merged.update(part)
+    return merged, failure
+
+
+def _raise_if_any_failed(failure, tmp: str, final: str) -> None:
+    """Collective: if any rank's part of the save failed, rank 0 removes the partial `tmp`
+    (our own half-written files, which could keep a full disk full) and every rank raises
+    one CheckpointError; the checkpoints saved before are untouched."""
+    flag = torch.tensor([1.0 if failure is not None else 0.0])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.get_backend() == "nccl":
+            flag = flag.cuda()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
+        return
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for part in (os.path.join(os.path.dirname(final), "latest.part"),):
+            if os.path.isfile(part):
+                os.remove(part)
+    why = f"{type(failure).__name__}: {_last_line(failure)}" if failure is not None else "failed on another rank"
+    raise CheckpointError(f"could not save checkpoint {final} ({why}); the partial save was removed "
+                          "and the checkpoints saved before are untouched — free disk space or "
+                          "change checkpoint.save_dir, then resume")
+
+
+def _install(tmp: str, final: str) -> None:
+    """Rename the finished `tmp` to `final`. An existing `final` (the same iteration saved
+    again, e.g. a resume that reached it anew) is replaced only after the new one is in
+    place, and is deleted only if it was a complete checkpoint: a damaged one is moved to
+    `iter_N.damaged` and kept."""
+    if not os.path.isdir(final):
+        os.replace(tmp, final)
+        _VERIFIED.add(os.path.realpath(final))
+        return
+    try:
+        check_complete(final)
+        damaged = False
+    except CheckpointError:
+        damaged = True
+    _VERIFIED.discard(os.path.realpath(final))
+    old = integrity.move_aside(final, ".damaged" if damaged else ".old")
+    os.replace(tmp, final)
+    _VERIFIED.add(os.path.realpath(final))
+    if damaged:
+        print(f"[checkpoint] {final} was damaged: kept as {old}", flush=True)
+    else:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _in_process_results_queue() -> None:
@@ -243,10 +382,58 @@ def _in_process_results_queue() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
-def _prune(save_dir: str, keep_last: int) -> None:
-    done = sorted(d for d in os.listdir(save_dir) if _ITER_RE.match(d))
-    for name in done[:-keep_last]:
-        shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+def set_aside_diverged(save_dir: str | None, last_applied: int) -> str | None:
+    """After a divergence: checkpoints holding the parameters of the last applied step or
+    later (iteration >= last_applied; that step is the one after which every update was
+    skipped, the likely destructive one) are renamed `iter_N.diverged` (kept for inspection,
+    out of `load: auto`'s and pruning's way). Returns the newest complete checkpoint left
+    (the one to resume from), or None. Collective: rank 0 renames, every rank gets the path."""
+    answer = [None]
+    if _rank() == 0 and save_dir and os.path.isdir(save_dir):
+        for it, name in integrity.iteration_dirs(save_dir):
+            if it >= last_applied:
+                _VERIFIED.discard(os.path.realpath(os.path.join(save_dir, name)))
+                moved = integrity.move_aside(os.path.join(save_dir, name), integrity.DIVERGED_SUFFIX)
+                print(f"[guard] {os.path.join(save_dir, name)} holds diverged parameters: kept as {moved}",
+                      flush=True)
+        for _, name in integrity.iteration_dirs(save_dir):
+            try:
+                check_complete(os.path.join(save_dir, name), content=False)
+                answer[0] = os.path.join(save_dir, name)
+                break
+            except CheckpointError:
+                continue
+        pointer = os.path.join(save_dir, "latest")
+        if answer[0]:
+            with open(pointer + ".part", "w") as f:
+                f.write(os.path.basename(answer[0]))
+            os.replace(pointer + ".part", pointer)
+        elif os.path.isfile(pointer):
+            os.remove(pointer)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(answer, src=0)
+    return answer[0]
+
+
+def _prune(save_dir: str, keep_last: int, protect_before: int | None = None) -> None:
+    """Delete complete checkpoints beyond the newest `keep_last`, except the newest one older
+    than `protect_before`. Damaged or incomplete directories are never deleted and not
+    counted (checksums verified once per process: the run's own saves are verified by
+    construction, an older run's checkpoints are read once)."""
+    complete = []
+    for it, name in integrity.iteration_dirs(save_dir):
+        try:
+            check_complete(os.path.join(save_dir, name))
+            complete.append((it, name))
+        except CheckpointError:
+            pass
+    keep = {name for _, name in complete[:keep_last]}
+    if protect_before is not None:
+        older = [name for it, name in complete if it < protect_before]
+        keep.update(older[:1])
+    for _, name in complete:
+        if name not in keep:
+            shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
 
 
 def _prepare_distributed_optimizers(optimizer) -> list:
@@ -297,10 +484,12 @@ def _distopt_switch_error(meta: dict, cfg, path: str) -> str | None:
 
 
 @torch.no_grad()
-def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
-    """Load model, optimizer and RNG from `path`; returns meta (iteration, consumed samples...)."""
-    meta = check_complete(path)
-    check_compatible(meta, cfg, path)
+def load_checkpoint(path: str, *, model, optimizer, cfg, tokenizer: dict | None = None,
+                    verified: bool = False) -> dict:
+    """Load model, optimizer and RNG from `path`; returns meta (iteration, consumed samples...).
+    verified: the checksums were checked already (resolve_for_run), check sizes only."""
+    meta = check_complete(path, content=not verified)
+    check_compatible(meta, cfg, path, tokenizer)
     from fullstack_fp4.integration.optimizers import resume_layout_error
 
     # Another TP size with layout-dependent FP4 state (LoRA-SVD factors, Q-AdamW's per-rank
@@ -341,8 +530,14 @@ def load_checkpoint(path: str, *, model, optimizer, cfg) -> dict:
         raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}): {_last_line(e)}; "
                               "was it saved with another parallel layout or optimizer?") from None
     same_world = meta.get("world_size") == (dist.get_world_size() if dist.is_initialized() else 1)
-    if same_world and os.path.isfile(rng_file):
-        _set_rng_state(torch.load(rng_file, weights_only=False))
     extra_file = os.path.join(path, "extra", f"rank_{rank:05d}.pt")
-    meta["extra"] = torch.load(extra_file, weights_only=False) if os.path.isfile(extra_file) else {}
+    reading = rng_file
+    try:
+        if same_world and os.path.isfile(rng_file):
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        reading = extra_file
+        meta["extra"] = torch.load(extra_file, weights_only=False) if os.path.isfile(extra_file) else {}
+    except Exception as e:  # unpickling garbage raises anything (UnpicklingError, UnicodeDecodeError, ...)
+        raise CheckpointError(f"checkpoint {path} could not be read: {os.path.relpath(reading, path)} "
+                              f"({type(e).__name__}: {_last_line(e)})") from None
     return meta

@@ -19,10 +19,8 @@ from typing import Any, Union
 
 import yaml
 
-from megatron.training.config_schema import PRESETS, RunConfig
-
-
-from megatron.training.errors import ConfigError  # noqa: F401  (re-exported)
+from megatron.training.config_schema import PRESETS, RunConfig, to_dict
+from megatron.training.errors import ConfigError
 
 
 def load_config(path: str | None, overrides: list[str] = (), *, validate: bool = True) -> RunConfig:
@@ -106,12 +104,25 @@ def from_dict(cls, data: Any, prefix: str):
 def coerce(tp, value, key: str):
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
+        if value is not None and not isinstance(value, dict) and hasattr(tp, "from_scalar"):
+            return tp.from_scalar(coerce(str, value, key))   # one value for every field
         return from_dict(tp, value, key + ".")
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return coerce(args[0], value, key)
+        exact = next((a for a in args if type(value) is a), None)   # int | float: 1 stays an int
+        if exact is None and len(args) > 1 and not isinstance(value, bool):
+            for a in args:
+                try:
+                    return coerce(a, value, key)
+                except ConfigError:
+                    pass
+        if exact is None and len(args) > 1:
+            names = " or ".join("an integer" if a is int else "a number" if a is float else a.__name__
+                                for a in args)
+            raise ConfigError(f"{key} must be {names}, got {value!r}")
+        return coerce(exact or args[0], value, key)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -164,10 +175,6 @@ def apply_preset(cfg: RunConfig) -> None:
     for k, v in PRESETS[m.preset].items():
         if getattr(m, k) is None:
             setattr(m, k, v)
-
-
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
 
 
 def dump_yaml(cfg) -> str:

@@ -6,8 +6,9 @@ rules ("hidden size divisible by heads", "global batch divisible by micro batch 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ParallelConfig:
 @dataclass
 class TrainConfig:
     iters: int = 1000  # optimizer steps of the whole run (the schedule follows this)
+    continue_with: list[str] = field(default_factory=list)  # resuming with changed settings, stated: extend (train.iters / optimizer.decay_iters: the rest of the lr decay stretched to the new length, no jump) | new_data (data blend, seq length, seed) | new_batch_size; unstated changes are refused (megatron/training/continuation.py)
     exit_interval: Optional[int] = None  # stop after this iteration with a checkpoint
     global_batch_size: int = 32  # samples per optimizer step, over all data-parallel ranks
     micro_batch_size: int = 4  # samples per forward/backward on one rank
@@ -59,7 +61,7 @@ class TrainConfig:
 @dataclass
 class QAdamWConfig:
     min_numel: int = 4096  # parameters smaller than this keep FP32 moments
-    approx_division: bool = False  # GPU kernel: the update's m/d as m * rcp.approx(d) (faster; p within 2^-22 of the update, states unchanged; fullstack_fp4/optim/q_adamw/PERF.md "v6")
+    approx_division: bool = False  # GPU kernel: the update's m/d as m * rcp.approx(d) (faster; p within 2^-22 of the update, states unchanged; docs/perf/q-adamw.md)
 
 
 @dataclass
@@ -104,11 +106,26 @@ class LoRASVDConfig:
 
 
 @dataclass
+class LinearScaleRuleConfig:
+    """Also accepts one value for all three operands (`fp4.linear_scale_rule: 4over6`)."""
+    x: str = "6"  # (one value sets all three: fp4.linear_scale_rule=4over6) 6 | 4over6: block scale rule of the activations (fprop x and the wgrad's RHT(x^T)); 4over6: per block the lower-error of block max -> 6 or -> 4, tensor-scale bound 256 instead of 448 (fullstack_fp4/nvfp4/reference.py)
+    w: str = "6"  # 6 | 4over6: the weight's 16x16 tiles (W_res under lora_svd), one quantization for fprop and dgrad
+    dy: str = "6"  # 6 | 4over6: the output gradient (dgrad dY and the wgrad's RHT(dY^T), stochastic rounding after the choice)
+
+    @classmethod
+    def from_scalar(cls, value) -> "LinearScaleRuleConfig":
+        return cls(x=str(value), w=str(value), dy=str(value))
+
+
+@dataclass
 class FP4Config:
     linear: str = "bf16"  # bf16 | nvfp4 | lora_svd
     attention: str = "bf16"  # bf16 | q_attn
-    bf16_first_layers: int = 0  # keep the first N transformer blocks in BF16
-    bf16_last_layers: int = 0  # keep the last N transformer blocks in BF16
+    bf16_first_layers: int = 0  # keep the first N transformer blocks in BF16 (shorthand for keep_bf16 patterns decoder.layers.<i>.*)
+    bf16_last_layers: int = 0  # keep the last N transformer blocks in BF16 (shorthand, as bf16_first_layers)
+    keep_bf16: list[str] = field(default_factory=list)  # fnmatch patterns over FP4 module names (decoder.layers.<i>.self_attention.linear_qkv / linear_proj / core_attention, decoder.layers.<i>.mlp.linear_fc1 / linear_fc2; global layer index): matched modules keep BF16, e.g. ["decoder.layers.0.*", "*.linear_fc2"]; a pattern matching none is an error (megatron/training/precision.py)
+    bf16_from: Optional[Union[int, float]] = None  # precision schedule: from this point every FP4 recipe of the linear (nvfp4, lora_svd) and Q-Attn runs in BF16; an integer S >= 1: after S steps; a float f in (0, 1]: after floor(f * train.iters) steps (e.g. 0.9: the last 10% in BF16); null: never (megatron/training/precision.py)
+    linear_scale_rule: LinearScaleRuleConfig = field(default_factory=LinearScaleRuleConfig)
     unquantized_operands: list[str] = field(default_factory=list)  # diagnostic, fp4.linear=nvfp4: operands of x, w, dy left unquantized (FP64 GEMMs; which operand costs the loss, docs/lora-svd.md)
     fallback: str = "off"  # off | warn | bf16: per-module BF16 fallback on sustained quantization error (needs logging.quant_stats_interval > 0 and an FP4 recipe; docs/telemetry.md)
     fallback_threshold: float = 0.25  # NVFP4 linears: worst of x, w, dy, wgrad_x, wgrad_dy rel_err above this is a bad interval (~2.5x the 9.5% Gaussian round trip)
@@ -139,7 +156,10 @@ class CheckpointConfig:
     save_dir: Optional[str] = None  # where iter_NNNNNNN/ checkpoints and `latest` go
     save_interval: Optional[int] = None  # checkpoint every N steps
     load: str = "auto"  # auto | none | <path to a checkpoint dir or a save_dir>
-    keep_last: int = 3  # older checkpoints are deleted
+    load_mode: str = "full"  # full: resume model, optimizer, data position, lr schedule | weights_only: the model weights of checkpoint.load only, fresh optimizer at iteration 0 (fine-tuning, an imported model); a checkpoint already in save_dir is resumed in full (megatron/training/continuation.py)
+    override_scheduler: bool = False  # resuming: take this config's lr schedule (optimizer.lr, min_lr, schedule, warmup_iters, decay_iters, weight_decay, train.iters) from the checkpoint's iteration on, reached from the current lr over optimizer.warmup_iters steps, instead of refusing a changed one
+    keep_last: int = 3  # older complete checkpoints are deleted (never a damaged one, nor the newest one from before the last applied step)
+    allow_fresh_start: bool = False  # load=auto with checkpoints in save_dir but none loadable: start from iteration 0 instead of stopping with an error (the damaged directories are kept)
     save_on_exit: bool = True  # final checkpoint at train.iters / exit_interval / SIGTERM
 
 
@@ -179,3 +199,8 @@ PRESETS: dict[str, dict] = {
     "3b": dict(num_layers=28, hidden_size=3072, ffn_hidden_size=8192, num_attention_heads=24,
                num_query_groups=8, seq_length=4096),
 }
+
+
+def to_dict(cfg) -> dict:
+    """The config as nested plain dicts (what meta.json and the run's config.yaml hold)."""
+    return dataclasses.asdict(cfg)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from megatron.training.config import ConfigError
+from megatron.training.errors import ConfigError
 from megatron.training.config_schema import RunConfig
 
 
@@ -109,6 +109,9 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
     _positive("fp4.bf16_last_layers", f.bf16_last_layers, allow_zero=True)
     if f.bf16_first_layers + f.bf16_last_layers > m.num_layers:
         raise ConfigError("fp4.bf16_first_layers + fp4.bf16_last_layers exceeds model.num_layers")
+    from megatron.training import precision
+
+    precision.check_config(cfg)   # fp4.keep_bf16, fp4.bf16_from, fp4.linear_scale_rule
     for kind, name in (("fp4.linear", f.linear), ("fp4.attention", f.attention), ("optimizer.name", o.name)):
         reason = recipes.unavailable_reason(kind, name)
         if reason:
@@ -154,6 +157,9 @@ def validate_config(cfg: RunConfig, world_size: int | None = None) -> None:
 
     if c.load not in ("auto", "none") and not c.load:
         raise ConfigError("checkpoint.load must be auto, none or a path")
+    from megatron.training import continuation
+
+    continuation.check_config(cfg)   # checkpoint.load_mode, override_scheduler, train.continue_with
     if c.save_interval is not None:
         _positive("checkpoint.save_interval", c.save_interval)
         if not c.save_dir:

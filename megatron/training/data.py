@@ -33,6 +33,46 @@ def _check_prefixes(prefixes: Sequence[str], what: str) -> None:
                     f"data.{what}: dataset file not found: {prefix + ext} "
                     f"(make it with scripts/preprocess_data.py --output-prefix {prefix})"
                 )
+        check_bin_matches_idx(prefix, what)
+
+
+def check_bin_matches_idx(prefix: str, what: str = "path") -> None:
+    """The `.idx` must be a well-formed megatron index whose size matches its counts, and the
+    `.bin` exactly as long as the index says (end of the last document = its pointer + its
+    length × the token size): a truncated `.bin` would crash at a data-dependent step, a
+    foreign `.idx` would train silently on the wrong document map
+    (tests/megatron/training/test_reliability.py::test_bin_idx_mismatch_is_one_error_line).
+    Reads the header and two numbers of the index; no token is read."""
+    import struct
+
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
+
+    idx, binf = prefix + ".idx", prefix + ".bin"
+    fix = f"rebuild both with scripts/preprocess_data.py --output-prefix {prefix}"
+    idx_size, bin_size = os.path.getsize(idx), os.path.getsize(binf)
+    try:
+        with open(idx, "rb") as f:
+            header = f.read(34)
+        if len(header) < 34 or header[:9] != _INDEX_HEADER or struct.unpack("<Q", header[9:17])[0] != 1:
+            raise ValueError("bad header")
+        token_size = DType.size(DType.dtype_from_code(header[17]))
+        n_seq, n_doc = struct.unpack("<QQ", header[18:34])
+    except (ValueError, KeyError, struct.error):
+        raise ValueError(f"data.{what}: {idx} is not a megatron indexed-dataset index; {fix}") from None
+    expected_idx = 34 + n_seq * (4 + 8) + n_doc * 8
+    if idx_size != expected_idx:
+        raise ValueError(f"data.{what}: {idx} has {idx_size} bytes but its header describes {n_seq} "
+                         f"sequences and {n_doc} document boundaries ({expected_idx} bytes); {fix}")
+    end = 0
+    if n_seq:
+        last_len = int(np.fromfile(idx, dtype=np.int32, count=1, offset=34 + (n_seq - 1) * 4)[0])
+        last_ptr = int(np.fromfile(idx, dtype=np.int64, count=1, offset=34 + n_seq * 4 + (n_seq - 1) * 8)[0])
+        end = last_ptr + last_len * token_size
+    if bin_size != end:
+        raise ValueError(f"data.{what}: {binf} has {bin_size} bytes but {idx} ends its last document "
+                         f"at byte {end}: the two files do not belong together (truncated or "
+                         f"mismatched); {fix}")
 
 
 def _num_documents(prefix: str) -> int:
@@ -113,8 +153,8 @@ def build_datasets(data_cfg, *, tokenizer, seq_length: int, seed: int, train_sam
                    valid_samples: int, test_samples: int = 0):
     """(train, valid, test) datasets with at least the requested samples each (None if 0).
 
-    Raises ValueError naming the file when a prefix's .bin/.idx is missing, and when a split
-    that was asked for samples has no documents.
+    Raises ValueError naming the file when a prefix's .bin/.idx is missing or the two do not
+    match (check_bin_matches_idx), and when a split that was asked for samples has no documents.
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,

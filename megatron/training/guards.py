@@ -3,8 +3,17 @@
 `StepGuard` decides, from numbers the step already computes (the loss the trainer `.item()`s and
 megatron-core's total grad norm), whether this step's update may be applied. It keeps a window
 of recent *good* losses, counts consecutive skips and, past `max_consecutive_skips`, reports
-`exhausted`; the trainer then saves a checkpoint (params are still those of the last good step:
-skipped steps never touch them) and raises `DivergenceError`.
+`exhausted`; the trainer then raises `DivergenceError` naming the checkpoint to resume from.
+
+What is kept on divergence: the parameters in memory are those of the last *applied* step,
+the one after which every update was skipped — the likely destructive step — so they are not
+saved. Checkpoints holding them or later ones (iteration >= that step) are renamed
+`iter_N.diverged`, and the newest checkpoint before it (which pruning never removes while a
+newer one is unconfirmed: checkpointing.py) is the one the message names and `load: auto`
+resumes from. A resume whose optimizer settings differ from the checkpoint's starts the guard
+afresh (`reset`): the good-loss window and the skip count described the old settings.
+NaN/Inf inside an FP4 recipe does not raise (the recipes propagate it into the loss / grads),
+so it is skipped here like any other non-finite step, on the CPU and the GPU.
 
 `guarded_optimizer_step` is megatron-core's `optimizer.step()` cut in two so that the decision
 sits *before* the update:
@@ -111,13 +120,29 @@ class StepGuard:
     def exhausted(self) -> bool:
         return 0 < self.max_consecutive_skips <= self.consecutive_skips
 
-    def error(self, iteration: int) -> DivergenceError:
+    def error(self, iteration: int, resume_from: Optional[str] = None,
+              save_dir: Optional[str] = None) -> DivergenceError:
+        """resume_from: the newest checkpoint from before the last applied step (None: none)."""
+        if resume_from:
+            where = (f"resume from {resume_from} (the newest checkpoint from before the divergence; "
+                     f"checkpoint.load=auto picks it)")
+        elif save_dir:
+            where = (f"no checkpoint from before the divergence exists in {save_dir}: start again "
+                     "(checkpoint.load=auto starts from iteration 0)")
+        else:
+            where = "no checkpoint.save_dir is set: start again"
         return DivergenceError(
             f"training diverged: {self.consecutive_skips} consecutive optimizer updates skipped "
             f"(last reason: {self.last_reason}) at iteration {iteration}; "
-            f"train.max_consecutive_skips={self.max_consecutive_skips}. The checkpoint just saved "
-            f"holds the parameters of the last applied step; lower the lr or raise "
-            f"train.max_consecutive_skips, then resume.")
+            f"train.max_consecutive_skips={self.max_consecutive_skips}. Lower the lr (a resume with "
+            f"another lr needs checkpoint.override_scheduler=true) or raise "
+            f"train.max_consecutive_skips, and {where}.")
+
+    def reset(self) -> None:
+        """Forget the good-loss window and the skip counts (a resume with other optimizer settings)."""
+        self.good_losses.clear()
+        self.consecutive_skips = 0
+        self.last_reason = None
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
@@ -136,7 +161,8 @@ def guarded_optimizer_step(optimizer, guard: StepGuard, loss: Optional[float]):
 
     Returns (applied: bool, grad_norm: float | None, reason: str | None). grad_norm is None
     only on a grad-scaler overflow (as megatron's step() returns). Does not raise on
-    exhaustion: the trainer checks `guard.exhausted`, saves, then raises `guard.error(it)`.
+    exhaustion: the trainer checks `guard.exhausted`, sets diverged checkpoints aside, then
+    raises `guard.error(...)` naming the checkpoint to resume from.
     Every rank must call it (grad-norm reduction is collective).
     """
     import torch

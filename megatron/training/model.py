@@ -3,8 +3,9 @@
 RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases, untied embeddings. The layer spec
 is megatron-core's local spec with the core attention swapped for `SDPACoreAttention`; FP4
 recipes then rewrite each layer's spec (`recipes.convert_layer_spec`), so the layers never
-branch on a flag. With `fp4.bf16_first_layers` / `bf16_last_layers`, those layers keep the
-BF16 spec; each pipeline stage builds only its own layers.
+branch on a flag. Modules named by `fp4.keep_bf16` (and the `bf16_first_layers` /
+`bf16_last_layers` shorthands; megatron/training/precision.py) keep the BF16 spec; each
+pipeline stage builds only its own layers.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from megatron.core.transformer.transformer_block import (TransformerBlockSubmodu
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from megatron.training import recipes
+from megatron.training import precision, recipes
 from megatron.training.config_schema import RunConfig
 from megatron.training.sdpa_attention import SDPACoreAttention
 
@@ -82,12 +83,13 @@ def block_spec(cfg: RunConfig, tconfig: TransformerConfig, pp_rank: int | None =
     base = bf16_layer_spec()
     offset = get_transformer_layer_offset(tconfig, pp_rank=pp_rank)
     n = get_num_layers_to_build(tconfig, pp_rank=pp_rank)
-    f = cfg.fp4
+    kept = precision.bf16_module_names(cfg)
     specs = []
     for i in range(offset, offset + n):
-        keep_bf16 = i < f.bf16_first_layers or i >= cfg.model.num_layers - f.bf16_last_layers
         spec = copy.deepcopy(base)
-        specs.append(spec if keep_bf16 else recipes.convert_layer_spec(spec, cfg, layer_index=i))
+        keep = precision.kept_slots(kept, i)
+        specs.append(spec if keep == frozenset(precision.SLOTS)
+                     else recipes.convert_layer_spec(spec, cfg, layer_index=i, keep_bf16=keep))
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=base.submodules.input_layernorm)
 
 
@@ -126,11 +128,14 @@ def count_parameters(cfg: RunConfig, vocab_size: int) -> dict:
     total = L * per_layer + h + emb + v * h
     if cfg.fp4.linear == "lora_svd":  # factors L2 [out, r] and L1 [r, in] beside each W_res
         r, qkv_out = cfg.fp4.lora_svd.rank, h + 2 * m.num_query_groups * d
-        per_layer_lora = r * ((h + qkv_out) + (h + h) + (h + 2 * f) + (f + h))
-        lora_layers = L - cfg.fp4.bf16_first_layers - cfg.fp4.bf16_last_layers
-        total += lora_layers * per_layer_lora
+        sides = {"self_attention.linear_qkv": h + qkv_out, "self_attention.linear_proj": h + h,
+                 "mlp.linear_fc1": h + 2 * f, "mlp.linear_fc2": f + h}
+        kept = precision.bf16_module_names(cfg)
+        lora = sum(r * sides[s] for i in range(L) for s in sides
+                   if f"decoder.layers.{i}.{s}" not in kept)
+        total += lora
         return {"total": total, "embedding": emb, "output_layer": v * h,
-                "transformer": L * per_layer + h + lora_layers * per_layer_lora}
+                "transformer": L * per_layer + h + lora}
     return {"total": total, "embedding": emb, "output_layer": v * h, "transformer": L * per_layer + h}
 
 

@@ -6,6 +6,8 @@ so, instead of a silent BF16 run.
 """
 from __future__ import annotations
 
+from megatron.training import precision
+
 LINEAR = ("bf16", "nvfp4", "lora_svd")
 ATTENTION = ("bf16", "q_attn")
 OPTIMIZERS = ("adamw", "q_adamw", "root", "q_root", "muon", "q_muon")
@@ -32,31 +34,39 @@ def unavailable_reason(kind: str, name: str) -> str | None:
     return "is part of the schema but not implemented in this release yet; choose another value"
 
 
-def convert_layer_spec(spec, cfg, *, layer_index: int):
+def convert_layer_spec(spec, cfg, *, layer_index: int, keep_bf16=frozenset()):
     """Rewrite one transformer layer's spec for the configured FP4 recipes.
 
     A converter swaps submodules (linears, core attention); the layer classes stay megatron's.
-    `spec` is a private deep copy the caller hands over.
+    `spec` is a private deep copy the caller hands over. `keep_bf16`: slots of this layer
+    (`precision.SLOTS`, e.g. "mlp.linear_fc2") left as they are (`fp4.keep_bf16`).
     """
-    attn = spec.submodules.self_attention.submodules
-    mlp = spec.submodules.mlp.submodules
+    subs = {"self_attention": spec.submodules.self_attention.submodules,
+            "mlp": spec.submodules.mlp.submodules}
+
+    def put(col, row):
+        for slot, mod in (("self_attention.linear_qkv", col), ("mlp.linear_fc1", col),
+                          ("self_attention.linear_proj", row), ("mlp.linear_fc2", row)):
+            if slot not in keep_bf16:
+                parent, name = slot.split(".")
+                setattr(subs[parent], name, mod)
+
     # our linears' wgrad fusion into megatron's main_grad (megatron's own linears: see model.py)
     fuse = cfg.parallel.gradient_accumulation_fusion
+    rules = precision.scale_rules(cfg)
     if cfg.fp4.linear == "nvfp4":
         from fullstack_fp4.integration.nvfp4_linear_layers import nvfp4_layer_specs
 
-        col, row = nvfp4_layer_specs(fuse_wgrad_accumulation=fuse,
-                                     unquantized_operands=cfg.fp4.unquantized_operands)
-        attn.linear_qkv, mlp.linear_fc1, attn.linear_proj, mlp.linear_fc2 = col, col, row, row
+        put(*nvfp4_layer_specs(fuse_wgrad_accumulation=fuse,
+                               unquantized_operands=cfg.fp4.unquantized_operands, scale_rule=rules))
     if cfg.fp4.linear == "lora_svd":
         from fullstack_fp4.integration.lora_svd_layers import lora_svd_layer_specs
 
-        col, row = lora_svd_layer_specs(cfg.fp4.lora_svd, fuse_wgrad_accumulation=fuse)
-        attn.linear_qkv, mlp.linear_fc1, attn.linear_proj, mlp.linear_fc2 = col, col, row, row
-    if cfg.fp4.attention == "q_attn":
+        put(*lora_svd_layer_specs(cfg.fp4.lora_svd, fuse_wgrad_accumulation=fuse, scale_rule=rules))
+    if cfg.fp4.attention == "q_attn" and "self_attention.core_attention" not in keep_bf16:
         from fullstack_fp4.integration.q_attn_core_attention import QAttnCoreAttention
 
-        attn.core_attention = QAttnCoreAttention
+        subs["self_attention"].core_attention = QAttnCoreAttention
     return spec
 
 

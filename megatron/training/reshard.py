@@ -2,7 +2,7 @@
 
 megatron-core reshards what it stores as `ShardedTensor`s (model weights, torch-AdamW moments):
 every tensor is saved as pieces of its *whole* (layout-free) tensor and each rank of any layout
-reads its own piece. Two FP4 states are not of that kind (issue 9):
+reads its own piece. Two FP4 states are not of that kind:
 
 * **LoRA-SVD factors** (`fp4.linear=lora_svd`) are per TP shard: each shard ``i`` of a weight
   carries its own ``W_res_i + β L2_i L1_i`` of rank r, so a TP=2 model is a different low-rank
@@ -23,22 +23,27 @@ part of the normal load:
 2. **Sources in the saved layout** (a second `dist_checkpointing.load`): the per-rank optimizer
    objects of every saved rank of this pipeline stage, and per LoRA-SVD module the whole saved
    factors (and the whole `W_res` when the optimizer held no FP32 copies: fp32 runs).
-3. **Layout-free form** (reshard_convert.py: `SavedRank`, `lora_to_whole`), FP32, in each parameter's TP = 1
-   shape: FP32 masters (the optimizer's copies, else the model tensors), and the moments
-   decoded from 4 bits (`decode_param_state`; distributed-optimizer pieces joined first). A
-   LoRA-SVD module is *folded*: per saved shard the dense ``W_i = W_res_i + β L2_i L1_i`` (the
-   merge the realignment uses: one FP32 rounding), and the dense moments
-   ``M_i = m_res + β L2_i m_L1``, ``V_i = v_res + β²(L2_i∘L2_i) v_L1`` (`dense_moments`),
+3. **Layout-free form**, FP32, in each parameter's TP = 1 shape: FP32 masters (the
+   optimizer's copies, else the model tensors), and the moments decoded from 4 bits
+   (`SavedRank`; distributed-optimizer pieces joined first). A LoRA-SVD module is *folded*
+   (reshard_convert.py `lora_to_whole`): per saved shard the dense ``W_i = W_res_i + β L2_i L1_i``
+   (the merge the realignment uses: one FP32 rounding), and the dense moments
+   ``M_i = m_res + β L2_i m_L1``, ``V_i = v_res + β²(L2_i∘L2_i) v_L1`` (`fold_lora_shard`),
    joined along the partition axis (megatron's SwiGLU `[gate_i; up_i]` order undone:
-   megatron/training/tp_layout.py).
-4. **This layout** (`lora_from_whole`, `encode_piece`): each rank cuts its shard; a LoRA-SVD
-   module is re-split exactly as the realignment does (randomized SVD of the new shard,
-   ``W_res = W − β L2 L1`` after rounding L2: the shard's dense weight is kept up to one FP32
-   rounding) and its moments are routed into the new split (`route_moments`:
-   ``m_L1 = R⁻¹QᵀM/β``, ``m_res = M − β L2 m_L1`` — the dense first moment is unchanged;
+   tp_layout.py).
+4. **This layout** (`lora_from_whole`, `write_optimizer_state`): each rank cuts its shard; a
+   LoRA-SVD module is re-split exactly as the realignment does (`split_lora_shard`: randomized
+   SVD of the new shard, ``W_res = W − β L2 L1`` after rounding L2: the shard's dense weight is
+   kept up to one FP32 rounding) and its moments are routed into the new split
+   (``m_L1 = R⁻¹QᵀM/β``, ``m_res = M − β L2 m_L1`` — the dense first moment is unchanged;
    ``v_L1 = (A∘A)V``, ``v_res`` kept). The moments are re-encoded with the codecs on this
-   layout's tiles and chunks (`encode_param_state`; stochastic-rounding uniforms from a
-   generator keyed by seed, parameter name and offset, so every DP replica gets the same state).
+   layout's tiles and chunks (`encode_piece`; stochastic-rounding uniforms from a generator
+   keyed by seed, parameter name and offset, so every DP replica gets the same state).
+
+What each FP4 state holds and how it is decoded, split and encoded is the recipe's
+(fullstack_fp4/integration/reshard_state.py, `SavedRank`, `fold_lora_shard`,
+`split_lora_shard`, `write_optimizer_state`); this module reads the checkpoint, joins and cuts
+along the partition axes, and writes the model.
 
 Why route the factor moments and not reset them: resharding changes the split of W exactly like
 a realignment (another subspace, here of another shape), and the realignment's policy keeps
@@ -80,8 +85,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
 from megatron.training.errors import CheckpointError
-from megatron.training.reshard_convert import (SavedRank, encode_piece, key_generator,
-                                               lora_from_whole, lora_to_whole, payload_names)
+from megatron.training.reshard_convert import lora_from_whole, lora_to_whole
 from megatron.training.tp_layout import from_canonical, is_glu_rows, to_canonical
 
 __all__ = ["SavedLayout", "saved_layout", "needs_reshard", "unsupported_reason", "load_resharded"]
@@ -113,7 +117,7 @@ def needs_reshard(meta: dict, cfg) -> bool:
 
 def unsupported_reason(meta: dict, cfg, optimizer) -> str | None:
     """Why this checkpoint cannot be resharded into this run (one clause), or None."""
-    from fullstack_fp4.integration.optimizers import converted_wrappers
+    from fullstack_fp4.integration.wrappers import converted_wrappers
 
     s = saved_layout(meta)
     if s.pp != ps.get_pipeline_model_parallel_world_size():
@@ -148,27 +152,6 @@ def _objects_on_cpu():
         yield
     finally:
         torch.load = orig
-
-
-def _lora_modules(model):
-    from fullstack_fp4.integration.lora_svd_layers import _LoRASVDMixin
-
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, _LoRASVDMixin)]
-
-
-def _lora_shapes(mod, tp_now: int, tp: int) -> dict:
-    """Shapes of a LoRA-SVD linear's tensors at TP size ``tp``: the local ``w`` / ``l1`` and
-    the whole stored ``l1_all`` / ``l2_all`` (the shards' factors stacked along the partition
-    axis), and the whole (TP = 1) ``w_all``."""
-    out_l, in_l = mod.weight.shape
-    r = mod.lora_rank
-    if mod._lora_axis == 0:
-        out_g, in_g = out_l * tp_now, in_l
-        return dict(w=[out_g // tp, in_g], l1=[r, in_g], l1_all=[tp * r, in_g],
-                    l2_all=[out_g, r], w_all=[out_g, in_g])
-    out_g, in_g = out_l, in_l * tp_now
-    return dict(w=[out_g, in_g // tp], l1=[r, in_g // tp], l1_all=[r, in_g],
-                l2_all=[out_g, tp * r], w_all=[out_g, in_g])
 
 
 def _whole_request(like: ShardedTensor, leaf: str, shape, dtype, device) -> ShardedTensor:
@@ -209,10 +192,12 @@ def _load_model_except_factors(model, dist_dir: str, factor_keys: set) -> dict:
 
 
 def _read_sources(s: SavedLayout, mods, model_sd, dist_dir: str, *, whole_w: bool, device) -> dict:
+    from fullstack_fp4.integration.reshard_state import lora_shapes
+
     tp_now = ps.get_tensor_model_parallel_world_size()
     lora = {}
     for name, mod in mods:
-        like, sh = model_sd[f"{name}.lora_l1"], _lora_shapes(mod, tp_now, s.tp)
+        like, sh = model_sd[f"{name}.lora_l1"], lora_shapes(mod, tp_now, s.tp)
         lora[name] = {"l1": _whole_request(like, "lora_l1", sh["l1_all"], mod.lora_l1.dtype, device),
                       "l2": _whole_request(like, "lora_l2", sh["l2_all"], mod.lora_l2.dtype, device)}
         if whole_w:
@@ -247,7 +232,9 @@ def _view(x: torch.Tensor, shape, name: str) -> torch.Tensor:
 def load_resharded(path: str, meta: dict, *, model, optimizer, cfg) -> None:
     """Load model and optimizer of a checkpoint saved at another TP size (module docstring).
     Collective: every rank calls it. Raises CheckpointError (one line) on a problem."""
-    from fullstack_fp4.integration.optimizers import converted_wrappers
+    from fullstack_fp4.integration.reshard_state import (SavedRank, key_generator, lora_modules,
+                                                         payload_names)
+    from fullstack_fp4.integration.wrappers import converted_wrappers
 
     s = saved_layout(meta)
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
@@ -255,7 +242,7 @@ def load_resharded(path: str, meta: dict, *, model, optimizer, cfg) -> None:
     device = next(model.parameters()).device
     dist_dir = os.path.join(path, "dist")
     glu = bool(getattr(model.config, "gated_linear_unit", False))
-    mods = _lora_modules(model)
+    mods = lora_modules(model)
     factor_keys = {f"{n}.{leaf}" for n, _ in mods for leaf in ("lora_l1", "lora_l2")}
 
     # 1-2: read. The FP32 masters are in the optimizer objects unless megatron's FP32Optimizer
@@ -300,10 +287,14 @@ def load_resharded(path: str, meta: dict, *, model, optimizer, cfg) -> None:
 
 def _convert_lora(name, mod, saved, src, tp_saved, tp, tp_rank, glu, masters_saved, generator,
                   new_masters, new_states, model_only) -> None:
+    from fullstack_fp4.integration.reshard_state import lora_settings, lora_shapes
+
     wn, l1n, l2n = f"{name}.weight", f"{name}.lora_l1", f"{name}.lora_l2"
-    a = mod._lora_axis
-    g = a == 0 and is_glu_rows(l2n, glu)          # fc1: rows [gate_i; up_i] per shard
-    sh = _lora_shapes(mod, tp, tp_saved)
+    settings = lora_settings(mod)
+    a = settings.pop("axis")
+    # fc1: the rows of W and L2 (the layer's output rows) are [gate_i; up_i] per shard
+    g = a == 0 and is_glu_rows(wn, glu)
+    sh = lora_shapes(mod, tp, tp_saved)
     l2 = list(src["l2"].float().chunk(tp_saved, dim=a))
     if masters_saved:
         w = [_view(r.masters[wn], sh["w"], wn) for r in saved]
@@ -317,11 +308,9 @@ def _convert_lora(name, mod, saved, src, tp_saved, tp, tp_rank, glu, masters_sav
                     "exp_avg_sq": _view(r.states[wn][1], sh["w"], wn)},
                    {"exp_avg": _view(r.states[l1n][0], sh["l1"], l1n),
                     "exp_avg_sq": _view(r.states[l1n][1], sh["l1"], l1n)}) for r in saved]
-    whole = lora_to_whole(w, l1, l2, mod.lora_beta, a, g, states)
-    w_res, l2_new, l1_new, routed = lora_from_whole(
-        whole, tp, tp_rank, a, g, rank_r=mod.lora_rank, beta=mod.lora_beta,
-        factor_dtype=mod.lora_l2.dtype, oversample=mod.lora_oversample,
-        power_iters=mod.lora_power_iters, generator=generator, route=mod.lora_route)
+    whole = lora_to_whole(w, l1, l2, settings["beta"], a, g, states)
+    w_res, l2_new, l1_new, routed = lora_from_whole(whole, tp, tp_rank, a, g,
+                                                    generator=generator, **settings)
     _agree_over_dp([w_res, l2_new, l1_new] + [t for st in routed or () for t in st.values()])
     new_masters[wn], new_masters[l1n], model_only[l2n] = w_res, l1_new, l2_new
     if routed is not None:
@@ -352,27 +341,11 @@ def _convert_plain(name, p, saved, tp_saved, tp, tp_rank, glu, masters_saved,
 
 
 def _write(model, wrapper, new_masters, new_states, model_only, *, seed, device) -> None:
-    """Model params, then every inner param of the optimizer (the FP32 copy, whole or the
-    distributed optimizer's piece: from the new master, else from the model param megatron
-    loaded) and its Q-AdamW state."""
-    from fullstack_fp4.integration.optimizers import inner_params
-    from fullstack_fp4.optim.q_adamw.optimizer import PLACE_ATTR, Placement
+    """Model params, then every inner param of the optimizer and its Q-AdamW state
+    (`write_optimizer_state`)."""
+    from fullstack_fp4.integration.reshard_state import write_optimizer_state
 
     params = dict(model.named_parameters())
     for name, t in {**new_masters, **model_only}.items():
         params[name].copy_(t.view_as(params[name]))
-    inner = wrapper.optimizer
-    inner.state.clear()
-    group_of = {id(p): gr for gr in inner.param_groups for p in gr["params"]}
-    for k, (p, name) in enumerate(zip(inner_params(wrapper), wrapper.fp4_param_names)):
-        pl = getattr(p, PLACE_ATTR, None) or Placement(k, 0, p.numel(), 0)
-        master = new_masters.get(name)
-        if master is None:
-            master = params[name].detach().float()
-        p.copy_(master.reshape(-1)[pl.offset:pl.offset + p.numel()].view_as(p))
-        if name in new_states:
-            m, v, step = new_states[name]
-            inner.state[p] = encode_piece(
-                m, v, step, shape=p.shape, offset=pl.offset, full_numel=pl.full_numel,
-                chunk_phase=pl.chunk_phase(), min_numel=group_of[id(p)]["min_numel"],
-                generator=key_generator(device, "reshard-sr", seed, name, pl.offset))
+    write_optimizer_state(wrapper, params, new_masters, new_states, seed=seed, device=device)

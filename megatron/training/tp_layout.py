@@ -19,12 +19,13 @@ import torch
 
 __all__ = ["local_index", "to_canonical", "from_canonical", "is_glu_rows"]
 
-_GLU_SUFFIXES = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc1.lora_l2")
+_GLU_SUFFIXES = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
 
 
 def is_glu_rows(name: str, gated_linear_unit: bool) -> bool:
-    """The rows of this tensor are ``[gate_i; up_i]`` on each TP rank (SwiGLU fc1: its weight,
-    bias and LoRA-SVD ``L2``, whose rows are the layer's output rows)."""
+    """The rows of this tensor are ``[gate_i; up_i]`` on each TP rank (SwiGLU fc1's weight and
+    bias; for another tensor whose rows are the layer's output rows, ask with the weight's
+    name)."""
     return gated_linear_unit and name.endswith(_GLU_SUFFIXES)
 
 

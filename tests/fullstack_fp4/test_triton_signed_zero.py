@@ -3,11 +3,11 @@
 The GPU image's triton 3.6 lowers a float's unary minus to ``0 - x``, so ``-(+0)`` is ``+0``
 there, while triton 3.9's compiler and the interpreter CI runs negate the sign bit. A decode
 written ``tl.where(y < 0, -m, m)`` therefore gives ``-0`` under the interpreter and ``+0`` on the
-H200 for a negative value that rounds to 0, and the GPU run of the bit-exact tests fails
-(found in session 15's GPU run of test_quantize_two_ways.py: four tests). Kernels negate with
-``triton_quantize_jit._neg_where`` instead (``m * -1.0``, exact, which LLVM turns into a true
+H200 for a negative value that rounds to 0, and the GPU run of the bit-exact tests fails (as
+test_quantize_two_ways.py does on the GPU with such a decode). Kernels negate with
+``nvfp4.kernels.fp4_math.neg_where`` instead (``m * -1.0``, exact, which LLVM turns into a true
 ``fneg``). The interpreter cannot show the difference, so these tests read the kernel sources
-for the pattern, and compile ``_neg_where`` with the GPU image's triton and read its LLVM IR.
+for the pattern, and compile ``neg_where`` with the GPU image's triton and read its LLVM IR.
 """
 import os
 import re
@@ -27,12 +27,13 @@ PATTERN = re.compile(r"tl\.where\([^,()]*(?:\([^()]*\))?[^,()]*,"
 
 
 def _kernel_files():
-    return sorted(p for p in PKG.rglob("triton_*.py"))
+    """Every module with Triton kernels: ``triton_*.py`` and the NVFP4 ``kernels/`` package."""
+    return sorted(set(PKG.rglob("triton_*.py")) | set(PKG.rglob("kernels/*.py")))
 
 
 def test_pattern_is_recognised():
     bad = "    return tl.where(y < 0.0, -r, r) * s\n    z = tl.where(neg, -m, m)\n"
-    good = "    return _neg_where(y < 0.0, r)\n    z = tl.where(neg, -m, n)\n"
+    good = "    return neg_where(y < 0.0, r)\n    z = tl.where(neg, -m, n)\n"
     assert len(PATTERN.findall(bad)) == 2
     assert PATTERN.findall(good) == []
 
@@ -45,25 +46,25 @@ def test_no_kernel_negates_by_unary_minus_in_a_select():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.lstrip().startswith("#") and PATTERN.search(line):
                 hits.append(f"{path.relative_to(PKG)}:{n}: {line.strip()}")
-    assert not hits, "use triton_quantize_jit._neg_where, not tl.where(c, -x, x):\n" \
+    assert not hits, "use fp4_math.neg_where, not tl.where(c, -x, x):\n" \
         + "\n".join(hits)
 
 
 # Compiles two one-line kernels for sm_90 (no GPU needed) and prints each one's LLVM IR
-# negation: ``_neg_where`` and the unary minus it replaces.
+# negation: ``neg_where`` and the unary minus it replaces.
 _PROBE = r"""
 import os, re
 os.environ.pop("TRITON_INTERPRET", None)
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from fullstack_fp4.nvfp4.triton_quantize_jit import _neg_where
+from fullstack_fp4.nvfp4.kernels.fp4_math import neg_where
 
 @triton.jit
 def helper(x_ptr, o_ptr, B: tl.constexpr):
     i = tl.arange(0, B)
     x = tl.load(x_ptr + i)
-    tl.store(o_ptr + i, _neg_where(x < 0.0, tl.abs(x)))
+    tl.store(o_ptr + i, neg_where(x < 0.0, tl.abs(x)))
 
 @triton.jit
 def unary_minus(x_ptr, o_ptr, B: tl.constexpr):

@@ -246,3 +246,135 @@ def test_evaluate_perplexity_and_cloze_match_independent_oracle(toy, tmp_path):
     assert c["greedy_accuracy"] == pytest.approx(sum(o["greedy"]) / 12)
     want = sum(max(range(len(r)), key=r.__getitem__) == it["label"] for r, it in zip(o["logprobs"], items)) / 12
     assert c["choice_accuracy"] == pytest.approx(want)
+
+    # Perplexity only (--cloze-items 0), on the same indexed dataset named by --valid-prefix with
+    # a data dir that has no tokenizer, no held-out text and no cloze file; then on the held-out
+    # *text files* that dataset was made from, tokenized by evaluate.py with the checkpoint's
+    # tokenizer: the same token stream, so the same numbers.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    held = sorted(glob.glob(os.path.join(toy, "corpus", "heldout", "*.txt")))
+    for extra in (["--valid-prefix", os.path.join(toy, "valid_text_document")], ["--text", *held]):
+        p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "evaluate.py"), "--checkpoint", ckpt,
+                            "--data", str(empty), "--cloze-items", "0", "--batch-size", "3", *extra],
+                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = next(iter(json.loads(p.stdout)["results"].values()))
+        assert r["cloze"] is None and r["heldout"] == h
+    assert not os.listdir(empty)
+
+
+def test_evaluate_errors_are_one_line(toy, tmp_path):
+    cases = [(["--checkpoint", str(tmp_path / "nope"), "--data", toy, "--cloze-items", "0"], "no such checkpoint"),
+             (["--checkpoint", "x", "--text", "a.txt", "--valid-prefix", "b"], "not both"),
+             (["--checkpoint", "x", "--cloze-items", "-1"], "--cloze-items must be >= 0"),
+             (["--build-cloze-only", "--data", toy, "--heldout-dir", str(tmp_path)], "--cloze-items 0 skips")]
+    for argv, message in cases:
+        p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "evaluate.py"), *argv],
+                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+        errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+        assert p.returncode == 2 and len(errors) == 1 and message in errors[0], (argv, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr
+
+
+def test_hugging_face_tokenizer_json_preprocess_train_evaluate(toy, tmp_path):
+    """A Hugging Face tokenizer.json (a byte-level BPE trained here with `tokenizers`, no
+    network) through preprocessing, training and evaluation. Oracles: the `tokenizers` library
+    called directly for the stored ids; the perplexity of the text files tokenized at evaluation
+    equals that of the indexed dataset preprocessed from them."""
+    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    import preprocess_data
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    train_files = sorted(glob.glob(os.path.join(toy, "corpus", "train", "*.txt")))
+    held = sorted(glob.glob(os.path.join(toy, "corpus", "heldout", "*.txt")))
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=420, special_tokens=["<pad>", "</s>"],
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    bpe.train(train_files, trainer)
+    tok_json = str(tmp_path / "tok" / "tokenizer.json")
+    os.makedirs(os.path.dirname(tok_json))
+    bpe.save(tok_json)
+    eos = bpe.token_to_id("</s>")
+
+    d = tmp_path / "data"
+    for name, files in (("train", train_files), ("valid", held)):
+        assert preprocess_data.main(["--input", *files, "--tokenizer", tok_json,
+                                     "--output-prefix", str(d / f"{name}_text_document")]) == 0
+    ds = IndexedDataset(str(d / "valid_text_document"))
+    for i, path in enumerate(held):
+        assert ds[i].tolist() == bpe.encode(open(path, encoding="utf-8").read()).ids + [eos]
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model:\n  preset: tiny\n")
+    ckpt = str(tmp_path / "ckpt")
+    overrides = TINY + [f"data.path=[{d}/train_text_document]", f"data.valid_path=[{d}/valid_text_document]",
+                        'data.split="100,0,0"', f"data.tokenizer={tok_json}", f"data.cache_dir={d}/cache",
+                        "train.iters=2", f"checkpoint.save_dir={ckpt}"]
+    p = subprocess.run([sys.executable, os.path.join(REPO, "pretrain_gpt.py"), "--config", str(cfg), *overrides],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "validation loss at iteration 2" in p.stdout
+    results = []
+    for extra in (["--valid-prefix", str(d / "valid_text_document")], ["--text", *held]):
+        p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "evaluate.py"), "--checkpoint", ckpt,
+                            "--data", str(d), "--cloze-items", "0", *extra],
+                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout)
+        assert out["meta"]["tokenizer"] == tok_json  # the checkpoint's own tokenizer
+        results.append(next(iter(out["results"].values()))["heldout"])
+    assert results[0] == results[1] and 1.0 < results[0]["perplexity"] < 420
+
+
+def test_bad_tokenizer_is_one_error_line_in_every_mode(toy, tmp_path):
+    import preprocess_data
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"not": "a tokenizer"}')
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model:\n  preset: tiny\n")
+    data = [f"data.path=[{toy}/train_text_document]", f"data.valid_path=[{toy}/valid_text_document]",
+            'data.split="100,0,0"']
+    runs = {"dry-run": [os.path.join(REPO, "pretrain_gpt.py"), "--config", str(cfg), "--dry-run"],
+            "train": [os.path.join(REPO, "pretrain_gpt.py"), "--config", str(cfg), "train.iters=1"]}
+    for tokenizer, message in ((str(tmp_path / "missing.model"), "tokenizer model not found"),
+                               (str(bad), "neither a Hugging Face tokenizer.json nor a TikToken")):
+        for mode, argv in runs.items():
+            p = subprocess.run([sys.executable, *argv, *data, f"data.tokenizer={tokenizer}"], cwd=REPO, env=env(),
+                               capture_output=True, text=True, timeout=300)
+            errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+            assert p.returncode == 2 and len(errors) == 1 and message in errors[0], (mode, p.stderr[-2000:])
+            assert "Traceback" not in p.stderr
+        assert preprocess_data.main(["--input", *glob.glob(os.path.join(toy, "corpus", "train", "*.txt")),
+                                     "--tokenizer", tokenizer, "--output-prefix", str(tmp_path / "x")]) == 2
+
+
+def test_train_on_your_text_with_one_input_file(toy, tmp_path):
+    """examples/train_on_your_text.sh on a folder holding one input.txt: its paragraphs become
+    the documents, training validates on some of them, and the evaluate line it prints runs."""
+    src = tmp_path / "mine"
+    src.mkdir()
+    text = "\n\n".join(open(p, encoding="utf-8").read()
+                        for p in sorted(glob.glob(os.path.join(toy, "corpus", "train", "*.txt"))))
+    (src / "input.txt").write_text(text)
+    e = env()
+    e.update(PY=sys.executable, OUT=str(tmp_path / "out"), RUN=str(tmp_path / "run"), VOCAB="400")
+    p = subprocess.run(["bash", os.path.join(REPO, "examples", "train_on_your_text.sh"), str(src),
+                        "model.num_layers=2", "model.seq_length=32", "train.iters=2", "train.eval_interval=2",
+                        "train.eval_iters=1", "train.global_batch_size=4", "train.micro_batch_size=4",
+                        "train.log_interval=1", "logging.tensorboard=false", "checkpoint.save_interval=null"],
+                       cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "--doc-boundary blank-line" in p.stdout
+    n_docs = int(p.stdout.split(" documents,")[0].rsplit(" ", 1)[1])
+    n_paragraphs = len([b for b in text.split("\n\n") if b.strip()])
+    assert n_docs == n_paragraphs > 4
+    assert "validation loss at iteration 2" in p.stdout
+    cmd = p.stdout.strip().splitlines()[-1].split("evaluate: ", 1)[1].split()
+    q = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr[-3000:]
+    assert next(iter(json.loads(q.stdout)["results"].values()))["heldout"]["perplexity"] > 1.0

@@ -34,12 +34,12 @@ fine (BF16 has FP32's exponent range, the chunk scale follows each chunk's own a
 
 Guard. An entry far below its tile mean has ``r ≈ −μ_t``; the residual's quantization error is
 a fraction of the block amax (and the Hadamard spreads it over the block), so ``ŝ`` can come out
-≈ 0 or negative and ``m / (ŝ + eps)`` explodes — the divergence in
-shared/notes/fp4-calibration.md. We floor ``ŝ`` at ``REL_FLOOR · μ_t`` with ``REL_FLOOR = 1/4``:
+≈ 0 or negative and ``m / (ŝ + eps)`` explodes (the "no guard" row of README.md's table:
+update error ~1e4). We floor ``ŝ`` at ``REL_FLOOR · μ_t`` with ``REL_FLOOR = 1/4``:
 the update of every entry is then bounded by ``|m| / (μ_t / 4)``; an entry whose true ``s`` is
 below ``μ_t / 4`` gets a *smaller* update than exact Adam (a locally larger eps), never a larger
 one. Measured against the alternatives (benchmarks/studies/q_adamw_error_table.py --variants, README.md):
-no guard (update error 1e4×), the calibration run's floor at the tile minimum (BF16 rounded
+no guard (update error 1e4×), a floor at the tile minimum (BF16 rounded
 toward zero; bounded but entries between min and mean still reconstruct near the min: update
 relL2 6–13, max error 185–495× the largest update, and 2 more bytes per tile), and relative
 floors 1/2, 1/4, 1/8, 1/16: 1/4 had the lowest update relL2 on both synthetic sets
@@ -49,17 +49,17 @@ Why these sizes (bytes per parameter, B/param):
 
 * Hadamard 16 = the NVFP4 block: mixing inside the block is what the block's single E4M3 scale
   needs, costs 4 butterfly stages in a kernel, and never crosses a block/chunk boundary, so a
-  chunk is self-contained. Bigger Hadamards (the calibration run used 128) mix outliers across
+  chunk is self-contained. Bigger Hadamards (e.g. 128) mix outliers across
   blocks, which only spreads one block's large scale over its neighbours.
 * ``TILE = 64`` for the mean: one BF16 per 64 entries = 0.031 B/param. Measured with the
   "4" rule on v (√v error against direct NVFP4 on the same v, mean of eight draws,
-  ``python benchmarks/studies/q_adamw_iid_floor.py --seeds 8``, BENCHMARKS.md §T.1): TILE 64 −51.8% (iid)
+  ``python benchmarks/studies/q_adamw_iid_floor.py --seeds 8``, ``BENCHMARKS.md#q-adamw``): TILE 64 −51.8% (iid)
   / −65.4% (structured), TILE 32 −48.6% / −65.2%, TILE 128 −51.4% / −65.6% (but −45.5% in its
   worst iid draw against TILE 64's −48.9%). TILE 16 would cost 0.125 B/param and take the state
   over the 1.2 budget. With the 6-rule TILE 64 was barely better than 32 (−45.7% / −62.3%
   against −43.8% / −63.8%): a longer tile leaves more spread in the residual, which the "4"
-  rule's finer grid near zero quantizes better. Until 2026-12-03 the codec used TILE 32 with
-  the 6-rule (``CODEC_VERSION`` 1; a state of that codec is refused at load, state.py).
+  rule's finer grid near zero quantizes better. ``CODEC_VERSION`` 1 used TILE 32 with the
+  6-rule; a state of that codec is refused at load (state.py).
 * ``CHUNK = 1024``: one Triton program owns one chunk — loads it, takes its amax in registers,
   computes its scales, quantizes and stores — so the fused optimizer step is a *single pass*
   over memory with no global-amax reduction (a per-tensor scale would need a second pass, or
@@ -77,7 +77,7 @@ Why these sizes (bytes per parameter, B/param):
   candidate's block error per entry: +338 SASS instructions per 16 entries (+14.7%, 2636
   against 2298; ``benchmarks/sass_q_adamw.py --v-rule 4over6``), and the kernel is
   instruction-issue-bound, so it would cost the step ~15% for one more point of √v error; the
-  "4" rule costs what the 6-rule cost (PERF.md "v10"). Block-max targets 3, 4.5 and 5 measured worse (−42.5%, −47.4%,
+  "4" rule costs what the 6-rule cost (docs/perf/q-adamw.md). Block-max targets 3, 4.5 and 5 measured worse (−42.5%, −47.4%,
   −35.3% iid). A bias-free SR buys little for v, an average that changes slowly (β2 = 0.999).
 
 Total: m 0.5 + 0.0625 + 0.0039; v 0.5 + 0.0625 + 0.0313 + 0.0039 → **1.164 B/param**
@@ -90,7 +90,7 @@ order; the 4/6 error sums are FP32 halving trees too (``_code_error32``; nvfp4's
 them in FP64, which cost the kernel FP64 converts and adds for no accuracy that matters).
 
 Where this oracle departs from nvfp4.reference's order, and why (each cut an instruction count
-of the kernel; PERF.md "v3" and "v9"), all bit-identical to nvfp4's order outside FP32's
+of the kernel; docs/perf/q-adamw.md), all bit-identical to nvfp4's order outside FP32's
 subnormal range unless said otherwise:
 
 * the second-level scales are ``dec = fl(amax · fl(1/M))``, ``enc = fl(1/dec)``
@@ -103,12 +103,12 @@ subnormal range unless said otherwise:
 * the RHT's ``× 1/4`` is not applied to the 16 entries: the encoder gets the unscaled butterfly
   and takes its block amax × 1/4 (exactly nvfp4's amax: rounding is monotone) and the element
   factor for ``0.25 / (s · dec)``; the decoder takes the block scale × 1/4 (``_quantize_chunked``,
-  ``_decode_chunked``). In the subnormal range the new order rounds once where nvfp4's
+  ``_decode_chunked``). In the subnormal range this order rounds once where nvfp4's
   rounds two or three times;
 * the decoder applies the chunk scale after the inverse RHT, which is then exact, fused into
   the consumer's multiply-add (``_decode_chunked``): a decoded value is one rounding of the
   exact ``H(q) · s · dec / 4`` where nvfp4's order rounds five times (each ``q · s · dec``,
-  then every butterfly stage), and it no longer overflows when ``q · s · dec`` exceeds
+  then every butterfly stage), and it does not overflow when ``q · s · dec`` exceeds
   FP32_MAX (it can: 6 · 448 · FP32_MAX / 1536 > FP32_MAX) while the result does not;
 * the 4/6 criterion is measured in the code domain (``_code_error32``): it can choose
   differently only between candidates whose block errors agree to a few ulps;
@@ -127,9 +127,9 @@ import torch
 
 from fullstack_fp4.nvfp4.e2m1 import (E2M1_MAX, e2m1_decode, e2m1_round_nearest,
                                       e2m1_round_stochastic, pack_codes, unpack_codes)
-from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, _butterfly
+from fullstack_fp4.nvfp4.hadamard import DEFAULT_SIGNS, butterfly
 # The reference's per-block helpers take broadcastable enc/dec, so per-chunk scales reuse them.
-from fullstack_fp4.nvfp4.reference import _candidate, tensor_scales
+from fullstack_fp4.nvfp4.reference import scale_candidate, tensor_scales
 
 __all__ = [
     "BLOCK", "CHUNK", "TILE", "REL_FLOOR", "FP32_MAX", "MomentState",
@@ -150,7 +150,7 @@ V_SCALE_RULE = "4"
 # max to 4 (one candidate, M = 1536 as "4over6"): v's rule since CODEC_VERSION 2.
 SCALE_RULES = {"6": (448.0, (6.0,)), "4over6": (256.0, (6.0, 4.0)), "4": (256.0, (4.0,))}
 # The state layout's version, saved with every QAdamW state dict: 1 = v with the 6-rule and
-# 32-entry tiles (until 2026-12-03), 2 = v with the "4" rule and 64-entry tiles (now). The m
+# 32-entry tiles, 2 = v with the "4" rule and 64-entry tiles (this code). The m
 # codec is the same in both; v's bytes mean something else, so a state of another version is
 # refused at load (state.check_codec_version) rather than decoded wrongly.
 CODEC_VERSION = 2
@@ -271,12 +271,12 @@ def _signs_on(device) -> torch.Tensor:
 def _rht16_unscaled(x: torch.Tensor) -> torch.Tensor:
     """``4 · hadamard16(x)`` on a flat FP32 length-16k ``x``: the butterfly of ``x · signs``
     without nvfp4's final ``× 1/4``, which ``_quantize_chunked`` folds into its scales."""
-    return _butterfly(x.view(-1, BLOCK) * _signs_on(x.device), BLOCK).reshape(-1)
+    return butterfly(x.view(-1, BLOCK) * _signs_on(x.device), BLOCK).reshape(-1)
 
 
 def _irht16_unscaled(y: torch.Tensor) -> torch.Tensor:
     """``inverse_hadamard16`` without its ``× 1/4`` (``_decode_chunked`` has it)."""
-    return (_butterfly(y.view(-1, BLOCK), BLOCK) * _signs_on(y.device)).reshape(-1)
+    return (butterfly(y.view(-1, BLOCK), BLOCK) * _signs_on(y.device)).reshape(-1)
 
 
 def chunk_scales(amax: torch.Tensor, scale_rule: str):
@@ -296,7 +296,7 @@ def chunk_scales(amax: torch.Tensor, scale_rule: str):
     ``enc = 2^126``; the upper end is out of reach of a finite amax (``FP32_MAX / M < 2^118``).
     The element factor is then ``f = min(fl(0.25 / s) · enc, FP32_MAX / 4)`` (``_quantize_chunked``:
     two roundings, as NVFP4's ``0.25 / fl(s · dec)``), ``fl(0.25 / s)`` from the E4M3 entries
-    of a table in the kernel (triton_step.recip_table). PERF.md "v9"."""
+    of a table in the kernel (triton_step.recip_table). docs/perf/q-adamw.md."""
     dev = amax.device
     inv_m = torch.div(torch.tensor(1.0), torch.tensor(SCALE_RULES[scale_rule][0] * 6.0)).to(dev)
     dec = torch.clamp(amax.to(torch.float32) * inv_m, min=2.0 ** -126, max=2.0 ** 126)
@@ -333,8 +333,8 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     those uniforms (``sr_codes``). ``phase``: the chunk grid's offset (``num_chunks``); zeros
     fill the grid around ``y``. ``chunk_rule``: "reciprocal" (``chunk_scales``, what the
     optimizer and the kernel use) or, to measure against it, "nvfp4" (NVFP4's ``M / amax``
-    tensor-scale rule per chunk with ``f = min(0.25 / (s · dec), FP32_MAX / 4)``: the codec's
-    chunk scales before PERF.md "v9") or "pow2" (``_pow2_chunk_scales``;
+    tensor-scale rule per chunk with ``f = min(0.25 / (s · dec), FP32_MAX / 4)``: the
+    alternative to the decode-scale-first rule) or "pow2" (``_pow2_chunk_scales``;
     benchmarks/studies/q_adamw_error_table.py --variants, --seeds).
     """
     _check_phase(phase)
@@ -359,7 +359,7 @@ def _quantize_chunked(y: torch.Tensor, scale_rule: str, rand: Optional[torch.Ten
     enc3, dec3 = enc.view(nch, 1, 1), dec.view(nch, 1, 1)
 
     def candidate(target):
-        s, _ = _candidate(y3, bamax, enc3, dec3, target)
+        s, _ = scale_candidate(y3, bamax, enc3, dec3, target)
         if chunk_rule == "nvfp4":
             return s, torch.clamp(0.25 / (s.to(torch.float32) * dec3), max=FP32_MAX * 0.25)
         r = torch.div(torch.tensor(0.25, dtype=torch.float32), s.to(torch.float32))
@@ -429,7 +429,8 @@ def _fma_rn(a: torch.Tensor, b, c) -> torch.Tensor:
     between the exact sum and its FP64 rounding, and both round to the same FP32 value. Such a
     sum has its 28 lowest mantissa bits zero; only those entries (rare: also exact FP32 values,
     zeros and infinities) go through the round-to-odd step, which keeps the CPU path's cost
-    near one FP64 multiply-add (it was 40% of the reference optimizer step)."""
+    near one FP64 multiply-add (the round-to-odd step on every entry took 40% of the reference
+    optimizer step)."""
     a64 = a.to(torch.float64)
     p = a64 * torch.as_tensor(b, dtype=torch.float64, device=a.device)
     c64 = torch.as_tensor(c, dtype=torch.float64, device=a.device).expand_as(p)

@@ -17,16 +17,16 @@ Paths. CUDA FP32 params: one fused Triton launch per parameter (triton_step.py),
 stochastic rounding from Philox in the kernel; with ``multi_tensor=True`` one launch for all of
 a param group's parameters at one step count (triton_multi.py: each parameter computed bit for
 bit as its own launch computes it; parameters it cannot address — ``numel`` not a multiple of
-16, a tensor off a 16-byte boundary — keep their own launch; slower at 3b shapes, PERF.md "v7").
+16, a tensor off a 16-byte boundary — keep their own launch; slower at 3b shapes, docs/perf/q-adamw.md).
 The per-parameter launches can go round-robin to ``launch_streams`` CUDA streams (default 1;
 2: the current stream and a side stream forked from it at the step's first launch and joined
 into it at the end), so one launch's last, partly filled wave overlaps the next launch's first:
 each launch touches only its own parameter's tensors, so the result is bit for bit the
-one-stream result, and the step reaches the one-flat-launch time (PERF.md "v8"). A side launch
+one-stream result, and the step reaches the one-flat-launch time (docs/perf/q-adamw.md). A side launch
 whose inputs the step itself made on the current stream after the fork (a fresh state, a
-non-contiguous gradient's copy) waits for the current stream first; session 19's version did
-not, and run84 caught the race (PERF.md "v9"), hence the default of 1 until the fix has run on
-a GPU.
+non-contiguous gradient's copy) waits for the current stream first
+(tests/fullstack_fp4/optim/test_q_adamw_streams.py). The default is 1: more streams are faster
+only where the host keeps up, and host-bound slower where it does not (docs/perf/q-adamw.md).
 Otherwise (CPU): ``q_adamw_step_reference``, the pure-PyTorch oracle, with uniforms from a
 ``torch.Generator``. Both seed their uniforms from ``(seed, parameter index, step)``: no RNG
 state to checkpoint, so a resumed run draws the same bits as an uninterrupted one
@@ -62,12 +62,12 @@ shard the matching slice of it. The step of a quantized parameter then also writ
 wrapper's main -> model copy can skip ``p`` while that stands (any later in-place write to ``p``,
 e.g. a checkpoint load's ``copy_``, bumps the version; fullstack_fp4/integration/
 model_param_write.py). FP32-moment parameters (``full_numel < min_numel``) do not write it:
-the wrapper's copy does, as before.
+the wrapper's main -> model copy writes their model params.
 
 Division (``approx_division``, default off). The kernel can compute the update's ``m / d``
 (``d = sqrt(v)/sqrt(1−β2^t) + eps``) as ``m · rcp.approx(d)``: the SFU's reciprocal (≤ 1 ulp)
 and one multiply in place of the IEEE division's ~10 instructions and slow-path branch
-(triton_rows._adam; PERF.md "v6" has the counts and times). It moves the update ``m/d`` by at
+(triton_rows._adam; docs/perf/q-adamw.md has the counts and times). It moves the update ``m/d`` by at
 most 2^-22 of itself (IEEE: 2^-24), far below the 4-bit moments' own error; ``m``, ``v`` and
 ``sqrt(v)`` — everything the states are encoded from — keep the reference's bits, so the
 states stay bit for bit the reference's and only ``p`` differs, by at most ``lr_t·|m/d|·2^-22``
@@ -97,11 +97,11 @@ from .codecs import (BLOCK, CHUNK, CODEC_VERSION, TILE, _fma_rn, _sqrt_rn,
                      decode_exp_avg_parts, decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq,
                      padded_numel)
 # The state dict's layout (keys, packing, the zero state, the codec-version check) is state.py's.
-from .state import _KEYS, _init_state, _pack_state, _unpack_state, check_codec_version
+from .state import _KEYS, _pack_state, check_codec_version, init_state, unpack_state
 
 __all__ = ["QAdamW", "Placement", "PLACE_ATTR", "GRAD_ATTR", "grad_of", "q_adamw_step_reference",
            "kernel_uniforms", "optimizer_state_bytes", "MODEL_OUT_ATTR", "MODEL_WRITTEN_ATTR",
-           "model_out_of", "model_param_written"]
+           "model_out_of", "model_param_written", "kernel_hyper", "kernel_views"]
 
 PLACE_ATTR = "q_adamw_place"
 
@@ -137,7 +137,7 @@ def _f32(x: float, device) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.float32, device=device)
 
 
-def _hyper(lr, beta1, beta2, eps, wd, step, device):
+def kernel_hyper(lr, beta1, beta2, eps, wd, step, device):
     """FP32 scalars, computed once in FP64 and rounded — the kernel gets the same values."""
     bc1 = 1.0 - beta1 ** step
     bc2 = 1.0 - beta2 ** step
@@ -158,15 +158,15 @@ def q_adamw_step_reference(p_flat: torch.Tensor, g_flat: torch.Tensor, st: dict,
     """
     n = p_flat.numel()
     dev = p_flat.device
-    h = {k: _f32(v, dev) for k, v in _hyper(lr, beta1, beta2, eps, weight_decay, step,
+    h = {k: _f32(v, dev) for k, v in kernel_hyper(lr, beta1, beta2, eps, weight_decay, step,
                                              dev).items()}
-    ms, vs = _unpack_state(st, n, phase)
+    ms, vs = unpack_state(st, n, phase)
     xm, dm = decode_exp_avg_parts(ms)       # m̂ = xm · dm, xm exact (codecs._decode_chunked)
     v = decode_exp_avg_sq(vs)
     g = g_flat.reshape(-1).to(torch.float32)
     p = p_flat * h["decay"]
     # the four sums are fused multiply-adds (one rounding each, _fma_rn): the kernel's
-    # FFMAs, one instruction per entry fewer each than FMUL + FADD (PERF.md "v4"); β1 · m̂ is
+    # FFMAs, one instruction per entry fewer each than FMUL + FADD (docs/perf/q-adamw.md); β1 · m̂ is
     # xm · (dm · β1), so m̂ itself is never rounded (one FMUL per entry fewer)
     m = _fma_rn(xm, dm * h["beta1"], g * h["omb1"])
     v = _fma_rn(v, h["beta2"], (g * g) * h["omb2"])
@@ -392,7 +392,7 @@ class QAdamW(torch.optim.Optimizer):
                 if fresh:
                     st["step"] = torch.tensor(0.0)
                     if quantized:
-                        st.update(_init_state(p.numel(), p.device, cph))
+                        st.update(init_state(p.numel(), p.device, cph))
                     else:
                         st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                         st["exp_avg_sq"] = torch.zeros_like(p,
@@ -410,7 +410,7 @@ class QAdamW(torch.optim.Optimizer):
                     g_flat = grad.reshape(-1).contiguous()
                     if self.multi_tensor:
                         from .triton_multi import Item, batchable, seed_base
-                        item = Item(p.view(-1), g_flat, _kernel_views(st), n, padded_numel(n),
+                        item = Item(p.view(-1), g_flat, kernel_views(st), n, padded_numel(n),
                                     cph, pl.offset // BLOCK, seed_base(group["seed"], pl.key),
                                     None if out is None else out.view(-1).view(torch.int16))
                         if batchable(item):
@@ -419,11 +419,11 @@ class QAdamW(torch.optim.Optimizer):
                             continue        # stepped below, with the group's other params
                     made_here = fresh or g_flat.data_ptr() != grad.data_ptr()   # a copy
                     with lanes.next(p.device, g_flat, made_here):
-                        launch(p.view(-1), g_flat, _kernel_views(st), n,
+                        launch(p.view(-1), g_flat, kernel_views(st), n,
                                padded_numel(n), seed=seed, phase=cph, row0=pl.offset // BLOCK,
                                model_out=None if out is None else out.view(-1),
                                fast_div=self.approx_division,
-                               **_hyper(lr, b1, b2, eps, wd, t, p.device))
+                               **kernel_hyper(lr, b1, b2, eps, wd, t, p.device))
                 else:
                     # the whole tensor's uniform stream, sliced at this piece
                     gen = torch.Generator(device=p.device).manual_seed(seed)
@@ -446,7 +446,7 @@ class QAdamW(torch.optim.Optimizer):
             for (t, _, has_out), members in batches.items():
                 from .triton_multi import launch_multi
                 launch_multi([it for _, it in members], t=t, fast_div=self.approx_division,
-                             **_hyper(lr, b1, b2, eps, wd, t, members[0][0].device))
+                             **kernel_hyper(lr, b1, b2, eps, wd, t, members[0][0].device))
                 if has_out:
                     for p, _ in members:
                         setattr(p, MODEL_WRITTEN_ATTR, p._version)
@@ -491,7 +491,8 @@ class QAdamW(torch.optim.Optimizer):
         return self.state_bytes() / max(n, 1)
 
 
-def _kernel_views(st: dict) -> dict:
+def kernel_views(st: dict) -> dict:
+    """The state dict as the step kernels take it: the chunk scales viewed as FP32."""
     d = dict(st)
     d["exp_avg_chunk_scales"] = st["exp_avg_chunk_scales"].view(torch.float32)
     d["exp_avg_sq_chunk_scales"] = st["exp_avg_sq_chunk_scales"].view(torch.float32)

@@ -19,7 +19,8 @@ from .codecs import (BLOCK, CHUNK, CODEC_VERSION, TILE, MomentState, decode_exp_
                      decode_exp_avg_sq, encode_exp_avg, encode_exp_avg_sq, num_chunks,
                      padded_numel)
 
-__all__ = ["decode_param_state", "encode_param_state", "check_codec_version"]
+__all__ = ["decode_param_state", "encode_param_state", "check_codec_version", "init_state",
+           "unpack_state"]
 
 _KEYS = ("exp_avg_codes", "exp_avg_scales", "exp_avg_chunk_scales", "exp_avg_sq_codes",
          "exp_avg_sq_scales", "exp_avg_sq_chunk_scales", "exp_avg_sq_means")
@@ -35,7 +36,9 @@ def _pack_state(st: dict, m: MomentState, v: MomentState) -> None:
     st["exp_avg_sq_means"] = v.tile_mean.view(torch.int16)
 
 
-def _unpack_state(st: dict, n: int, phase: int = 0):
+def unpack_state(st: dict, n: int, phase: int = 0):
+    """The two `MomentState`s (m, v) of a 4-bit state dict of ``n`` entries on the chunk grid
+    at ``phase``: views of its tensors, nothing decoded."""
     m = MomentState(st["exp_avg_codes"], st["exp_avg_scales"].view(torch.float8_e4m3fn),
                     st["exp_avg_chunk_scales"].view(torch.float32), n, phase=phase)
     v = MomentState(st["exp_avg_sq_codes"], st["exp_avg_sq_scales"].view(torch.float8_e4m3fn),
@@ -54,7 +57,7 @@ def _init_state_by_encoding(n: int, device, phase: int = 0) -> dict:
     return st
 
 
-def _init_state(n: int, device, phase: int = 0) -> dict:
+def init_state(n: int, device, phase: int = 0) -> dict:
     """Zero moments, encoded: every all-zero chunk encodes to the same bytes wherever it sits,
     so the state is one encoded zero chunk's block scale / chunk scale broadcast, zero codes and
     zero means — equal to ``_init_state_by_encoding`` (tested) without its FP32 temporaries
@@ -82,9 +85,10 @@ def decode_param_state(st: dict, n: int, phase: int = 0):
     v guard included: ``v̂ >= (μ/4)²``); ``phase`` is the chunk phase it was encoded with
     (``Placement.chunk_phase()``, 0 for a whole tensor). A state with FP32 moments
     (``numel < min_numel``) is returned flattened. Used to carry a state into another parallel
-    layout (megatron/training/reshard.py): decode here, re-cut, :func:`encode_param_state`."""
+    layout (fullstack_fp4/integration/reshard_state.py): decode here, re-cut,
+    :func:`encode_param_state`."""
     if "exp_avg_codes" in st:
-        ms, vs = _unpack_state(st, n, phase)
+        ms, vs = unpack_state(st, n, phase)
         return decode_exp_avg(ms), decode_exp_avg_sq(vs)
     return (st["exp_avg"].detach().reshape(-1).float(),
             st["exp_avg_sq"].detach().reshape(-1).float())
@@ -110,7 +114,7 @@ def encode_param_state(m: torch.Tensor, v: torch.Tensor, *, quantized: bool, sha
 def check_codec_version(state_dict: dict, numels: dict) -> None:
     """Raise ``ValueError`` (one message, nothing loaded) if a QAdamW ``state_dict`` holds 4-bit
     states that this codec would misread: written by another ``CODEC_VERSION`` (a state dict
-    without the key is version 1, from before the key existed), or with tensors of other sizes
+    without the key is version 1), or with tensors of other sizes
     than this codec gives a parameter of ``numels[index]`` entries (the wrong parameter, or a
     corrupted file)."""
     quantized = [i for i, st in state_dict.get("state", {}).items() if "exp_avg_codes" in st]
@@ -120,7 +124,7 @@ def check_codec_version(state_dict: dict, numels: dict) -> None:
     if version != CODEC_VERSION:
         raise ValueError(
             f"QAdamW state of codec version {version}, this code reads version {CODEC_VERSION} "
-            "(version 1: v with the 6-rule and 32-entry tile means, until 2026-12-03; version 2: "
+            "(version 1: v with the 6-rule and 32-entry tile means; version 2: "
             "the \"4\" rule and 64-entry tiles): its 4-bit moments would decode wrongly; resume "
             "it with the fullstack_fp4 version that wrote it")
     for i in quantized:

@@ -2,8 +2,8 @@
 
 Why: ``triton_step.launch`` steps one parameter per launch. Each launch ends with a partly filled
 last wave of programs — SMs idle while the slowest programs finish — and the next launch starts
-only after it; a 1.0B-parameter model in 3b-shaped matrices is ~51 launches a step (PERF.md
-"v7" has the estimate and the measurement). One launch over all of a step's parameters fills
+only after it; a 1.0B-parameter model in 3b-shaped matrices is ~51 launches a step
+(docs/perf/q-adamw.md, "Options, off by default", has the cost of both). One launch over all of a step's parameters fills
 the machine until the last parameter's last wave.
 
 How: the grid is the concatenation of every parameter's own grid (``triton_step``'s: one program
@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import launch as launch_kernel
+from fullstack_fp4.nvfp4.kernels.launch import launch as launch_kernel
 
 from . import triton_step
 from .codecs import BLOCK, CHUNK, TILE
@@ -55,7 +55,7 @@ SEED_MOD = 2 ** 31 - 1
  C_ROW0, C_SEED, C_START) = range(16)
 NCOL = 16
 # Programs of a parameter's own grid that one program runs in turn: 1, since SUB > 1's loop
-# spills at the 128-register cap and measured 8-14% slower on the H200 (PERF.md "v7")
+# spills at the 128-register cap and measured 8-14% slower on the H200 (docs/perf/q-adamw.md)
 SUB = 1
 _STATE_KEYS = ("exp_avg_codes", "exp_avg_scales", "exp_avg_chunk_scales", "exp_avg_sq_codes",
                "exp_avg_sq_scales", "exp_avg_sq_chunk_scales", "exp_avg_sq_means")
@@ -114,7 +114,7 @@ class Item(NamedTuple):
     ``seed_base``: ``(seed · 1000003 + key · 7919) mod (2^31 − 1)`` (module docstring)."""
     p: torch.Tensor             # flat FP32
     g: torch.Tensor             # flat FP32 or BF16, contiguous
-    st: dict                    # the kernel's state views (optimizer._kernel_views)
+    st: dict                    # the kernel's state views (optimizer.kernel_views)
     n: int
     npad: int
     phase: int
@@ -239,7 +239,7 @@ def launch_multi(items: Sequence[Item], *, t: int, decay, beta1, omb1, beta2, om
     """Step every item in one launch, each exactly as ``triton_step.launch(..., seed=
     optimizer._seed(seed, key, t), phase=, row0=, model_out=)`` would (Philox uniforms; the
     uniforms-given path is the per-parameter launch's only). ``t``: the step count shared by
-    all items; the scalars as ``optimizer._hyper`` gives them. Every item must be
+    all items; the scalars as ``optimizer.kernel_hyper`` gives them. Every item must be
     :func:`batchable`, with one gradient dtype, and all or none with ``model_out``."""
     if not items:
         return

@@ -75,12 +75,12 @@ def _bf16_bits(x, HW: tl.constexpr):
 
     HW (compiled): Triton's cast, ``cvt.rn.bf16x2.f32`` — the instruction torch's CUDA cast
     uses, one F2FP per two entries. Not HW (the interpreter, whose FP32→BF16 cast does not round
-    to even; triton_gemm_epilogue.py): ``(bits + 0x7FFF + lsb) >> 16`` on the FP32 bits, exact
+    to even; nvfp4/kernels/gemm_epilogue.py): ``(bits + 0x7FFF + lsb) >> 16`` on the FP32 bits, exact
     RNE for every finite value (ties to the even BF16, a carry into the exponent included,
     overflow to ±Inf as the cast does), a NaN stays a NaN (0x7FC0; the bits alone would carry a
     NaN into ±Inf or −0). Only a NaN's payload may differ from a cast's (torch's CPU cast gives
     0xFFFF or 0x7FC0 by code path, the hardware 0x7FFF), never a value. The integer form costs
-    ~6 instructions per entry in this instruction-bound kernel (PERF.md), the cast ~0.5."""
+    ~6 instructions per entry in this instruction-bound kernel (docs/perf/q-adamw.md), the cast ~0.5."""
     if HW:
         return x.to(tl.bfloat16).to(tl.int16, bitcast=True)
     else:
@@ -354,8 +354,8 @@ def _decode_rows(codes_ptr, scale_ptr, cs_ptr, rows, vrows, nrows, FAST: tl.cons
     every partial sum is (a partial Hadamard sum of the q's: a multiple of 1/2, magnitude
     <= 96, <= 8 bits) times the row's one E4M3 s (<= 4 significant bits) / 4: <= 12 bits,
     2^-20 <= |·| < 2^6 (FAST) — so each decoded value is one rounding of the exact
-    H(q) · s · dec / 4 (it was one per value and one per butterfly stage), and the 16 FMULs by
-    dec per moment are gone. FAST and the select chain give the same products (x · 2^-8 times
+    H(q) · s · dec / 4 (not one per value and one per butterfly stage), with no separate FMUL
+    by dec. FAST and the select chain give the same products (x · 2^-8 times
     dec · 2^8, both exact: dec · 2^8 <= 2^125.4 as dec <= FP32_MAX / 1536).
     ``rows``: the local 16-block index (< 0 before the tensor: phase); ``vrows``: the row on
     the chunk grid (``rows + phase / 16``). ``MASK`` False: all rows are in [0, nrows)."""
@@ -424,13 +424,13 @@ def _store_rows(codes_ptr, scale_ptr, cs_ptr, rows, nrows, pid, nch, w0, w1, sc,
 
 
 @triton.jit
-def _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
-              u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15,
-              rtab_ptr, R: tl.constexpr, STOCH: tl.constexpr):
+def encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
+             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15,
+             rtab_ptr, R: tl.constexpr, STOCH: tl.constexpr):
     """NVFP4, 4/6 scale rule: (word0, word1, scale code, dec per chunk). m's encoder with
     ``STOCH`` (stochastic rounding with the dithers ``u``; codecs.encode_exp_avg); without it,
     nearest rounding (``u`` unused): what v's encoder would be with the 4/6 rule, which
-    benchmarks/sass_q_adamw.py --v-rule 4over6 counts (PERF.md "v10")."""
+    benchmarks/sass_q_adamw.py --v-rule 4over6 counts (docs/perf/q-adamw.md)."""
     bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
@@ -471,7 +471,7 @@ def _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y
 def _encode_v(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
               rtab_ptr, R: tl.constexpr):
     """NVFP4, "4" scale rule (block max → 4), nearest rounding: (word0, word1, scale code, dec
-    per chunk) — codecs.encode_exp_avg_sq; the 6-rule before CODEC_VERSION 2."""
+    per chunk) — codecs.encode_exp_avg_sq (CODEC_VERSION 1 had the 6-rule)."""
     bamax = _max16(tl.abs(y0), tl.abs(y1), tl.abs(y2), tl.abs(y3), tl.abs(y4), tl.abs(y5),
                    tl.abs(y6), tl.abs(y7), tl.abs(y8), tl.abs(y9), tl.abs(y10), tl.abs(y11),
                    tl.abs(y12), tl.abs(y13), tl.abs(y14), tl.abs(y15))
@@ -508,7 +508,7 @@ def _adam(p, g, xm, fm, v, live, decay, beta1, omb1, beta2, omb2, inv_sqrt_bc2, 
     FMUL instead of IEEE div_rn's ~10 executed instructions and slow-path branch. Only p'
     changes (relative error of the update ≤ 2^-22 against div_rn's 2^-24); m', v' and
     sqrt(v') — everything the states are encoded from — stay the reference's bits.
-    PERF.md "v6"."""
+    docs/perf/q-adamw.md."""
     p = p * decay
     m = tl.fma(xm, fm, g * omb1)
     v = tl.fma(v, beta2, (g * g) * omb2)

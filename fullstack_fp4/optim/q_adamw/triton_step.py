@@ -10,8 +10,8 @@ and the row's 8 code bytes as two int32 words. A program whose rows all hold rea
 a second copy of the body without bounds checks or padding masks (``FULL``; all but a
 tensor's first and last programs). Besides the update's division per entry, a row divides
 once per moment, for its chunk's ``enc``: the chunk scales are taken decode-scale first and
-the element factors' ``0.25 / s`` come from ``recip_table`` (codecs.chunk_scales). See PERF.md
-for the instruction budget ("v9").
+the element factors' ``0.25 / s`` come from ``recip_table`` (codecs.chunk_scales). See
+docs/perf/q-adamw.md for the instruction counts.
 
 Bytes moved per parameter (FP32 grad): p 4+4, g 4, m 0.566+0.566, v 0.598+0.598 → ~14.3 B,
 against 28 B for FP32-state fused AdamW (p 8, g 4, m 8, v 8): the bytes allow ~0.5×.
@@ -22,7 +22,7 @@ It computes exactly what ``optimizer.q_adamw_step_reference`` computes, operatio
 in FP32 (IEEE ``div_rn``/``sqrt_rn``, launched with ``enable_fp_fusion=False`` so no FMA
 contraction; every sum is the reference's fixed halving tree), so given the same uniforms
 (``rand``) the two agree bit for bit (with ``launch(fast_div=True)``, an option off by default,
-the states still do and p' agrees within a bound: PERF.md "v6"). Without ``rand`` the
+the states still do and p' agrees within a bound: docs/perf/q-adamw.md). Without ``rand`` the
 stochastic-rounding uniforms come from Philox (``tl.randint4x``) seeded per (step, parameter):
 one Philox call per 16-block gives its 16 uniforms of 8 bits, u = (k + ½) / 2^8 — the NVFP4
 linear's definition (nvfp4/sr_stream.py: 8 random bits an element, what Blackwell's ``cvt.rs``
@@ -51,28 +51,28 @@ import torch
 import triton
 import triton.language as tl
 
-from fullstack_fp4.nvfp4.triton_launch import launch as launch_kernel
+from fullstack_fp4.nvfp4.kernels.launch import launch as launch_kernel
 
 from .codecs import BLOCK, CHUNK, TILE
 # The per-row register arithmetic (one thread = one 16-block) lives in triton_rows.py.
-from .triton_rows import (REL_FLOOR_C, _adam, _dec_factor, _decode_rows, _dither, _encode46,
+from .triton_rows import (REL_FLOOR_C, _adam, _dec_factor, _decode_rows, _dither, encode46,
                           _encode_v, _hsum16, _irht16, _ld16, _rht16, _st16, _st16_bf16,
                           _store_rows, _u16, _u8, _vhat)
 
 CPP = 1          # chunks per program (one warp = 32 blocks; 2·CPP warps per program)
 FAST_DEC = True  # nibble decode through the subnormal trick (_nib); False: the select chain
-# Register cap per thread on the GPU: 128 measured 7.5% faster than Triton's own choice on the H200
-# (8.06 vs 8.71 ms for 1.0B parameters, bit-identical; `bench_q_adamw.py --sweep`, 2026-12-01,
-# benchmarks/results/2026-12-01/run17_kernels/q_adamw.txt); presumably more resident warps hide
-# more of the state loads' latency (not profiled). 0: Triton's choice.
+# Register cap per thread on the GPU: 128 measured 7.5% faster than Triton's own choice on the
+# H200 (1.0B parameters, bit-identical; ``python benchmarks/bench_q_adamw.py --sweep``,
+# docs/perf/q-adamw.md); presumably more resident warps hide more of the state loads' latency
+# (not profiled). 0: Triton's choice.
 MAXNREG = 128
 # The BF16 model-param write (launch's model_out) rounds with the hardware cast when compiled
 # (cvt.rn: RNE, torch's CUDA cast; +19 SASS per 16 entries against +104 for the integer RNE the
-# interpreter needs, PERF.md); False: the integer RNE on the GPU too (same values, NaN payload
+# interpreter needs, docs/perf/q-adamw.md); False: the integer RNE on the GPU too (same values, NaN payload
 # 0x7FC0). The interpreter always runs the integer form (its cast does not round to even).
 BF16_HW_CVT = True
 # Adam's m'/d as m' · rcp.approx(d) (triton_rows._adam): p' within 2^-22 of the update of the
-# IEEE division's, states bit for bit the same (PERF.md "v6"). Compiled kernels only.
+# IEEE division's, states bit for bit the same (docs/perf/q-adamw.md). Compiled kernels only.
 FAST_DIV = False
 # triton.jit picks interpreter or compiler at import; the register cap is a compiler option only
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -95,8 +95,8 @@ def q_adamw_kernel(p_ptr, g_ptr,
     pid = tl.program_id(0).to(tl.int64)
     # A program whose rows all hold real entries (all but the first piece under a chunk-grid
     # phase and the tensor's last one or two) runs the body without bounds: no load/store
-    # predicates, no padding masks (FULL; 8% fewer instructions than the bounded body, PERF.md
-    # "v9"). The branch is uniform over the program.
+    # predicates, no padding masks (FULL; 8% fewer instructions than the bounded body,
+    # docs/perf/q-adamw.md). The branch is uniform over the program.
     R: tl.constexpr = CPP_C * 64
     if (pid * R >= ph_rows) & (((pid + 1) * R - ph_rows) * 16 <= n):
         _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr,
@@ -228,9 +228,9 @@ def _step_program(pid, p_ptr, g_ptr, mc_ptr, ms_ptr, mcs_ptr, vc_ptr, vs_ptr, vc
             u14, u15 = _u16(k7)
     y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = _rht16(
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
-    w0, w1, sc, dec_c = _encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13,
-                                  y14, y15, u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11,
-                                  u12, u13, u14, u15, rtab_ptr, R, True)
+    w0, w1, sc, dec_c = encode46(y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13,
+                                 y14, y15, u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11,
+                                 u12, u13, u14, u15, rtab_ptr, R, True)
     _store_rows(mc_ptr, ms_ptr, mcs_ptr, rows, nrows, pid, nch, w0, w1, sc, dec_c, R, MASK)
 
     # encode v: sqrt (s above), tile mean (BF16 RNE), residual, RHT16, RTN "4" rule
@@ -283,21 +283,20 @@ def launch(p_flat, g_flat, st, n, npad, *, seed, decay, beta1, omb1, beta2, omb2
     only; None = ``MAXNREG``, 0 = Triton's choice). ``u8`` / ``rounds`` (Philox path only, i.e.
     ``rand`` None): 8-bit centred uniforms from one Philox call per 16-block (the default; SR
     bias bound 2^-9 of an E2M1 step) or, ``u8=False``, 16-bit ones from two calls (2^-16; 56
-    more SASS instructions per 16 entries, PERF.md "v5"), and Philox rounds (10 = Triton's and
+    more SASS instructions per 16 entries, docs/perf/q-adamw.md), and Philox rounds (10 = Triton's and
     cuRAND's default; 7 passes BigCrush per Salmon et al. 2011, a sweep option).
     ``optimizer.kernel_uniforms(seed, npad, row0, u8=, rounds=)`` gives the uniforms each draws.
 
     ``model_out``: a contiguous BF16 tensor of ``n`` entries (the model parameter, or the
     slice of it that ``p_flat`` is the main shard of), or None. Given, the kernel also stores
     ``p_new.to(bfloat16)`` there (RNE, bit for bit: triton_rows._bf16_bits, ``BF16_HW_CVT``) —
-    the megatron
-    wrapper's main -> model param copy, fused (the HAS_MODEL_OUT variant; without it the
-    kernel compiles exactly as before).
+    the megatron wrapper's main -> model param copy, fused (the HAS_MODEL_OUT variant; without
+    it the kernel compiles without the store).
 
     ``fast_div`` (default ``FAST_DIV``, off; compiled kernels only, the interpreter always
     divides with div_rn): the update's m'/d as m' · rcp.approx(d) (triton_rows._adam). The
     states stay the reference's bit for bit; p' moves by at most 2^-22 of the step's update
-    plus a rounding of p' (PERF.md "v6").
+    plus a rounding of p' (docs/perf/q-adamw.md).
     """
     if phase % TILE or not 0 <= phase < CHUNK:
         raise ValueError(f"kernel chunk phase {phase} must be a multiple of {TILE} in [0, {CHUNK})")

@@ -31,9 +31,11 @@ def test_prologue_views_bit_exact(smooth, tiling, monkeypatch):
     """Triton prologue vs the reference quantizer: BF16 values of both views, the packed codes and
     E4M3 scale bytes, and the decode scale, all bit for bit (seq 40: partial 16-, 32- and
     64-row tiles; an outlier; with K-smoothing the kernel subtracts the mean itself), at the
-    default tiling and at 16 and 32 rows per program (``FP4_QATTN_PROLOGUE``)."""
+    default tiling and at 16 and 32 rows per program (``knobs.QATTN_PROLOGUE``)."""
+    from fullstack_fp4 import knobs
     from fullstack_fp4.attention.triton_prologue import quantize_views
-    monkeypatch.setenv("FP4_QATTN_PROLOGUE", tiling)
+    monkeypatch.setattr(knobs, "QATTN_PROLOGUE",
+                        knobs.parse_ints("FP4_QATTN_PROLOGUE", tiling, 2))
     from fullstack_fp4.attention.quant import per_head_packed, per_head_view, smooth_k
     x = _inputs(1, 2, 1, 40, 64)[0]
     x[0, 1, 7, 9] = 300.0
@@ -101,10 +103,11 @@ def test_kernel_stochastic_ds_is_random_and_close():
 
 @pytest.mark.parametrize("causal,stoch", [(True, False), (False, True)])
 def test_wide_backward_tiles_match_64_row_tiles(monkeypatch, causal, stoch):
-    """128-row programs (FP4_QATTN_BWD rn = rm = 2: two 64-row dS tiles per program, each with
+    """128-row programs (knobs.QATTN_BWD rn = rm = 2: two 64-row dS tiles per program, each with
     its own tensor scale) give the 64-row programs' gradients: the same FP32 operations per row,
     summed in an order that depends on the tile shape (under the interpreter np.matmul's, which
     also depends on the CPU: ``ORDER_TOL``; on a GPU the MMAs')."""
+    from fullstack_fp4 import knobs
     from fullstack_fp4.attention.triton_bwd import attention_backward
     from fullstack_fp4.attention.triton_fwd import attention_forward
     q, k, v, do = _inputs(1, 4, 2, 150, 64, seed=4)          # GQA, ragged, 3 key blocks
@@ -112,7 +115,7 @@ def test_wide_backward_tiles_match_64_row_tiles(monkeypatch, causal, stoch):
     o, lse = attention_forward(views, v, causal=causal, scale=0.125)
     grads = {}
     for cfg in ("4,2,4,2,1,1", "4,2,4,2,2,1", "4,2,4,2,1,2"):
-        monkeypatch.setenv("FP4_QATTN_BWD", cfg)
+        monkeypatch.setattr(knobs, "QATTN_BWD", knobs.parse_ints("QATTN_BWD", cfg, 6))
         grads[cfg] = attention_backward(do, o, lse, v, views, causal=causal, scale=0.125,
                                         ds_stochastic=stoch, seed=9)
     base = grads.pop("4,2,4,2,1,1")

@@ -8,7 +8,7 @@ Layouts tested, all with the same values:
     ``get_query_key_value_tensors`` does (q reshaped, k and v strided views into the buffer).
 
 Oracle: the contiguous run (itself pinned to the previous commit's kernels: this change was
-checked bit-identical against them under the interpreter, PERF.md "Layouts"). Device: CUDA when
+checked bit-identical against them under the interpreter, docs/perf/q-attn.md). Device: CUDA when
 present, else CPU under ``TRITON_INTERPRET=1`` (conftest.py); ``backend="triton"`` forces the
 kernels on CPU.
 """
@@ -122,8 +122,10 @@ def test_head_dim_stride_not_one_falls_back_to_a_copy():
 @pytest.mark.parametrize("save_view", [False, True])
 def test_v_view_into_the_fused_buffer_is_compacted_before_saving(save_view, monkeypatch):
     """Saving megatron's V (a view into the QKV buffer) would keep the whole buffer alive: it
-    is saved as a compact copy unless FP4_QATTN_SAVE_V_VIEW=1; the numbers are the same."""
-    monkeypatch.setenv("FP4_QATTN_SAVE_V_VIEW", "1" if save_view else "0")
+    is saved as a compact copy unless knobs.QATTN_SAVE_V_VIEW (FP4_QATTN_SAVE_V_VIEW=1); the
+    numbers are the same."""
+    from fullstack_fp4 import knobs
+    monkeypatch.setattr(knobs, "QATTN_SAVE_V_VIEW", save_view)
     q, k, v, do = _inputs(2, 2, 1, 40, 64, seed=5)
     buf, qkv = _fused_leaf(q, k, v)
     saved = []

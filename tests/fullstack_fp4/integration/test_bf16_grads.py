@@ -66,7 +66,7 @@ _dist = pytest.fixture(scope="module", autouse=True)(helpers.in_process_megatron
 
 @helpers.cpu_path_oracle(
     "on CUDA the grad norm of the BF16 buffer (vector_norm with FP32 accumulation) sums in "
-    "another order than the FP32 buffer's: run72, step 3, 8.0587519 against 8.0587509")
+    "another order than the FP32 buffer's (e.g. 8.0587519 against 8.0587509 at step 3)")
 @pytest.mark.parametrize("layout", list(DISTOPT))
 def test_steps_bit_identical_to_fp32_grad_buffer(layout):
     ref, bf = _trainer(True, DISTOPT[layout]), _trainer(False, DISTOPT[layout])
@@ -96,7 +96,7 @@ def _expected_view(w, mp):
 def _check_in_place(tr) -> int:
     """Pre-step hook on the inner QAdamW: every main param's grad is the BF16 buffer itself.
     Returns the number of params checked."""
-    from fullstack_fp4.integration.optimizers import model_main_pairs
+    from fullstack_fp4.integration.wrappers import model_main_pairs
 
     w = _wrapper(tr)
     buffers = {b.grad_data.untyped_storage().data_ptr() for b in w.buffers} \

@@ -87,7 +87,7 @@ def test_weighting_reaches_the_main_params_of_every_wrapper(extra):
     # bf16 master-weight wrapper and the distributed optimizer (1 rank: its shard is the whole
     # param): the weighted norm is the class's unweighted one less (1 − β²)‖g_L1‖², with g_L1
     # read from the model params' own FP32 main_grad buffers (not through the mapping under test)
-    from fullstack_fp4.integration.lora_grad_norm import _wrappers
+    from fullstack_fp4.integration.wrappers import megatron_wrappers
     from fullstack_fp4.integration.lora_svd_layers import lora_svd_modules
 
     t = _trainer(*LORA, "fp4.lora_svd.clip_dense_norm=true", *extra)
@@ -95,7 +95,7 @@ def test_weighting_reaches_the_main_params_of_every_wrapper(extra):
     beta = t.cfg.fp4.lora_svd.beta
     l1 = sum(float(m.lora_l1.main_grad.double().pow(2).sum()) for _, m in lora_svd_modules([t.model]))
     assert l1 > 0
-    for w in _wrappers(t.optimizer):
+    for w in megatron_wrappers(t.optimizer):
         assert "get_main_grads_for_grad_norm" in vars(w)
         weighted = sum(float(g.double().pow(2).sum()) for g in w.get_main_grads_for_grad_norm())
         plain = sum(float(g.double().pow(2).sum()) for g in type(w).get_main_grads_for_grad_norm(w))

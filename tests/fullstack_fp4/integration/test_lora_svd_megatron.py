@@ -58,7 +58,7 @@ def _fixed_batch_loss(trainer, exact):
 
 # ----------------------------------------------------------------------- layers and init
 @helpers.cpu_path_oracle("the dense reference model is initialised and compared on the CPU "
-                         "(run72: a CPU tensor met the model the Trainer put on cuda:0)")
+                         "(on a GPU machine the Trainer puts the model on cuda:0)")
 def test_layers_factors_and_initial_split():
     from fullstack_fp4.integration.lora_svd_layers import (LoRASVDColumnParallelLinear,
                                                            LoRASVDRowParallelLinear)
@@ -293,12 +293,13 @@ def test_resume_across_realignment_is_exact(runs):
 def test_merged_export_loads_in_a_bf16_model_with_the_same_loss(runs):
     from fullstack_fp4.integration.lora_svd_layers import exact_matmuls
 
-    lora = _trainer(_cfg(*LORA, f"checkpoint.load={runs['ckpt4']}"))
+    # the saved run's length: another train.iters is a changed run (continuation.py refuses it)
+    lora = _trainer(_cfg(*LORA, f"checkpoint.load={runs['ckpt4']}", f"train.iters={N_STRAIGHT}"))
     assert lora.iteration == N_PART
     loss_q = lora.evaluate()
     with exact_matmuls([lora.model]):
         loss_exact = lora.evaluate()
-    dense = _trainer(_cfg(f"checkpoint.load={runs['merged']}"))
+    dense = _trainer(_cfg(f"checkpoint.load={runs['merged']}", f"train.iters={N_STRAIGHT}"))
     assert dense.cfg.fp4.linear == "bf16" and dense.iteration == N_PART
     assert not _mods(dense)
     loss_dense = dense.evaluate()

@@ -52,7 +52,7 @@ def _worker(rank: int, world: int, init: str, out: str):
     cfg.logging.dir = None
     tr = trainer_mod.Trainer(cfg, verbose=False)
     from fullstack_fp4.optim.q_adamw.optimizer import PLACE_ATTR
-    from fullstack_fp4.optim.q_adamw.state import _unpack_state
+    from fullstack_fp4.optim.q_adamw.state import unpack_state
     from fullstack_fp4.optim.q_adamw.codecs import decode_exp_avg, decode_exp_avg_sq
 
     named = [(n, p) for n, p in tr.model.named_parameters() if p.requires_grad]
@@ -75,7 +75,7 @@ def _worker(rank: int, world: int, init: str, out: str):
                    "full": pl.full_numel, "phase": pl.chunk_phase(),
                    "state": {k: v.clone() for k, v in st.items() if k != "step"}}
             if "exp_avg_codes" in st:
-                m, v = _unpack_state(st, sp.numel(), pl.chunk_phase())
+                m, v = unpack_state(st, sp.numel(), pl.chunk_phase())
                 rec["m"], rec["v"] = decode_exp_avg(m), decode_exp_avg_sq(v)
             pieces.append(rec)
     torch.save({"params": params_per_step, "pieces": pieces},

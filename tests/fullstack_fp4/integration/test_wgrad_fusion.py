@@ -181,7 +181,7 @@ def test_unfused_is_the_old_behaviour(layout):
 
 
 def test_no_fusion_without_megatron_main_grad_or_in_evaluation():
-    """The same layer class outside DDP (no main_grad) returns dW as before; under no_grad the
+    """The same layer class outside DDP (no main_grad) returns dW to autograd; under no_grad the
     forward asks for nothing."""
     from fullstack_fp4.integration.nvfp4_linear_layers import main_grad_accumulator
 
@@ -217,7 +217,7 @@ def test_lora_svd_dense_route_fuses_w_res(layout):
 
 def test_lora_svd_projected_route_stays_unfused():
     """The projected route rewrites the wgrad (G_q − Q QᵀG_q): its W_res gradient is returned and
-    added by the hook, as before (oracle: the functional LoRA-SVD linear on copies, same draws)."""
+    added by the hook, unfused (oracle: the functional LoRA-SVD linear on copies, same draws)."""
     from fullstack_fp4.linear.lora_svd import lora_svd_linear
 
     tr = _trainer(*LORA, "fp4.lora_svd.route=projected", *_layout("fp32"))

@@ -1,4 +1,4 @@
-"""The cuBLASLt path of the emulated NVFP4 GEMM (``fullstack_fp4/nvfp4/cublaslt.py``).
+"""The cuBLASLt path of the emulated NVFP4 GEMM (``fullstack_fp4/nvfp4/kernels/cublaslt.py``).
 
 CPU: :func:`plan` — the mapping of a row-major ``D = A @ B`` with arbitrary unit-strided operand
 layouts onto one column-major cuBLAS call — against an oracle that does what cuBLAS does with
@@ -26,7 +26,8 @@ import sys
 import pytest
 import torch
 
-from fullstack_fp4.nvfp4 import cublaslt, gemm
+from fullstack_fp4.nvfp4 import gemm
+from fullstack_fp4.nvfp4.kernels import cublaslt
 
 
 def _memory_view(t: torch.Tensor, rows: int, cols: int, ld: int) -> torch.Tensor:
@@ -252,13 +253,20 @@ def test_glue_failure_status_is_a_clear_error(fake_cuda, monkeypatch):
         cublaslt.scaled_mm_cublaslt(a, a, torch.ones(()), torch.ones(()))
 
 
-def test_unknown_backend_in_the_environment_warns_and_keeps_the_default():
-    code = ("import warnings; warnings.simplefilter('always')\n"
-            "from fullstack_fp4.nvfp4 import gemm; print(gemm.gemm_backend())")
+def test_backend_is_not_read_from_the_environment():
+    """The two backends can differ by an ulp (accumulating epilogue), so no environment variable
+    selects one: a run always starts on cuBLASLt; only ``set_gemm_backend`` switches."""
+    code = "from fullstack_fp4.nvfp4 import gemm; print(gemm.gemm_backend())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "FULLSTACK_FP4_GEMM": "cutlas"})
-    assert r.returncode == 0 and r.stdout.strip() == "cublaslt"
-    assert "FULLSTACK_FP4_GEMM='cutlas'" in r.stderr
+                       env={**os.environ, "FULLSTACK_FP4_GEMM": "cublas"})
+    assert r.returncode == 0 and r.stdout.strip() == "cublaslt", r.stderr
+    with pytest.raises(ValueError, match="GEMM backend"):
+        gemm.set_gemm_backend("cutlas")
+    previous = gemm.set_gemm_backend("cublas")
+    try:
+        assert gemm.gemm_backend() == "cublas"
+    finally:
+        gemm.set_gemm_backend(previous)
 
 
 def test_glue_try_declines_what_one_call_cannot_take_and_runs_nothing(fake_cuda):

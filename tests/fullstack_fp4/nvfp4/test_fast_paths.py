@@ -57,7 +57,7 @@ def test_public_quantize_rht_matches_composition():
 @needs_kernels
 @pytest.mark.parametrize("rht", [False, True])
 def test_amax_triton(rht):
-    from fullstack_fp4.nvfp4.triton_quantize import amax_triton
+    from fullstack_fp4.nvfp4.kernels.quantize import amax_triton
     x = _x(48, 96, 3)
     signs = DEFAULT_SIGNS if rht else None
     ref = (hadamard16(x, signs) if rht else x.float()).abs().amax()
@@ -71,7 +71,7 @@ def test_amax_triton(rht):
 @needs_kernels
 @pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
 def test_decode_bf16_triton_bit_exact(tile):
-    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton
+    from fullstack_fp4.nvfp4.kernels.decode import decode_bf16_triton
     x = _x(32, 128, 4)
     x[2, :16] = 0
     q = quantize(x, tile=tile, backend="reference")            # includes subnormal scales
@@ -88,7 +88,7 @@ def test_decode_bf16_triton_every_code_and_scale():
     """Every code byte (two nibbles, signs and -0 included) under every finite E4M3 block
     scale (0, the subnormals, the normals to 448), against the PyTorch decode."""
     from fullstack_fp4.nvfp4.tensor import NVFP4Tensor
-    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_triton
+    from fullstack_fp4.nvfp4.kernels.decode import decode_bf16_triton
     rows = 127                                   # E4M3 bytes 0..126: every finite value >= 0
     data = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(rows, 1)  # [rows, 256]
     scale = torch.arange(rows, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 32)
@@ -105,7 +105,7 @@ def test_decode_bf16_pair_is_two_decodes():
     """Two tensors decoded in one launch (the linear's backward: the saved 16×16 W and the
     1×16 RHT(xᵀ) codes) against the PyTorch decode of each: different block counts, so the
     second tensor's programs start mid-grid; the second tensor's last block is planted."""
-    from fullstack_fp4.nvfp4.triton_dequantize import decode_bf16_pair
+    from fullstack_fp4.nvfp4.kernels.decode import decode_bf16_pair
     a = quantize(_x(48, 64, 5), tile=(16, 16), backend="reference")
     xb = _x(24, 160, 6)
     xb[-1, -16:] = 40.0
@@ -119,7 +119,7 @@ def test_decode_bf16_pair_is_two_decodes():
 
 @needs_kernels
 def test_fused_rht_via_public_quantize_on_transposed_copy():
-    from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
+    from fullstack_fp4.nvfp4.kernels.quantize import quantize_triton
     m = _x(64, 48, 5)                                           # [T, C]
     q = quantize_triton(m.to(DEV).t().contiguous(), rht_signs=DEFAULT_SIGNS, check_finite=False)
     _same(q, quantize(hadamard16(m.t(), DEFAULT_SIGNS), backend="reference"))
@@ -129,7 +129,7 @@ def test_fused_rht_via_public_quantize_on_transposed_copy():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("given", [None, 1.0, "tensor"])
 def test_no_sync_mode_poisons_tensor_scale(bad, given):
-    from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
+    from fullstack_fp4.nvfp4.kernels.quantize import quantize_triton
     x = _x(16, 32, 6)
     ga = torch.tensor(1.0, device=DEV) if given == "tensor" else given
     clean = quantize_triton(x.to(DEV), global_amax=ga, check_finite=False)
@@ -145,7 +145,7 @@ def test_no_sync_mode_poisons_tensor_scale(bad, given):
 @needs_kernels
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
 def test_no_sync_mode_bad_given_amax_tensor(bad):
-    from fullstack_fp4.nvfp4.triton_quantize import quantize_triton
+    from fullstack_fp4.nvfp4.kernels.quantize import quantize_triton
     q = quantize_triton(_x(16, 32, 7).to(DEV), global_amax=torch.tensor(bad, device=DEV),
                         check_finite=False)
     assert torch.isnan(q.tensor_scale.cpu())

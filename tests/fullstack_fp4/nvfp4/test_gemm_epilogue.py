@@ -30,7 +30,7 @@ def _acc():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.75, 3.0e-3), (2.0**60, 2.0**40), (1e-30, 1e-10)])
 def test_scale_cast_matches_torch(dtype, scales):
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_cast_triton
     acc = _acc()
     a, b = torch.tensor(scales[0]), torch.tensor(scales[1])
     ref = (acc * (a * b)).to(dtype)
@@ -43,7 +43,7 @@ def test_scale_cast_matches_torch(dtype, scales):
 
 
 def test_scale_cast_nan_input_and_nan_scale():
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_cast_triton
     acc = _acc()
     acc[0, 0] = float("nan")
     got = scale_cast_triton(acc.to(DEV), torch.tensor(1.0, device=DEV), torch.tensor(2.0, device=DEV),
@@ -55,7 +55,7 @@ def test_scale_cast_nan_input_and_nan_scale():
 
 
 def test_scale_cast_rejects_bad_input():
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_cast_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_cast_triton
     one = torch.tensor(1.0)
     with pytest.raises(ValueError):
         scale_cast_triton(torch.zeros(4, 4, dtype=torch.float16), one, one, torch.bfloat16)
@@ -107,7 +107,7 @@ def _bits_equal(got, ref):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.75, 3.0e-3), (2.0**60, 2.0**40), (1e-30, 1e-10)])
 def test_scale_accumulate_matches_torch(dtype, scales):
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_accumulate_triton
     acc = _acc()
     acc.view(-1)[:4] = torch.tensor([2**-8, 3 * 2**-8, -(2**-8), 2**-7 + 2**-8])  # ties on 1, 1, -1, 3
     a, b = torch.tensor(scales[0]), torch.tensor(scales[1])
@@ -121,7 +121,7 @@ def test_scale_accumulate_matches_torch(dtype, scales):
 def test_scale_accumulate_bf16_ties_round_to_even():
     """dst + v lands exactly half-way between two BF16 neighbours: both parities, both signs,
     checked against hand-computed BF16 values (not only against torch)."""
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_accumulate_triton
     one = torch.tensor(1.0)
     dst = torch.tensor([1.0, 1.0 + 2**-7, -1.0, 2.0], dtype=torch.bfloat16).to(DEV)
     acc = torch.tensor([2**-8, 2**-8, -(2**-8), 2**-7]).to(DEV)     # the half ulp of each dst
@@ -133,7 +133,7 @@ def test_scale_accumulate_bf16_ties_round_to_even():
 def test_scale_accumulate_is_one_rounding_not_two():
     """The fused sum rounds once, the unfused path twice: v = 2^-8 + 2^-17 rounds alone to 2^-8
     in BF16, and 1 + 2^-8 is a tie that goes to 1; unrounded, 1 + v is past the tie -> 1 + 2^-7."""
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_accumulate_triton
     one = torch.tensor(1.0)
     v = torch.tensor([2**-8 + 2**-17])
     dst = torch.tensor([1.0], dtype=torch.bfloat16)
@@ -145,7 +145,7 @@ def test_scale_accumulate_is_one_rounding_not_two():
 
 
 def test_scale_accumulate_nan_and_inf():
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_accumulate_triton
     for dtype in (torch.bfloat16, torch.float32):
         acc = torch.tensor([float("nan"), float("inf"), float("inf"), 1.0, 3e38, 1.0])
         dst = torch.tensor([1.0, -float("inf"), 1.0, float("nan"), 3e38, 2.0], dtype=dtype)
@@ -169,7 +169,7 @@ def test_scale_accumulate_nan_and_inf():
 def test_scale_accumulate_odd_sizes_touch_only_their_elements(n):
     """Masking: sizes around the block (1024 under the interpreter); the elements past n in
     the same storage are left untouched."""
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_accumulate_triton
     g = torch.Generator().manual_seed(n)
     acc = torch.randn(n, generator=g)
     for dtype in (torch.bfloat16, torch.float32):
@@ -183,7 +183,7 @@ def test_scale_accumulate_odd_sizes_touch_only_their_elements(n):
 
 
 def test_scale_accumulate_rejects_bad_input():
-    from fullstack_fp4.nvfp4.triton_gemm_epilogue import scale_accumulate_triton
+    from fullstack_fp4.nvfp4.kernels.gemm_epilogue import scale_accumulate_triton
     one = torch.tensor(1.0)
     with pytest.raises(ValueError, match="FP32 accumulator"):
         scale_accumulate_triton(torch.zeros(4, 4, dtype=torch.bfloat16), one, one, torch.zeros(4, 4))

@@ -1,7 +1,7 @@
-"""The eo-form quantize kernel (fullstack_fp4/nvfp4/triton_quantize.py, PERF.md "eo kernel"):
-its rounding helpers against the reference's independent formulations, and its code paths
-(int32 / int64 offsets, 2-D / 1-D grid, BF16-as-words / generic loads, custom Philox /
-``tl.randint4x``, the legacy baseline) against ``quantize_reference``, bit for bit.
+"""The tiled eo-form quantize kernel (fullstack_fp4/nvfp4/kernels/quantize.py): its rounding
+helpers (kernels/fp4_math.py) against the reference's independent formulations, and its code
+paths (int32 / int64 offsets, 2-D / 1-D grid, BF16-as-words / generic loads, custom Philox /
+``tl.randint4x``) against ``quantize_reference``, bit for bit.
 
 Runs on CUDA, or on CPU under ``TRITON_INTERPRET=1``; skipped otherwise.
 """
@@ -19,20 +19,19 @@ from tests.fullstack_fp4.nvfp4.kernel_checks import (DEV, assert_same_nvfp4 as _
 skip_module_without_kernels()
 
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16  # noqa: E402
-from fullstack_fp4.nvfp4 import triton_quantize as tq  # noqa: E402
+from fullstack_fp4.nvfp4.kernels import quantize as tq  # noqa: E402
 from fullstack_fp4.nvfp4.e2m1 import (E2M1_VALUES, e2m1_decode, e2m1_round_nearest,  # noqa: E402
                                       e2m1_round_stochastic)
 from fullstack_fp4.nvfp4.reference import quantize_reference  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _eo_kernels(monkeypatch):
-    """This module tests the eo-form kernels: quantize_triton's default picks, per mode, the
-    kernel measured faster on the H200 (legacy for nearest rounding), so pin legacy=False here
-    unless a test asks for legacy=True itself."""
+def _tiled_kernel(monkeypatch):
+    """This module tests the tiled kernel: quantize_triton's default runs the flat kernels
+    where they apply (their own module, test_quantize_flat.py), so pin flat=False here."""
     import functools
 
-    monkeypatch.setattr(tq, "quantize_triton", functools.partial(tq.quantize_triton, legacy=False))
+    monkeypatch.setattr(tq, "quantize_triton", functools.partial(tq.quantize_triton, flat=False))
 
 
 def _ref(x, *, rht_signs=None, **kw):
@@ -142,7 +141,7 @@ def test_int64_offsets_and_1d_grid_match_default(kw, monkeypatch):
     _same(a, b, "int64 offsets")
     monkeypatch.setattr(tq, "AMAX_L2_TAIL_BYTES", 20 * 96 * x.element_size())   # 20 rows
     _same(a, tq.quantize_triton(x, **kw), "amax pass with an evict_last tail")
-    monkeypatch.setattr(tq, "_grid", lambda rows, nblk, bm, nb, legacy:
+    monkeypatch.setattr(tq, "_grid", lambda rows, nblk, bm, nb:
                         ((triton.cdiv(rows, bm) * triton.cdiv(nblk, nb),), False))
     _same(a, tq.quantize_triton(x, **kw), "1-D grid (and the evict_last tail)")
     if kw.get("rounding") == "stochastic":
@@ -160,7 +159,7 @@ def test_bf16_without_word_view(layout):
         x = base[:, :k]                                            # stride(0) = 65
     else:
         x = base.reshape(-1)[1:1 + 20 * k].reshape(20, k)         # storage offset 1
-    assert tq._x_operand(x, False)[2] is False
+    assert tq._x_operand(x)[2] is False
     _same(tq.quantize_triton(x), _ref(x), layout)
     _same(tq.quantize_triton(x, rht_signs=DEFAULT_SIGNS, scale_rule="4over6"),
           _ref(x, rht_signs=DEFAULT_SIGNS, scale_rule="4over6"), layout + " rht 4/6")
@@ -213,31 +212,8 @@ def test_nan_inf_detected_with_given_amax_nan_propagating_max():
 @pytest.mark.parametrize("kw", [dict(), dict(tile=(16, 16), scale_rule="4over6"),
                                 dict(rht_signs=DEFAULT_SIGNS, rounding="stochastic", seed=3)],
                          ids=["near", "2d-46", "rht-sr"])
-def test_legacy_baseline_still_bit_exact(kw):
+def test_amax_triton_matches_torch(kw):
     x = _x(32, 80, 10).to(DEV)
-    a = tq.quantize_triton(x, legacy=True, **kw)
-    _same(a, tq.quantize_triton(x, **kw), "legacy vs eo")
     assert torch.equal(tq.amax_triton(x, kw.get("rht_signs")).cpu(),
                        (hadamard16(x.cpu(), kw["rht_signs"]) if "rht_signs" in kw
                         else x.cpu().float()).abs().amax())
-
-
-def test_default_kernel_per_mode(monkeypatch):
-    # the default (legacy=None) runs the kernel BENCHMARKS.md measured faster for the mode:
-    # legacy for nearest with the 6 rule, eo for stochastic rounding and 4/6; same bits either way
-    import functools
-
-    # the unpinned function under the fixture's partial, tiled kernels (the flat ones have their
-    # own module, test_quantize_flat.py)
-    orig = functools.partial(tq.quantize_triton.func, flat=False)
-    seen = []
-    real_grid = tq._grid
-    monkeypatch.setattr(tq, "_grid", lambda rows, nblk, bm, nb, legacy:
-                        seen.append(legacy) or real_grid(rows, nblk, bm, nb, legacy))
-    x = _x(32, 64, 7).to(DEV)
-    for kw, want in ((dict(), True), (dict(tile=(16, 16)), True), (dict(rht_signs=DEFAULT_SIGNS), True),
-                     (dict(rounding="stochastic", seed=3), False), (dict(scale_rule="4over6"), False)):
-        seen.clear()
-        a = orig(x, **kw)
-        assert seen[-1] is want, (kw, seen)
-        _same(a, functools.partial(orig, legacy=not want)(x, **kw), f"default vs other kernel {kw}")

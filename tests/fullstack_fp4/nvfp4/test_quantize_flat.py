@@ -1,4 +1,4 @@
-"""The flat quantize kernels (fullstack_fp4/nvfp4/triton_quantize_flat.py) against
+"""The flat quantize kernels (fullstack_fp4/nvfp4/kernels/quantize.py, "Flat kernels") against
 ``quantize_reference``, bit for bit, and against the tiled kernels; where they apply and where
 they must refuse; NaN/Inf handling as the tiled kernels do it.
 
@@ -17,7 +17,7 @@ from tests.fullstack_fp4.nvfp4.kernel_checks import (DEV, assert_same_nvfp4 as _
 
 skip_module_without_kernels()
 
-from fullstack_fp4.nvfp4 import triton_quantize as tq  # noqa: E402
+from fullstack_fp4.nvfp4.kernels import quantize as tq  # noqa: E402
 from fullstack_fp4.nvfp4.reference import quantize_reference  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def test_flat_is_the_default_where_it_applies(monkeypatch):
     tq.quantize_triton(x.float())
     tq.quantize_triton(_x(16, 64, 6).to(DEV), tile=(16, 16))
     tq.quantize_triton(_x(4, 128, 7).to(DEV)[:, :64])
-    tq.quantize_triton(x, legacy=True)
+    tq.quantize_triton(x, config=(16, 4, 4))
     assert calls == [1]
 
 

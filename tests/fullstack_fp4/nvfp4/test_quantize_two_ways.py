@@ -1,4 +1,4 @@
-"""Fused row/column NVFP4 operands (``triton_quantize_decode``) against the reference composition.
+"""Fused row/column NVFP4 operands (``kernels/quantize_two_ways.py``) against the reference composition.
 
 Oracles, all independent of the kernels under test: ``quantize_reference`` (the FP32 contract),
 ``hadamard16`` of the zero-padded transpose for the column way, the PyTorch decode of
@@ -62,7 +62,7 @@ def _bits(v) -> int:
 def test_amax_both_ways(t):
     """Also with the max in the first and in the last program's tile (under the interpreter,
     T = 40 runs 8 programs: 4 channel strips × 2 token spans; T = 32 runs 4)."""
-    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import amax_two_ways
     m = _m(t, 128, 1)
     obs = amax_two_ways(m.to(DEV)).cpu()
     assert int(obs[0]) == _bits(m.float().abs().amax())
@@ -84,7 +84,7 @@ def test_amax_pair_is_two_passes(shapes, ways):
     tensors of different widths (the pair takes the wider lane count, so the narrow one runs
     masked) and token counts; W's max planted in its last tile, x's in its first, so a program
     index off by one between the two halves of the grid would miss one of them."""
-    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways_pair
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import amax_two_ways_pair
     (tx, cx), (ty, cy) = shapes
     rx, cx_, ry, cy_ = ways
     x, y = _m(tx, cx, 5), _m(ty, cy, 6) * 0.5
@@ -100,7 +100,7 @@ def test_quantize_writes_the_gemm_alpha():
     """``row_peer_scale`` / ``col_peer_scale``: the kernel's ``ts · peer`` equals torch.mul of
     the tensor scales it stored, bit for bit (the GEMM reads it as its alpha), and asking
     for none leaves the outputs as they were."""
-    from fullstack_fp4.nvfp4.triton_quantize_decode import (ColWay, RowWay, amax_two_ways,
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import (ColWay, RowWay, amax_two_ways,
                                                             quantize_two_ways)
     m = _m(32, 64, 7).to(DEV)
     obs = amax_two_ways(m)
@@ -128,7 +128,7 @@ def test_quantize_writes_the_gemm_alpha():
 def test_amax_element_reads(dtype, scale, odd_stride):
     """The element path (FP32, FP16, BF16 with an odd row stride), FP32 subnormals included:
     the kernel takes the RHT's ``× ¼`` once on its max, the reference on every element."""
-    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import amax_two_ways
     m = (_m(40, 96, 4, torch.float32) * scale).to(dtype)
     if odd_stride:
         m = torch.cat([m, m[:, :1]], 1)[:, :96]       # row stride 97: not read as words
@@ -139,7 +139,7 @@ def test_amax_element_reads(dtype, scale, odd_stride):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_amax_sees_non_finite(bad):
-    from fullstack_fp4.nvfp4.triton_quantize_decode import amax_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import amax_two_ways
     m = _m(24, 64, 2)
     m[20, 5] = bad
     obs = amax_two_ways(m.to(DEV)).cpu()
@@ -150,7 +150,7 @@ def test_amax_sees_non_finite(bad):
 def test_x_operands_nearest(dtype, c):
     """fprop x (1×16, decoded) and RHT(xᵀ) (codes, and decoded) from one read; T % 16 != 0;
     128 channels: two channel blocks under the interpreter's tile."""
-    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import ColWay, RowWay, amax_two_ways, quantize_two_ways
     m = _m(40, c, 3, dtype)
     md = m.to(DEV)
     q = quantize_two_ways(md, amax_two_ways(md), row=RowWay(codes=True),
@@ -177,7 +177,7 @@ def test_column_codes_of_several_token_blocks_a_program(tbs, t, rounding, i64, m
     equal the reference. T = 56 zero-pads the program's last token block; 128 channels make two
     channel programs under the interpreter; the 2-block form stores its scales as 16-bit words,
     the 4-block form as 32-bit ones; int64 offsets and counters too."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     monkeypatch.setattr(tqd, "COL_CODES_TBS", tbs)
     monkeypatch.setattr(tqd, "_needs_i64", lambda t, c, stride: i64)
     m = _m(t, 128, 11)
@@ -205,8 +205,8 @@ def test_dy_operands_stochastic_match_philox_draws(codes, direct, t, monkeypatch
     holds ``-0.0`` (decodes to +0), tiny negatives beside the 37 outlier (round to 0 as ``-0``,
     or to the first step) and tiny positives. T = 48: every program's tokens and channels
     exist (the kernel's maskless EVEN form)."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
-    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import ColWay, RowWay, amax_two_ways, quantize_two_ways
     monkeypatch.setattr(tqd, "SR_DIRECT", direct)
     m = _m(t, 64, 4)
     m[1, 0], m[1, 1], m[1, 2], m[1, 4] = -0.0, -1e-3, 1e-3, -0.2
@@ -232,7 +232,7 @@ def test_dy_operands_stochastic_match_philox_draws(codes, direct, t, monkeypatch
 
 
 def test_weight_16x16_codes_and_decoded():
-    from fullstack_fp4.nvfp4.triton_quantize_decode import RowWay, amax_two_ways, quantize_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import RowWay, amax_two_ways, quantize_two_ways
     w = _m(48, 64, 5)
     wd = w.to(DEV)
     q = quantize_two_ways(wd, amax_two_ways(wd, col=False), row=RowWay(tile=(16, 16), codes=True))
@@ -243,7 +243,7 @@ def test_weight_16x16_codes_and_decoded():
 
 
 def test_given_amax_sets_the_tensor_scales():
-    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import ColWay, RowWay, amax_two_ways, quantize_two_ways
     m = _m(32, 64, 6)
     md = m.to(DEV)
     ga, gb = torch.tensor(80.0), torch.tensor(3.0 * float(_col_ref(m).abs().amax()))
@@ -257,7 +257,7 @@ def test_given_amax_sets_the_tensor_scales():
 
 @pytest.mark.parametrize("where", ["input_nan", "input_inf", "amax_nan", "amax_negative"])
 def test_non_finite_poisons_tensor_scales_or_raises(where):
-    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import ColWay, RowWay, amax_two_ways, quantize_two_ways
     m = _m(32, 64, 7)
     given = None
     if where == "input_nan":
@@ -277,7 +277,7 @@ def test_non_finite_poisons_tensor_scales_or_raises(where):
 
 
 def test_bad_arguments_give_one_clear_error():
-    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, RowWay, amax_two_ways, quantize_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import ColWay, RowWay, amax_two_ways, quantize_two_ways
     m = _m(24, 64, 8).to(DEV)
     obs = amax_two_ways(m)
     with pytest.raises(ValueError, match="seed"):
@@ -297,7 +297,7 @@ def test_bad_arguments_give_one_clear_error():
 def test_other_rht_signs():
     """The signs are compile-time in the kernel: a sign vector other than TE's gives
     ``hadamard16(pad(m)ᵀ, signs)`` too (amax and codes)."""
-    from fullstack_fp4.nvfp4.triton_quantize_decode import ColWay, amax_two_ways, quantize_two_ways
+    from fullstack_fp4.nvfp4.kernels.quantize_two_ways import ColWay, amax_two_ways, quantize_two_ways
     signs = tuple(float(v) for v in torch.tensor([1, -1] * 8))
     m = _m(24, 64, 9)
     md = m.to(DEV)
@@ -314,7 +314,7 @@ def test_other_rht_signs():
 def test_int64_offsets_and_element_reads(i64, monkeypatch):
     """A BF16 view with an odd row stride is read per element instead of as int32 words; the
     int64 offsets / ``tl.randint4x`` counters (what the host picks past 2^31) give the same bits."""
-    from fullstack_fp4.nvfp4 import triton_quantize_decode as tqd
+    from fullstack_fp4.nvfp4.kernels import quantize_two_ways as tqd
     monkeypatch.setattr(tqd, "_needs_i64", lambda t, c, stride: i64)
     big = torch.zeros(24, 81, dtype=torch.bfloat16)
     big[:, :64] = _m(24, 64, 10)

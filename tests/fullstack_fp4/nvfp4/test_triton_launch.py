@@ -1,4 +1,4 @@
-"""The lean launcher (fullstack_fp4/nvfp4/triton_launch.py) on the CPU.
+"""The lean launcher (fullstack_fp4/nvfp4/kernels/launch.py) on the CPU.
 
 The launch through a compiled kernel needs a GPU; ``benchmarks/profile/check_kernels_exact.py`` checks
 there that it launches the very kernel ``JITFunction.run`` picks, bit for bit. Here: the
@@ -12,9 +12,9 @@ import inspect
 import pytest
 import torch
 
-from fullstack_fp4.nvfp4 import triton_launch as tl_launch
-from fullstack_fp4.nvfp4.triton_amax_two_ways import _amax_two_ways_kernel
-from fullstack_fp4.nvfp4.triton_quantize_decode_kernels import _quantize_two_ways_kernel
+from fullstack_fp4.nvfp4.kernels import launch as tl_launch
+from fullstack_fp4.nvfp4.kernels.amax import _amax_two_ways_kernel
+from fullstack_fp4.nvfp4.kernels.quantize_two_ways import _quantize_two_ways_kernel
 
 
 def _inspect_bind(fn, args, kwargs):
@@ -192,13 +192,12 @@ def test_verify_mode_catches_a_kernel_triton_would_not_pick(monkeypatch):
         tl_launch.launch(fake, (1,), x, 7, BLOCK=64)
 
 
-_KERNEL_MODULES = ["fullstack_fp4.nvfp4.triton_quantize_kernels",
-                   "fullstack_fp4.nvfp4.triton_quantize_decode_kernels",
-                   "fullstack_fp4.nvfp4.triton_amax_two_ways",
-                   "fullstack_fp4.nvfp4.triton_quantize_flat", "fullstack_fp4.nvfp4.triton_dequantize",
-                   "fullstack_fp4.nvfp4.triton_gemm_epilogue", "fullstack_fp4.optim.q_adamw.triton_step",
-                   "fullstack_fp4.optim.triton_ns", "fullstack_fp4.attention.triton_fwd",
-                   "fullstack_fp4.attention.triton_bwd", "fullstack_fp4.attention.triton_ds_store",
+_KERNEL_MODULES = ["fullstack_fp4.nvfp4.kernels.quantize",
+                   "fullstack_fp4.nvfp4.kernels.quantize_two_ways",
+                   "fullstack_fp4.nvfp4.kernels.amax", "fullstack_fp4.nvfp4.kernels.decode",
+                   "fullstack_fp4.nvfp4.kernels.gemm_epilogue",
+                   "fullstack_fp4.optim.q_adamw.triton_step", "fullstack_fp4.optim.triton_ns",
+                   "fullstack_fp4.attention.triton_fwd", "fullstack_fp4.attention.triton_bwd",
                    "fullstack_fp4.attention.triton_prologue", "fullstack_fp4.attention.triton_unpack"]
 
 
@@ -224,7 +223,7 @@ def test_seed_arguments_are_not_specialised():
             for p in seeds:
                 assert p in dns, f"{mod_name}.{name}: seed argument {p!r} is specialised"
                 checked += 1
-    assert checked >= 7      # two-ways ×2, quantize, philox, Q-Attn dK/dV ×2 + dQ, Q-AdamW
+    assert checked >= 7      # two-ways ×2, quantize, philox, Q-Attn dK/dV + dQ, Q-AdamW
 
 
 def test_grid_arithmetic_matches_triton():

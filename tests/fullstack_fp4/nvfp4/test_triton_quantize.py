@@ -24,8 +24,8 @@ if not (_INTERPRET or torch.cuda.is_available()):
 from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, NVFP4Tensor, hadamard16  # noqa: E402
 from fullstack_fp4.nvfp4.e2m1 import e2m1_round_nearest  # noqa: E402
 from fullstack_fp4.nvfp4.reference import quantize_reference  # noqa: E402
-from fullstack_fp4.nvfp4.triton_dequantize import dequantize_triton  # noqa: E402
-from fullstack_fp4.nvfp4.triton_quantize import (e4m3_rne_triton, philox_uniforms,  # noqa: E402
+from fullstack_fp4.nvfp4.kernels.decode import dequantize_triton  # noqa: E402
+from fullstack_fp4.nvfp4.kernels.quantize import (e4m3_rne_triton, philox_uniforms,  # noqa: E402
                                                  quantize_triton)
 
 DEV = "cuda" if (torch.cuda.is_available() and not _INTERPRET) else "cpu"

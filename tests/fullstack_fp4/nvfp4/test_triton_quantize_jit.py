@@ -1,6 +1,6 @@
-"""The block-scale helpers of ``triton_quantize_jit`` against PyTorch FP32 arithmetic.
+"""The block-scale helpers of ``nvfp4/kernels/fp4_math.py`` against PyTorch FP32 arithmetic.
 
-``_candidate_nb`` (the element factor ``1/(s·dec)`` without ``div_rn``'s branch) must give
+``candidate_nb`` (the element factor ``1/(s·dec)`` without ``div_rn``'s branch) must give
 what the reference computes: ``s = e4m3_rne(min(amax · (enc · fl(1/6)), 448))`` and
 ``f = min(1/fl(s·dec), FP32_MAX)``, each one IEEE FP32 operation (PyTorch on the CPU is the
 oracle; its FP32 → E4M3 cast rounds to nearest even). The decode scales cover the whole range
@@ -27,7 +27,7 @@ FP32_MAX = torch.finfo(torch.float32).max
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from fullstack_fp4.nvfp4.triton_quantize_jit import INV6, _candidate_nb, _rcp_kd  # noqa: E402
+from fullstack_fp4.nvfp4.kernels.fp4_math import INV6, candidate_nb, rcp_kd  # noqa: E402
 
 
 @triton.jit
@@ -35,8 +35,8 @@ def _candidate_nb_kernel(a_ptr, e_ptr, d_ptr, s_ptr, b_ptr, f_ptr, N, BLOCK: tl.
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     dec = tl.load(d_ptr + i, mask=m, other=1.0)
-    s_val, s_bits, f = _candidate_nb(tl.load(a_ptr + i, mask=m, other=0.0),
-                                     tl.load(e_ptr + i, mask=m, other=1.0), dec, _rcp_kd(dec),
+    s_val, s_bits, f = candidate_nb(tl.load(a_ptr + i, mask=m, other=0.0),
+                                     tl.load(e_ptr + i, mask=m, other=1.0), dec, rcp_kd(dec),
                                      INV6)
     tl.store(s_ptr + i, s_val, mask=m)
     tl.store(b_ptr + i, s_bits, mask=m)

@@ -36,11 +36,12 @@ def ref_muon_step(params, grads, bufs, lr, wd, mu=0.95):
 def ref_root_step(params, grads, bufs, lr, wd, mu=0.95):
     for p, g, buf in zip(params, grads, bufs):
         buf.mul_(mu).add_(g)
+        d = g + mu * buf                                # Nesterov
         # Exact full-matrix quantile: Root's sampled quantile (abs_quantile) is exact for
         # ≤ 65536 entries, which every matrix here is (the sampled regime is tested below).
-        assert g.numel() <= 65536
-        eps = torch.quantile(g.abs().flatten(), 0.9)
-        b = torch.maximum(torch.minimum(buf, eps), -eps)
+        assert d.numel() <= 65536
+        eps = torch.quantile(d.abs().flatten(), 0.9) + 1e-9
+        b = torch.maximum(torch.minimum(d, eps), -eps)
         key = (min(p.shape), max(p.shape))
         u = ref_ns(b, ROOT_PUBLISHED.get(key, MUON)) * 0.2 * math.sqrt(max(p.shape))
         p.mul_(1 - lr * wd).sub_(lr * u)
@@ -187,7 +188,8 @@ def test_sampled_abs_quantile_large_matrix():
 
 @pytest.mark.parametrize("terms", [None, 1])
 def test_q_root_step_equals_reference_with_nvfp4_ns(terms):
-    """q_root (Root, nvfp4 NS, "fp4" table) = the straightforward Root step whose NS is
+    """q_root (Root, nvfp4 NS, "fp4" table) = the reference Root step (Nesterov D, ε from |D|,
+    clamp, scale, as test_reference_steps.py) whose NS is
     ``newton_schulz(..., precision="nvfp4", nvfp4_terms=terms)`` (None: ours' default, two
     terms); ``ns_nvfp4_terms`` reaches the NS."""
     from fullstack_fp4.optim.newton_schulz import newton_schulz
@@ -199,14 +201,14 @@ def test_q_root_step_equals_reference_with_nvfp4_ns(terms):
     opt.step()
     with torch.no_grad():
         for p, g in zip(ref.parameters(), grads):
-            buf = g.clone()                                  # first step: M = G
+            d = g + 0.95 * g                                 # first step: M = G, D = G + μM
             # 0.9 quantile, linear interpolation written out (torch.quantile's lerp differs by
             # 1 ulp, and an NVFP4 rounding boundary can turn 1 ulp into a visible difference)
-            srt = g.abs().flatten().sort().values
+            srt = d.abs().flatten().sort().values
             pos = 0.9 * (srt.numel() - 1)
             lo = int(pos)
-            eps = srt[lo] + (pos - lo) * (srt[lo + 1] - srt[lo])
-            b = torch.maximum(torch.minimum(buf, eps), -eps)
+            eps = srt[lo] + (pos - lo) * (srt[lo + 1] - srt[lo]) + 1e-9
+            b = torch.maximum(torch.minimum(d, eps), -eps)
             u = newton_schulz(b, coefficients="fp4", precision="nvfp4", backend="reference",
                               nvfp4_terms=terms) * 0.2 * math.sqrt(max(p.shape))
             p.sub_(0.01 * u)
@@ -247,3 +249,23 @@ def test_ns_cuda_graph_routes_every_block_through_the_graphed_ns(opt_cls, monkey
         assert calls == ([(64, 64), (32, 64)] if graph else [])
         assert "ns_cuda_graph" not in opt.state_dict()["param_groups"][0]
     assert torch.equal(out[False], out[True])
+
+
+def test_q_muon_step_equals_reference_with_nvfp4_ns():
+    """q_muon (Muon, nvfp4 NS, "fp4" table) = Keller Jordan's Muon step (lerp momentum and
+    Nesterov written as the reference writes them) whose NS is the NVFP4 ``newton_schulz``."""
+    from fullstack_fp4.optim.newton_schulz import newton_schulz
+    model = _model(4)
+    ref = copy.deepcopy(model)
+    opt = Muon(model.parameters(), lr=0.02, weight_decay=0.1, ns_precision="nvfp4",
+               ns_coefficients="fp4", ns_backend="reference")
+    grads = _grads(model, 2)
+    opt.step()
+    with torch.no_grad():
+        for p, g in zip(ref.parameters(), grads):
+            buf = torch.zeros_like(g).lerp_(g, 1 - 0.95)
+            d = g.lerp(buf, 0.95)
+            u = newton_schulz(d, coefficients="fp4", precision="nvfp4", backend="reference")
+            p.mul_(1 - 0.02 * 0.1).sub_(0.02 * u * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-7, rtol=0)

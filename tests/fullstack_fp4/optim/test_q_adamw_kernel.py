@@ -10,9 +10,9 @@ if not torch.cuda.is_available():  # CPU: the interpreter (set before triton loa
 triton = pytest.importorskip("triton")
 
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
-from fullstack_fp4.optim.q_adamw.optimizer import (_hyper, _kernel_views,  # noqa: E402
+from fullstack_fp4.optim.q_adamw.optimizer import (kernel_hyper, kernel_views,  # noqa: E402
                                                    q_adamw_step_reference)
-from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
+from fullstack_fp4.optim.q_adamw.state import init_state  # noqa: E402
 from fullstack_fp4.optim.q_adamw import triton_rows as ts  # noqa: E402
 from fullstack_fp4.optim.q_adamw.triton_step import recip_table  # noqa: E402
 
@@ -28,7 +28,7 @@ def test_kernel_matches_reference_bit_for_bit(n, phase, fast_dec):
     gen = torch.Generator().manual_seed(n)
     npad = padded_numel(n)
     p = torch.randn(n, generator=gen).to(dev)
-    st = _init_state(n, dev, phase)
+    st = init_state(n, dev, phase)
     p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
     from fullstack_fp4.optim.q_adamw.triton_step import launch
     for t in range(1, 4):
@@ -40,9 +40,9 @@ def test_kernel_matches_reference_bit_for_bit(n, phase, fast_dec):
         u = torch.rand(npad, generator=gen).to(dev)
         q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.01, step=t, rand=u, phase=phase)
-        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
+        launch(p2, g, kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
                fast_dec=fast_dec,
-               **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
+               **kernel_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
         assert torch.equal(p, p2), t
         for k in st:
             assert torch.equal(st[k], st2[k]), (t, k)
@@ -66,7 +66,7 @@ def test_philox_path_matches_reference_with_kernel_uniforms(u8, rounds):
     gen = torch.Generator().manual_seed(7)
     npad = padded_numel(n)
     p = torch.randn(n, generator=gen).to(dev)
-    st = _init_state(n, dev, phase)
+    st = init_state(n, dev, phase)
     p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
     p3, st3 = p.clone(), {k: v.clone() for k, v in st.items()}
     for t in range(1, 3):
@@ -77,8 +77,8 @@ def test_philox_path_matches_reference_with_kernel_uniforms(u8, rounds):
         q_adamw_step_reference(p3, g, st3, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.01, step=t, phase=phase,
                                rand=torch.rand(npad, generator=gen).to(dev))
-        launch(p2, g, _kernel_views(st2), n, npad, seed=seed + t, phase=phase, row0=row0,
-               u8=u8, rounds=rounds, **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
+        launch(p2, g, kernel_views(st2), n, npad, seed=seed + t, phase=phase, row0=row0,
+               u8=u8, rounds=rounds, **kernel_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
         assert torch.equal(p, p2), t
         for k in st:
             assert torch.equal(st[k], st2[k]), (t, k)
@@ -99,7 +99,7 @@ def test_approx_division_moves_only_p_within_its_bound():
     gen = torch.Generator().manual_seed(11)
     npad = padded_numel(n)
     p = torch.randn(n, generator=gen).cuda()
-    st = _init_state(n, "cuda", phase)
+    st = init_state(n, "cuda", phase)
     st2 = {k: v.clone() for k, v in st.items()}
     differ = 0
     for t in range(1, 4):
@@ -110,8 +110,8 @@ def test_approx_division_moves_only_p_within_its_bound():
         p_old, p2 = p.clone(), p.clone()
         q_adamw_step_reference(p, g, st, lr=lr, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=wd, step=t, rand=u, phase=phase)
-        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
-               fast_div=True, **_hyper(lr, 0.9, 0.999, 1e-8, wd, t, "cuda"))
+        launch(p2, g, kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
+               fast_div=True, **kernel_hyper(lr, 0.9, 0.999, 1e-8, wd, t, "cuda"))
         for k in st:
             assert torch.equal(st[k], st2[k]), (t, k)
         # |p' − p·decay| = lr_t·|u| up to one rounding: doubled in the bound for that
@@ -133,14 +133,14 @@ def test_approx_division_under_the_interpreter_is_the_ieee_step():
     n = 1500
     gen = torch.Generator().manual_seed(5)
     p = torch.randn(n, generator=gen)
-    st = _init_state(n, "cpu")
+    st = init_state(n, "cpu")
     p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
     g = torch.randn(n, generator=gen)
     u = torch.rand(padded_numel(n), generator=gen)
     q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
                            weight_decay=0.01, step=1, rand=u)
-    launch(p2, g, _kernel_views(st2), n, padded_numel(n), seed=1, rand=u, fast_div=True,
-           **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu"))
+    launch(p2, g, kernel_views(st2), n, padded_numel(n), seed=1, rand=u, fast_div=True,
+           **kernel_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu"))
     assert torch.equal(p, p2)
     assert all(torch.equal(st[k], st2[k]) for k in st)
 
@@ -178,7 +178,7 @@ def test_kernel_model_out_is_the_bf16_cast_of_p(n, phase):
     gen = torch.Generator().manual_seed(n + 1)
     npad = padded_numel(n)
     p = torch.randn(n, generator=gen).to(dev)
-    st = _init_state(n, dev, phase)
+    st = init_state(n, dev, phase)
     p2, st2 = p.clone(), {k: v.clone() for k, v in st.items()}
     # the destination is a slice of a larger BF16 buffer (the model param / param buffer)
     guard = torch.full((n + 2000,), -7.0, dtype=torch.bfloat16, device=dev)
@@ -188,9 +188,9 @@ def test_kernel_model_out_is_the_bf16_cast_of_p(n, phase):
         u = torch.rand(npad, generator=gen).to(dev)
         q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
                                weight_decay=0.01, step=t, rand=u, phase=phase, model_out=out_ref)
-        launch(p2, g, _kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
+        launch(p2, g, kernel_views(st2), n, npad, seed=1, rand=u, phase=phase, row0=3,
                model_out=guard[1000:1000 + n],
-               **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
+               **kernel_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
         assert torch.equal(p, p2), t
         for k in st:
             assert torch.equal(st[k], st2[k]), (t, k)
@@ -203,12 +203,12 @@ def test_kernel_model_out_is_the_bf16_cast_of_p(n, phase):
 def test_launch_refuses_a_model_out_that_does_not_fit():
     from fullstack_fp4.optim.q_adamw.triton_step import launch
     n = 64
-    st = _kernel_views(_init_state(n, "cpu"))
+    st = kernel_views(init_state(n, "cpu"))
     for bad in (torch.empty(n + 1, dtype=torch.bfloat16), torch.empty(n, dtype=torch.float16),
                 torch.empty(2 * n, dtype=torch.bfloat16)[::2]):
         with pytest.raises(ValueError, match="model_out"):
             launch(torch.zeros(n), torch.zeros(n), st, n, n, seed=1, model_out=bad,
-                   **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu"))
+                   **kernel_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu"))
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -360,16 +360,16 @@ def test_decode_rows_all_codes_scales_extreme_decs(fast):
     assert torch.equal(out.view(R, 16).view(torch.int32), ref.view(torch.int32))
     assert torch.equal(ref, (x64 * d.double()).float())            # one rounding of the exact
     assert (ref.abs() < 2.0 ** -126).any() and (ref != 0).any()
-    old = ((q * sf) * d) * 0.25
-    normal = (old.abs() >= 2.0 ** -126) & torch.isfinite(old)
-    assert torch.equal(ref[normal], old[normal])
-    assert torch.isinf(old).any() and torch.isfinite(ref).all()   # q · s · dec > FP32_MAX
+    other_order = ((q * sf) * d) * 0.25
+    normal = (other_order.abs() >= 2.0 ** -126) & torch.isfinite(other_order)
+    assert torch.equal(ref[normal], other_order[normal])
+    assert torch.isinf(other_order).any() and torch.isfinite(ref).all()   # q · s · dec > FP32_MAX
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="checks the kernel's row encoders in the interpreter")
 def test_encode_rows_match_reference_on_edge_blocks():
-    """_encode46 (m: SR) / _encode_v == codecs._quantize_chunked (4/6 + SR, "4" + RTN) bit for bit on
+    """encode46 (m: SR) / _encode_v == codecs._quantize_chunked (4/6 + SR, "4" + RTN) bit for bit on
     chunks with edge blocks: all zero, subnormal, a block whose 6-candidate E4M3 scale
     underflows to 0 while the 4-candidate's does not (the 4/6 rule must then pick 4), blocks
     across 2^-40..1 of the chunk amax, and chunks of amax 1e38 / 1e-38 / 0."""
@@ -384,7 +384,7 @@ def test_encode_rows_match_reference_on_edge_blocks():
             y_ptr, rows, R * 16, 0.0)
         u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11, u12, u13, u14, u15 = ts._ld16(
             u_ptr, rows, R * 16, 0.0)
-        w0, w1, sc, dec = ts._encode46(
+        w0, w1, sc, dec = ts.encode46(
             y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15,
             ts._dither(u0), ts._dither(u1), ts._dither(u2), ts._dither(u3), ts._dither(u4),
             ts._dither(u5), ts._dither(u6), ts._dither(u7), ts._dither(u8), ts._dither(u9),

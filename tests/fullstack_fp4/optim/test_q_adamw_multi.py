@@ -13,9 +13,9 @@ triton = pytest.importorskip("triton")
 
 from fullstack_fp4.optim.q_adamw import triton_multi  # noqa: E402
 from fullstack_fp4.optim.q_adamw.codecs import padded_numel  # noqa: E402
-from fullstack_fp4.optim.q_adamw.state import _init_state  # noqa: E402
-from fullstack_fp4.optim.q_adamw.optimizer import (QAdamW, _hyper,  # noqa: E402
-                                                   _kernel_views, _seed, kernel_uniforms,
+from fullstack_fp4.optim.q_adamw.state import init_state  # noqa: E402
+from fullstack_fp4.optim.q_adamw.optimizer import (QAdamW, kernel_hyper,  # noqa: E402
+                                                   kernel_views, _seed, kernel_uniforms,
                                                    q_adamw_step_reference)
 from fullstack_fp4.optim.q_adamw.triton_multi import (Item, batchable,  # noqa: E402
                                                       launch_multi, seed_base)
@@ -46,7 +46,7 @@ def test_multi_launch_matches_reference_with_kernel_uniforms(gdt, with_out, sub)
     specs = [(2048, 0, 0, 5), (1536, 960, 3, 9), (3072, 0, 0, 2)]    # n, phase, row0, key
     gen = torch.Generator().manual_seed(3)
     ps = [torch.randn(n, generator=gen).to(dev) for n, *_ in specs]
-    sts = [_init_state(n, dev, ph) for n, ph, *_ in specs]
+    sts = [init_state(n, dev, ph) for n, ph, *_ in specs]
     ps2 = [p.clone() for p in ps]
     sts2 = [{k: v.clone() for k, v in st.items()} for st in sts]
     guards = [torch.full((n + 64,), -7.0, dtype=torch.bfloat16, device=dev) for n, *_ in specs]
@@ -63,10 +63,10 @@ def test_multi_launch_matches_reference_with_kernel_uniforms(gdt, with_out, sub)
             q_adamw_step_reference(p, g, st, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
                                    weight_decay=0.01, step=t, rand=u, phase=ph)
             out = gd[32:32 + n].view(torch.int16) if with_out else None
-            items.append(Item(p2, g, _kernel_views(st2), n, padded_numel(n), ph, r0,
+            items.append(Item(p2, g, kernel_views(st2), n, padded_numel(n), ph, r0,
                               seed_base(gseed, key), out))
         assert all(batchable(it) for it in items)
-        launch_multi(items, t=t, sub=sub, **_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
+        launch_multi(items, t=t, sub=sub, **kernel_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, t, dev))
         for i, (p, p2, st, st2, gd) in enumerate(zip(ps, ps2, sts, sts2, guards)):
             assert torch.equal(p, p2), (t, i)
             for k in st:
@@ -128,14 +128,14 @@ def test_batchable_and_launch_refuse_what_the_table_cannot_address():
     buf = torch.zeros(n + 4)
 
     def item(p, g, k=n):
-        return Item(p, g, _kernel_views(_init_state(k, "cpu")), k, padded_numel(k), 0, 0, 1)
+        return Item(p, g, kernel_views(init_state(k, "cpu")), k, padded_numel(k), 0, 0, 1)
 
     ok = item(torch.zeros(n), torch.zeros(n))
     assert batchable(ok)
     assert not batchable(item(torch.zeros(n + 1), torch.zeros(n + 1), n + 1))
     off = item(buf[1:1 + n], torch.zeros(n))
     assert not batchable(off)
-    hyper = _hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu")
+    hyper = kernel_hyper(1e-2, 0.9, 0.999, 1e-8, 0.01, 1, "cpu")
     with pytest.raises(ValueError, match="multiple of 16"):
         launch_multi([item(buf[:n], torch.zeros(n)), off], t=1, **hyper)
     with pytest.raises(ValueError, match="one gradient dtype"):

@@ -173,12 +173,12 @@ def test_pieces_with_placement_equal_whole_tensor():
 
 
 def test_zero_state_without_temporaries_equals_encoded_zeros():
-    """_init_state broadcasts one encoded zero chunk; the oracle encodes the zeros directly."""
-    from fullstack_fp4.optim.q_adamw.state import _init_state, _init_state_by_encoding
+    """init_state broadcasts one encoded zero chunk; the oracle encodes the zeros directly."""
+    from fullstack_fp4.optim.q_adamw.state import init_state, _init_state_by_encoding
 
     for n in (1, 1000, 1024, 5000):
         for phase in (0, 448, 992):
-            a, b = _init_state(n, "cpu", phase), _init_state_by_encoding(n, "cpu", phase)
+            a, b = init_state(n, "cpu", phase), _init_state_by_encoding(n, "cpu", phase)
             assert a.keys() == b.keys()
             for k in a:
                 assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (n, phase, k)
@@ -267,9 +267,9 @@ def test_state_bytes_count_a_subclass_by_its_inner_tensors():
 def test_state_dict_carries_the_codec_version_and_another_is_refused():
     """state_dict() records codecs.CODEC_VERSION; load_state_dict() reads its own state back
     bit for bit, and refuses — before loading anything — a 4-bit state without the key (codec
-    version 1, 2026-12-03 and before: v with 32-entry tile means and the 6-rule) or whose
-    tensors have other sizes than this codec gives the parameter. A state of FP32 moments only
-    (every parameter below min_numel) has no codec and loads as before."""
+    version 1: v with 32-entry tile means and the 6-rule) or whose tensors have other sizes
+    than this codec gives the parameter. A state of FP32 moments only (every parameter below
+    min_numel) has no codec and loads without the check."""
     import copy
 
     from fullstack_fp4.optim.q_adamw.codecs import CODEC_VERSION

@@ -85,9 +85,8 @@ def test_side_lane_waits_for_work_made_after_the_fork(monkeypatch):
     """The streams' protocol, on stand-in streams (runs without a GPU): the side streams wait
     for the current stream once at the step's first launch (the fork); a side launch whose
     inputs the step made on the current stream after that (``made_here``: a fresh state, a
-    gradient's contiguous copy) waits again first — run84 caught session 19's version, which
-    did not, reading a gradient copy not yet made; every side launch records its gradient on
-    its stream; ``join`` makes the current stream wait for every side stream."""
+    gradient's contiguous copy) waits again first — without that wait a side launch can read a
+    gradient copy not yet made; every side launch records its gradient on its stream; ``join`` makes the current stream wait for every side stream."""
     from fullstack_fp4.optim.q_adamw import optimizer as qo
     cur = _FakeStream("cur")
     made = []

@@ -77,9 +77,9 @@ def test_split2_is_the_composed_two_term_split():
     """split2 (residual amax and residual quantize fused, no FP32 temporaries) gives the same
     decoded operands and tensor scales, bit for bit, as quantize → dequantize → subtract →
     quantize in torch: row-major, a transposed view, and with a fused scale (the guard)."""
-    from fullstack_fp4.optim.newton_schulz import _NVFP4Products
+    from fullstack_fp4.optim.newton_schulz import NVFP4Products
     from fullstack_fp4.optim.triton_ns import abs_max, split2
-    P = _NVFP4Products("triton", None, "nearest", None, torch.device(DEV))
+    P = NVFP4Products("triton", None, "nearest", None, torch.device(DEV))
     X = _heavy((48, 64), 5)
     s = torch.tensor([0.7071], device=DEV)
     cases = [(split2(X), _composed(P, X)),
@@ -101,7 +101,7 @@ def test_lean_two_term_step_is_the_composed_step_bit_for_bit():
     wide, lean on and off."""
     import importlib
     ns = importlib.import_module("fullstack_fp4.optim.newton_schulz")   # the module, not the function
-    P = ns._NVFP4Products("triton", None, "nearest", None, torch.device(DEV))
+    P = ns.NVFP4Products("triton", None, "nearest", None, torch.device(DEV))
     from fullstack_fp4.optim.ns_coefficients import MUON
     X = _heavy((32, 80), 6)
     X = X / X.norm()

@@ -43,10 +43,10 @@ class _Ops(TorchDispatchMode):
 
 
 def test_wht16_along_any_dim_is_the_butterfly_bit_for_bit():
-    from fullstack_fp4.nvfp4.hadamard import _butterfly
+    from fullstack_fp4.nvfp4.hadamard import butterfly
 
     x = _wide((5, 16, 7), 0)
-    want = _butterfly(x.transpose(1, 2).contiguous(), 16).transpose(1, 2)
+    want = butterfly(x.transpose(1, 2).contiguous(), 16).transpose(1, 2)
     assert torch.equal(stats.wht16(x, 1), want)
     y = _wide((3, 64), 1)
     assert torch.equal(stats.inverse_rht16(y), inverse_hadamard16(y, DEFAULT_SIGNS))

@@ -29,8 +29,8 @@ TINY = [
 def env() -> dict:
     """The runs' environment. CUDA is hidden (``CUDA_VISIBLE_DEVICES=""``): these are CPU runs by
     design — a 1-process and a 2-process run are compared at CPU reduction orders, and on a
-    one-GPU machine rank 1 of a torchrun would ask for ``cuda:1`` (run75: "invalid device
-    ordinal"). The GPU paths have their own tests and scripts/gpu/."""
+    one-GPU machine rank 1 of a torchrun would ask for ``cuda:1`` ("invalid device ordinal").
+    The GPU paths have their own tests (skipped without CUDA) and benchmarks/."""
     e = dict(os.environ)
     e.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
              PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""), CUDA_VISIBLE_DEVICES="")
@@ -130,12 +130,12 @@ def spawn_gloo(target, runs, timeout: float = 300) -> None:
 
     A file rendezvous, not a TCP port: a port found free here is only reserved once rank 0's
     store binds it, seconds later (the workers import megatron first), and meanwhile the other
-    runs' gloo connections take ephemeral ports from the same range. (A CI run failed in a
-    worker's init_process_group; its message was cut off, this race is the likely cause.)
+    runs' gloo connections take ephemeral ports from the same range, so a worker's
+    init_process_group can fail on a port taken in between.
 
     The workers are CPU processes on any machine: CUDA is hidden from them
     (``CUDA_VISIBLE_DEVICES=""``), else on a one-GPU machine rank 1 would ask for ``cuda:1``
-    (megatron.training.initialize picks the GPU when there is one; run72)."""
+    (megatron.training.initialize picks the GPU when there is one)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")

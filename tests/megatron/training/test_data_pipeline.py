@@ -87,6 +87,52 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(str(bad))
 
 
+def test_hugging_face_and_tiktoken_tokenizers_match_their_libraries(corpus, tmp_path):
+    """tokenizer.json (a byte-level BPE trained here) and a TikToken vocabulary through
+    megatron-core's classes; oracles: the `tokenizers` and `tiktoken` libraries called directly."""
+    import base64
+    import json
+
+    tokenizers = pytest.importorskip("tokenizers")
+    tiktoken = pytest.importorskip("tiktoken")
+    pytest.importorskip("transformers")
+    from megatron.core.tokenizers.text.libraries.tiktoken_tokenizer import _PATTERN_TIKTOKEN_V2
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    bpe.train_from_iterator(corpus.train, tokenizers.trainers.BpeTrainer(
+        vocab_size=350, special_tokens=["<pad>", "<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    (tmp_path / "hf").mkdir()
+    bpe.save(str(tmp_path / "hf" / "tokenizer.json"))
+    text = corpus.valid[0] + "Unseen: ж 漢"
+    for path in (tmp_path / "hf" / "tokenizer.json", tmp_path / "hf"):   # the file or its folder
+        tok = load_tokenizer(str(path))
+        assert tok.tokenize(text) == bpe.encode(text).ids
+        assert tok.detokenize(tok.tokenize(text)) == text
+        assert tok.vocab_size == 350 and tok.eod == bpe.token_to_id("<|endoftext|>") and tok.pad == -1
+        assert len(tok.unique_identifiers["sha256"]) == 64
+
+    merges = [b"th", b"he", b"the", b" the", b"ng", b"ki", b"king"]
+    vocab = [{"rank": i, "token_bytes": base64.b64encode(m).decode(), "token_str": ""}
+             for i, m in enumerate([bytes([b]) for b in range(256)] + merges)]
+    (tmp_path / "tik.json").write_text(json.dumps(vocab))
+    tok = load_tokenizer(str(tmp_path / "tik.json"))
+    ref = tiktoken.Encoding(name="ref", pat_str=_PATTERN_TIKTOKEN_V2,
+                            mergeable_ranks={base64.b64decode(v["token_bytes"]): v["rank"] for v in vocab},
+                            special_tokens={})
+    assert tok.tokenize(text) == [i + 1000 for i in ref.encode(text)]   # 1000 special ids first
+    assert tok.vocab_size == 1000 + len(vocab) and tok.eod == 2         # </s>
+    assert tok.detokenize(tok.tokenize(text)) == text
+
+    (tmp_path / "other.json").write_text('{"vocab": 3}')
+    with pytest.raises(TokenizerError, match="neither a Hugging Face tokenizer.json nor a TikToken"):
+        load_tokenizer(str(tmp_path / "other.json"))
+    with pytest.raises(TokenizerError, match="directory without tokenizer.model or tokenizer.json"):
+        load_tokenizer(str(tmp_path))
+
+
 def test_indexed_dataset_round_trip(corpus):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -132,7 +178,7 @@ def test_preprocess_errors_are_one_line(tmp_path, corpus, capsys):
     cases.append((["--input", str(tmp_path / "bad.jsonl"), "--tokenizer", corpus.model],
                   "no field 'text'"))
     for argv, message in cases:
-        assert preprocess_data.main(argv + ["--output-prefix", out]) == 1
+        assert preprocess_data.main(argv + ["--output-prefix", out]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
         assert not os.path.exists(out + ".bin") and not os.path.exists(out + ".idx")
@@ -141,7 +187,7 @@ def test_preprocess_errors_are_one_line(tmp_path, corpus, capsys):
                            "--input", str(tmp_path / "missing.txt"), "--tokenizer",
                            corpus.model, "--output-prefix", out],
                           capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "input file not found" in proc.stderr and "Traceback" not in proc.stderr
 
 

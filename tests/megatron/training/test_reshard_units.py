@@ -1,5 +1,6 @@
-"""The conversions behind resuming at another TP size (megatron/training/reshard*.py), each
-against an oracle written here:
+"""The conversions behind resuming at another TP size (megatron/training/reshard*.py,
+tp_layout.py and fullstack_fp4/integration/reshard_state.py), each against an oracle written
+here:
 
 * tp_layout: shard orders written out by hand (contiguous slices; SwiGLU fc1 `[gate_i; up_i]`);
 * LoRA-SVD fold / split: the dense weight the shards were split from (exact up to the FP32
@@ -21,8 +22,8 @@ from fullstack_fp4.integration.lora_svd_layers import (dense_moments, route_mome
 from fullstack_fp4.linear.lora_svd import lora_svd_split, merge, subspace_basis
 from fullstack_fp4.optim.q_adamw.codecs import CHUNK, CODEC_VERSION, padded_numel
 from fullstack_fp4.optim.q_adamw.state import decode_param_state, encode_param_state
-from megatron.training.reshard_convert import (SavedRank, encode_piece, lora_from_whole,
-                                               lora_to_whole)
+from fullstack_fp4.integration.reshard_state import SavedRank, encode_piece
+from megatron.training.reshard_convert import lora_from_whole, lora_to_whole
 from megatron.training.tp_layout import from_canonical, local_index, to_canonical
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "studies"))
@@ -283,7 +284,7 @@ def test_payload_names_saved_from_placements_or_refused():
     """Which parameter each saved state belongs to: the names saved with the object; else the
     distributed optimizer's placement keys (model-parameter index); else, for an older plain
     optimizer object, this run's order when the wrapper kind and count agree; else refused."""
-    from megatron.training.reshard_convert import payload_names
+    from fullstack_fp4.integration.reshard_state import payload_names
 
     model = ["emb", "w1", "w2", "out"]
     named = {"layout": {"numels": [4, 4], "wrapper": "FP32Optimizer"}, "param_names": ["w2", "w1"]}

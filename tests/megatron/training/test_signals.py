@@ -23,10 +23,10 @@ def test_sigterm_saves_and_resume_continues(tmp_path):
     cfg = helpers.base_config(d)
     save = os.path.join(d, "ckpt")
     common = ["train.iters=500", "train.eval_interval=1000", f"checkpoint.save_dir={save}"]
-    p = helpers.start(cfg, common + [f"logging.dir={d}/log1"], log=os.path.join(d, "run1.txt"))
+    p = helpers.start(cfg, common + [f"logging.dir={d}/log1"], log=os.path.join(d, "first.txt"))
     deadline = time.time() + 180
     while _train_records(os.path.join(d, "log1")) < 2:
-        assert p.poll() is None, open(os.path.join(d, "run1.txt")).read()[-3000:]
+        assert p.poll() is None, open(os.path.join(d, "first.txt")).read()[-3000:]
         assert time.time() < deadline, "no training progress"
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
@@ -45,7 +45,7 @@ def test_sigterm_saves_and_resume_continues(tmp_path):
     assert meta["iteration"] == stopped and meta["consumed_samples"] == 4 * stopped
 
     q = helpers.start(cfg, common + ["checkpoint.load=auto", f"train.exit_interval={stopped + 2}",
-                                     f"logging.dir={d}/log2"], log=os.path.join(d, "run2.txt"))
+                                     f"logging.dir={d}/log2"], log=os.path.join(d, "resumed.txt"))
     rc, out2 = helpers.finish(q)
     assert rc == 0, out2[-3000:]
     resumed, _ = helpers.read_metrics(os.path.join(d, "log2"))

@@ -1,19 +1,83 @@
-"""The amax pass of the NVFP4 linear's two-way operands (triton_quantize_decode.py):
-``_amax_two_ways_kernel`` (one read of ``m [T, C]``: max |m| and max |RHT16 along tokens of
-pad(m)|) and ``_amax_pair_kernel`` (two tensors in one launch, the forward's x and W), with
-their ``@triton.jit`` helpers. The RHT butterflies are the quantize kernels' own
-(``triton_quantize_decode_kernels._rht16_tokens``); a lane holds one BF16 word (two channels)
-of 16 tokens, so no move into the quantize kernels' eo form is needed to take maxima.
+"""The amax passes: the global ``max |x|`` every NVFP4 tensor scale is computed from.
+
+Every block scale depends on the tensor scale, so a quantize reads its input twice: an amax
+pass, then the quantize pass (``quantize.py``, ``quantize_two_ways.py``), with the amax left in
+device memory between them (no host round trip). Each program reduces its tile in registers
+and does **one** ``atomic_max`` on the FP32 bit pattern viewed as int32: for non-negative floats
+integer order is float order, and NaN bit patterns order above +Inf, so a NaN cannot be lost
+the way ``max`` on floats may drop it; the host (or the quantize kernel) tests
+``bits >= 0x7F800000`` for NaN/Inf. Maxima inside a program are NaN-propagating (``max.NaN``).
+
+* ``_amax_kernel``: ``[BM rows × NB blocks]`` tiles in the quantize kernel's eo form, with the
+  RHT-16 applied first when the quantize fuses it (the scales are computed from the
+  transformed values, so the amax must be theirs).
+* ``_amax_flat_kernel``: a contiguous BF16 tensor read flat as int32 words (the flat quantize).
+* ``_amax_two_ways_kernel`` / ``_amax_pair_kernel``: one read of ``m [T, C]`` gives both the row
+  way's ``max |m|`` and the column way's ``max |RHT16 along tokens of pad(m)|`` (the NVFP4
+  linear's operands, ``quantize_two_ways.py``); the pair kernel takes two tensors in one launch
+  (the forward's x and W). A lane holds one BF16 word (two channels) of 16 tokens, so no move
+  into the quantize kernel's eo form is needed to take maxima; the RHT butterflies are
+  :func:`fp4_math.rht16_tokens`.
+
+Host wrappers: ``quantize.amax_triton``, ``quantize_two_ways.amax_two_ways`` /
+``amax_two_ways_pair``.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .triton_quantize_decode_kernels import _rht16_tokens
-from .triton_quantize_jit import _bf16w_to_f32, _max_nan
+from .fp4_math import (bf16w_to_f32, block_amax_eo, load_eo, max_nan, rht16_eo, rht16_tokens,
+                       tile_coords, tile_coords_2d)
 
 
+# ----------------------------------------------------------------------------- tiled (quantize)
+@triton.jit
+def _amax_kernel(x_ptr, amax_ptr, M, NBLK, stride_xm, tail_row,
+                 RHT: tl.constexpr, BM: tl.constexpr, NB: tl.constexpr, XW: tl.constexpr,
+                 I64: tl.constexpr, SIGN_MASK: tl.constexpr, GRID2D: tl.constexpr):
+    """Global amax of a [rows, K] tensor (of the RHT-transformed values if RHT), tiled as the
+    quantize kernel: one ``atomic_max`` on the int32 bits per program.
+
+    The max is NaN-propagating (``max.NaN``; a NaN comes out as a positive NaN, whose bits order
+    above +Inf's). Row tiles from ``tail_row`` on are loaded ``evict_last`` (the quantize pass,
+    which walks the tiles in reverse, reads them first; see ``quantize.AMAX_L2_TAIL_BYTES``)."""
+    if GRID2D:
+        rows, blks, mask2, _ = tile_coords_2d(M, NBLK, False, BM, NB)
+        row0 = tl.program_id(1) * BM
+    else:
+        rows, blks, mask2 = tile_coords(tl.program_id(0), M, NBLK, BM, NB)
+        row0 = tl.program_id(0) // tl.cdiv(NBLK, NB) * BM
+    if row0 >= tail_row:
+        e0, o0, e1, o1 = load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, "evict_last",
+                                 BM, NB)
+    else:
+        e0, o0, e1, o1 = load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, False, BM, NB)
+    if RHT:
+        e0, o0, e1, o1 = rht16_eo(e0, o0, e1, o1, SIGN_MASK, BM, NB)
+    bm = block_amax_eo(e0, o0, e1, o1, True)
+    m = tl.reduce(tl.reduce(bm, 1, max_nan), 0, max_nan).to(tl.int32, bitcast=True)
+    tl.atomic_max(amax_ptr, m)
+
+
+# ----------------------------------------------------------------------------- flat BF16
+@triton.jit
+def _amax_flat_kernel(xw_ptr, amax_ptr, NW, BLOCK: tl.constexpr, I64: tl.constexpr):
+    """atomic_max of max |x| as int32 FP32 bits over ``BLOCK`` words (2·BLOCK BF16 elements) of
+    a contiguous BF16 tensor read flat as int32 words: ``max`` of the |BF16| bit patterns as
+    integers (for non-negative floats integer order is float order; NaN patterns order above
+    +Inf, so a NaN is never lost and the host's ``bits >= +Inf's`` test catches NaN and Inf)."""
+    if I64:
+        off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        off = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    w = tl.load(xw_ptr + off, mask=off < NW, other=0, eviction_policy="evict_last")
+    # |low element| and |high element| as FP32 bits: the BF16 bits moved to the top half, sign off
+    m = tl.maximum((w << 16) & 0x7FFF0000, w & 0x7FFF0000)
+    tl.atomic_max(amax_ptr, tl.max(m, 0))
+
+
+# ----------------------------------------------------------------------------- two ways (the linear)
 @triton.jit
 def _rht16_abs_max(acc, v, SIGNS: tl.constexpr):
     """``acc`` folded (NaN-propagating max) with the largest magnitude among the 16 outputs of
@@ -22,9 +86,9 @@ def _rht16_abs_max(acc, v, SIGNS: tl.constexpr):
     fl(|a| + |b|)`` exactly (one of the two is ``±fl(|a| + |b|)``, the other's exact magnitude
     is at most ``|a| + |b|`` and rounding is monotone), so 8 adds of magnitudes replace its 16
     adds and 8 of the 16 maxima. A NaN or Inf still gives a result >= Inf."""
-    s = _rht16_tokens(v, SIGNS, 3)
+    s = rht16_tokens(v, SIGNS, 3)
     for i in tl.static_range(8):
-        acc = _max_nan(acc, tl.abs(s[i]) + tl.abs(s[i + 8]))
+        acc = max_nan(acc, tl.abs(s[i]) + tl.abs(s[i + 8]))
     return acc
 
 
@@ -44,7 +108,7 @@ def _amax_row_values(p, t, imask, T, stride_t, XW: tl.constexpr, I64: tl.constex
     else:
         w = tl.load(p + roff, mask=imask & ((imask.to(tl.int32) * 0 + t) < T), other=0)
     if XW:
-        return _bf16w_to_f32(w)
+        return bf16w_to_f32(w)
     v = w.to(tl.float32)
     return v, v
 
@@ -53,7 +117,7 @@ def _amax_row_values(p, t, imask, T, stride_t, XW: tl.constexpr, I64: tl.constex
 def _abs_max_nan_tuple(acc, v):
     """``acc`` and the 16 ``|v[i]|`` folded with a NaN-propagating max (FMNMX.NAN on sm_90)."""
     for i in tl.static_range(16):
-        acc = _max_nan(acc, tl.abs(v[i]))
+        acc = max_nan(acc, tl.abs(v[i]))
     return acc
 
 
@@ -101,10 +165,10 @@ def _amax_tiles(x_ptr, obs_ptr, pid, T, C, stride_t, SIGNS: tl.constexpr, ROW: t
             if XW:
                 acc_col = _rht16_abs_max(acc_col, O, SIGNS)
     if ROW:
-        m = tl.reduce(acc_row, 0, _max_nan)
+        m = tl.reduce(acc_row, 0, max_nan)
         tl.atomic_max(obs_ptr, m.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     if COL:
-        m = tl.reduce(acc_col, 0, _max_nan) * 0.25
+        m = tl.reduce(acc_col, 0, max_nan) * 0.25
         tl.atomic_max(obs_ptr + 1, m.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
 
 

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_launch import cdiv, launch
+from .launch import cdiv, launch
 
 __all__ = ["scale_cast_triton", "scale_accumulate_triton"]
 

@@ -5,24 +5,22 @@ products, left to right; the first is exact since E2M1 × E4M3 needs at most 5 s
 the second rounds once), then one cast to the requested dtype (RNE, as ``Tensor.to``).
 1×16 and 16×16 tensors decode the same way because the 2D tile scale is stored on each row.
 
-Decoding without tables:
+Decoding without tables (``fp4_math.e2m1_value``, ``e4m3_value``, ``dec_nib_bits``):
 * E2M1 magnitude of code ``m`` (0..7): ``m · 0.5`` for ``m < 4``, else ``m − 2`` except ``7 → 6``;
   bit 3 is the sign (code 8 decodes to ``-0.0`` like the reference).
 * E4M3 byte ``b`` (never NaN here): ``e = b >> 3``, ``m = b & 7``; ``e == 0``: ``m · 2⁻⁹``
   (subnormal); else FP32 bits ``((e + 120) << 23) | (m << 20)`` (exponent bias 7 → 127).
 
-Layout of the work (``_dequantize_flat_kernel``, the one used). The codes ``[rows, K/2]`` and
+Layout of the work (``_dequantize_flat_kernel``). The codes ``[rows, K/2]`` and
 the block scales ``[rows, K/16]`` of a row-major tensor with K % 16 == 0 are, read flat, the
 blocks in order: block ``b`` is code bytes ``8b .. 8b+7`` and scale byte ``b`` (no block straddles
 a row; 16×16 tiles store their scale on each row, so the same holds). A program takes ``NBP``
 consecutive blocks as ``2·NBP`` half-blocks, a lane each: ``[2·NBP, 4]`` code bytes (4-byte
 loads, consecutive lanes consecutive) and ``[2·NBP, 8]`` BF16 outputs (16-byte stores), the
-block's scale byte read by both its lanes. (Before session 24 a lane took a block's two halves
-in turn.) On the H200 it decodes 8192×8192 in 0.12 ms against 0.24 ms for the tiled
-kernel it replaced (``BM`` rows × ``NB`` blocks, each thread a [row, block] pair), ~40% of copy
-bandwidth (scripts/gpu/diag_decode.py, BENCHMARKS.md §F.7). Bytes moved: 0.5625 B/element
-read, 2 (BF16) or 4 (FP32) written. ``FP4_DEQUANT_NBP`` (blocks per program) and
-``FP4_DEQUANT_WARPS`` override the defaults (``benchmarks/bench_decode.py`` sweeps them).
+block's scale byte read by both its lanes. Bytes moved: 0.5625 B/element read, 2 (BF16) or
+4 (FP32) written; timings against copy bandwidth: ``docs/perf/nvfp4.md``.
+``knobs.DEQUANT_NBP`` (blocks per program) and ``knobs.DEQUANT_WARPS`` override the defaults
+(``benchmarks/bench_decode.py --sweep`` sweeps them).
 """
 
 from __future__ import annotations
@@ -33,9 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .tensor import NVFP4Tensor
-from .triton_launch import cdiv, launch
-from .triton_quantize_decode_kernels import _bf16_word, _dec_nib_bits
+from fullstack_fp4 import knobs
+
+from ..tensor import NVFP4Tensor
+from .fp4_math import bf16_word, dec_nib_bits, e2m1_value, e4m3_value
+from .launch import cdiv, launch
 
 __all__ = ["dequantize_triton", "decode_bf16_triton", "decode_bf16_pair"]
 
@@ -43,29 +43,12 @@ _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
-def _e2m1_value(c):
-    m = c & 7
-    mag = tl.where(m < 4, m.to(tl.float32) * 0.5, tl.where(m == 7, 6.0, (m - 2).to(tl.float32)))
-    # the sign as a bit: `where(sign, -mag, mag)` gave +0.0 for code 8 on the H200 (sm_90,
-    # triton 3.6: scripts/gpu/diag_decode.py), where the reference decodes -0.0
-    return (mag.to(tl.int32, bitcast=True) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3_value(b):
-    e = b >> 3
-    m = b & 7
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
-
-
-@triton.jit
 def _decode_half(byte, s, dec, OUT_BF16: tl.constexpr, APPLY_DEC: tl.constexpr,
                  out_ty: tl.constexpr):
     """``[R, 4]`` code bytes (a half-block a row) and their ``[R]`` scales -> ``[R, 8]`` outputs
     (element 2i from byte i's low nibble, 2i+1 from its high nibble)."""
-    v_even = _e2m1_value(byte & 15) * s[:, None]
-    v_odd = _e2m1_value(byte >> 4) * s[:, None]
+    v_even = e2m1_value(byte & 15) * s[:, None]
+    v_odd = e2m1_value(byte >> 4) * s[:, None]
     if APPLY_DEC:
         v_even = v_even * dec
         v_odd = v_odd * dec
@@ -83,10 +66,10 @@ def _decode_half_words(byte, s):
     """``[R, 4]`` code bytes and their ``[R]`` scales -> ``[R, 4]`` int32 words of two BF16
     (byte i's low nibble in the low half): the GEMM operand ``e2m1 · s`` without the tensor
     scale. The product is exact in FP32 and in BF16 (at most 5 significant bits), so its BF16
-    is the top half of its FP32 bits, built from the code's bits (``_dec_nib_bits``: no
+    is the top half of its FP32 bits, built from the code's bits (``dec_nib_bits``: no
     int -> float conversions, which issue at a quarter of the FP32 rate, and no rounding)."""
     s2 = s[:, None]
-    return _bf16_word(_dec_nib_bits(byte & 15, s2), _dec_nib_bits(byte >> 4, s2))
+    return bf16_word(dec_nib_bits(byte & 15, s2), dec_nib_bits(byte >> 4, s2))
 
 
 @triton.jit
@@ -95,10 +78,9 @@ def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
                             I64: tl.constexpr):
     """``NBP`` consecutive 16-blocks of the flat tensor (module docstring), a lane a
     half-block, consecutive lanes consecutive halves: ``[2·NBP, 4]`` bytes in, ``[2·NBP, 8]``
-    values out, so each load and store instruction of a warp covers whole 32-byte sectors. (A
-    lane a block, its two halves in turn, made each instruction write half of every sector:
-    twice the L2 write requests, 13.3 / 30.5 µs against 11.3 / 26.1 µs for the linear's two
-    decodes under Nsight Compute, BENCHMARKS.md §U.2.)"""
+    values out, so each load and store instruction of a warp covers whole 32-byte sectors (a
+    lane a block, its two halves in turn, would write half of every sector per instruction:
+    twice the L2 write requests)."""
     if OUT_BF16 and not APPLY_DEC:
         _decode_words_blocks(data_ptr, scale_ptr, out_ptr, tl.program_id(0), NBLK_ALL, NBP, I64)
     else:
@@ -112,7 +94,7 @@ def _dequantize_flat_kernel(data_ptr, scale_ptr, dec_ptr, out_ptr, NBLK_ALL,
         else:
             hb = tl.program_id(0) * (2 * NBP) + tl.arange(0, 2 * NBP)
         hmask = hb < 2 * NBLK_ALL
-        s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
+        s = e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
         byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
                        eviction_policy="evict_first").to(tl.int32)
         v = _decode_half(byte, s, dec, OUT_BF16, APPLY_DEC, out_ptr.dtype.element_ty)
@@ -130,7 +112,7 @@ def _decode_words_blocks(data_ptr, scale_ptr, out_ptr, pid, NBLK_ALL, NBP: tl.co
     else:
         hb = pid * (2 * NBP) + tl.arange(0, 2 * NBP)
     hmask = hb < 2 * NBLK_ALL
-    s = _e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
+    s = e4m3_value(tl.load(scale_ptr + (hb >> 1), mask=hmask, other=0).to(tl.int32))
     byte = tl.load(data_ptr + hb[:, None] * 4 + q[None, :], mask=hmask[:, None], other=0,
                    eviction_policy="evict_first").to(tl.int32)
     tl.store(out_ptr + hb[:, None] * 4 + q[None, :], _decode_half_words(byte, s),
@@ -154,13 +136,13 @@ def _decode_pair_kernel(data_ptr, scale_ptr, out_ptr, NBLK_ALL, data2_ptr, scale
 
 def _flat_config():
     """(NBP blocks per program, num_warps): 256 blocks on 8 warps, the fastest of the H200 sweep
-    (benchmarks/bench_decode.py --sweep, BENCHMARKS.md §F.7). Env overrides for the sweep."""
+    (``benchmarks/bench_decode.py --sweep``); ``knobs.DEQUANT_NBP`` / ``DEQUANT_WARPS`` override
+    them for the sweep."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return 8, 1
-    nbp = int(os.environ.get("FP4_DEQUANT_NBP", "256"))
-    warps = int(os.environ.get("FP4_DEQUANT_WARPS", "8"))
-    if nbp < 1 or nbp & (nbp - 1) or warps not in (1, 2, 4, 8, 16):
-        raise ValueError("FP4_DEQUANT_NBP: a power of two; FP4_DEQUANT_WARPS: 1, 2, 4, 8 or 16")
+    nbp = 256 if knobs.DEQUANT_NBP is None else knobs.DEQUANT_NBP
+    warps = 8 if knobs.DEQUANT_WARPS is None else knobs.DEQUANT_WARPS
+    knobs.check_dequant(nbp, warps)
     return nbp, warps
 
 

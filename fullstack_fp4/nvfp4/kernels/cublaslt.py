@@ -1,17 +1,14 @@
 """The emulated NVFP4 GEMM through cuBLASLt with the tensor scales read on the device.
 
 Why: ``torch.mm`` can scale its output only by a *host* number, and the NVFP4 tensor scales
-live on the GPU (reading them syncs the host once per GEMM). So the emulated GEMM wrote an FP32
-accumulator and scaled it in a second pass (``triton_gemm_epilogue``): 4 + 4 more bytes per
-output element, ~0.23 ms of the 8192 × 3072 → 8192 linear's forward+backward on the H200
-(BENCHMARKS.md). cuBLASLt itself takes ``alpha`` and ``beta`` by *device* pointer
+live on the GPU (reading them syncs the host once per GEMM). So the two-pass path writes an FP32
+accumulator and scales it in a second pass (``gemm_epilogue.py``): 4 + 4 more bytes per
+output element (``docs/perf/nvfp4.md``). cuBLASLt itself takes ``alpha`` and ``beta`` by *device* pointer
 (``CUBLASLT_POINTER_MODE_DEVICE``): the GEMM then writes ``alpha · (a @ b)`` in the output dtype
 directly, or adds it into an FP32 / BF16 buffer (``beta = 1``, the wgrad into ``main_grad``).
 PyTorch does not expose that mode, so this module calls ``libcublasLt`` (the one PyTorch
-loaded) through ``ctypes``. A Triton GEMM with the epilogue inside was built and measured first:
-at its default tiles it took 1.2–1.8× the two-pass time at these shapes, and even the best of
-eight tiles per shape was slower on four of the six GEMMs (BENCHMARKS.md §K.1), so it is not
-kept.
+loaded) through ``ctypes``. (A Triton GEMM with the epilogue inside was slower than the
+two-pass path on four of the six linear GEMM shapes even at its best tiles: docs/perf/nvfp4.md.)
 
 Arithmetic: BF16 operands (decoded NVFP4, exact), FP32 accumulation in cuBLAS's own order (the
 same kernels ``torch.mm`` picks), ``alpha = fp32(ts_a) · fp32(ts_b)`` formed on the device by
@@ -196,10 +193,8 @@ def ready(a: torch.Tensor) -> bool:
     call on any stream: the caller takes the two-pass path otherwise). A stream without a
     workspace yet gets one in the capture, from the graph's memory pool (``torch.empty`` is
     capture-safe), as PyTorch makes its own cuBLAS workspace for a capture stream.
-
-    (Until 2026-12-04 this also asked for the capture stream's workspace. ``torch.cuda.graph``
-    captures on a stream of its own, which no eager call had used, so every capture took the
-    two-pass path: FP32 GEMM output and one more pass per GEMM; BENCHMARKS.md §W.)"""
+    (``torch.cuda.graph`` captures on a stream of its own, which no eager call has used: asking
+    for the capture stream's workspace here would send every capture down the two-pass path.)"""
     if not torch.cuda.is_current_stream_capturing():
         return True
     return _STATE.get(_index(a.device)) is not None

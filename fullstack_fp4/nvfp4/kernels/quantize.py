@@ -1,4 +1,5 @@
-"""Triton NVFP4 quantize kernels: fused amax, 1×16 / 16×16 tiles, nearest / stochastic, 4/6, RHT-16.
+"""Triton NVFP4 quantize (``quantize_triton``): fused amax, 1×16 / 16×16 tiles, nearest /
+stochastic, 4/6, RHT-16; the kernels and their host side.
 
 Bit-exact with :func:`fullstack_fp4.nvfp4.reference.quantize_reference` (the oracle; see its
 docstring and docs/nvfp4-format.md for the contract). Every FP32 operation below is the
@@ -12,17 +13,17 @@ reference's, in the reference's order; what a kernel adds is *how* each step is 
   As in the reference (TE's order), an all-zero tensor gets ``enc = FP32_MAX`` and a subnormal
   ``dec``: the kernels never flush subnormals (no ``.ftz``), so this is reproduced.
 * **Block scale.** ``s = e4m3_rne(min(bamax · (enc · fp32(1/6)), 448))`` (1/4 for the map-to-4
-  candidate), rounded to E4M3 in integer arithmetic (:func:`_e4m3_rne`): normal range by adding
+  candidate), rounded to E4M3 in integer arithmetic (``fp4_math.e4m3_rne``): normal range by adding
   ``0x7FFFF + lsb`` to the FP32 bits and truncating 20 mantissa bits (RNE to 3 bits; the carry
   moves into the exponent on its own); below 2⁻⁶ (E4M3 subnormals, quantum 2⁻⁹) by
   ``(v + 2¹⁴) − 2¹⁴``, whose FP32 ulp is exactly 2⁻⁹ so the hardware's RNE addition does the
   rounding. Tested against ``torch.Tensor.to(torch.float8_e4m3fn)`` on every E4M3 midpoint.
   The same code runs under the interpreter and on the GPU (no reliance on a backend's fp8 cvt).
-  The eo kernel uses :func:`_e4m3_rne1` (one rounding add ``v + 2^(E+20)`` for every range,
+  The kernels use ``fp4_math.e4m3_rne1`` (one rounding add ``v + 2^(E+20)`` for every range,
   subnormals included; same values).
 * **Element factor.** ``f = min(div_rn(1, fp32(s) · dec), FP32_MAX)``: a zero scale gives
   ``f = FP32_MAX`` (TE), so non-zero elements of such a block saturate to ±6 and decode to 0.
-* **E2M1 rounding** of ``a = |clamp(x·f, −6, 6)|`` (:func:`_e2m1_code`): with ``inv`` = 2, 1, ½
+* **E2M1 rounding** of ``a = |clamp(x·f, −6, 6)|`` (``fp4_math.e2m1_code``): with ``inv`` = 2, 1, ½
   for ``a`` in [0, 2), [2, 4), [4, 6] (the reciprocal of the grid step), ``t = a · inv`` is exact
   and the grid point index inside the binade is ``rint(t)`` (nearest) or ``floor(t) + (u <
   t − floor(t))`` (stochastic). ``rint`` is ``bits(t + 2²³) & 7``: ``t + 2²³`` has ulp 1, so the
@@ -30,8 +31,8 @@ reference's, in the reference's order; what a kernel adds is *how* each step is 
   ties-to-even on the E2M1 mantissa (0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4). The
   code is the index plus 2 per binade boundary crossed; the sign bit comes from ``y < 0`` (so
   ``-0`` gets code 8 like the reference / TE, and ``y == -0.0`` gets 0). ``t − floor(t)`` equals
-  the contract's ``(a − lo) / (hi − lo)`` exactly (both exact in FP32). The eo kernel, without
-  compare/select ladders or float->int conversions (:func:`_e2m1_rne_t`, :func:`_nib_sr`):
+  the contract's ``(a − lo) / (hi − lo)`` exactly (both exact in FP32). The kernels, without
+  compare/select ladders or float->int conversions (``fp4_math.e2m1_rne_t``, ``nib_sr``):
   nearest is ``rne(min(2a, a + 2, a/2 + 4, 7))`` in code space (three roundings at 2²³, the
   min of the rounded terms is the rounded min); stochastic takes ``inv`` from the exponent
   bits, ``r = rint(a·inv)`` and ``d = a·inv − r`` (exact), and the index
@@ -39,23 +40,23 @@ reference's, in the reference's order; what a kernel adds is *how* each step is 
 * **4/6.** Both candidates are rounded to nearest; ``err = Σ |x − (q · s) · dec|`` with each term
   in FP32 and the sum in FP64 (``(q · s)`` is exact; ``| |x| − r·s·dec |`` equals
   ``|x − q·s·dec|`` bit for bit since ``q`` has ``x``'s sign); keep 4 iff ``err4 < err6``.
-  Both kernels sum each 8-element half in element order, then low + high.
+  The kernel sums each 8-element half in element order, then low + high.
 * **FMA contraction is disabled** (``enable_fp_fusion=False`` at every launch): a fused
   ``x·f − lo`` or ``x − q·s·dec`` would skip a rounding the reference performs.
 
-**Fused amax.** When ``global_amax`` is not given, a first kernel (:func:`_amax_kernel`) reads
-``x`` once, each program reduces ``|x|`` over its tile and does **one** ``atomic_max`` on the
-FP32 bit pattern viewed as int32 (for non-negative floats integer order is float order; NaN
-bit patterns are above +Inf, so a NaN cannot be lost the way ``max`` on floats may drop it;
-the eo kernel takes a NaN-propagating float max, ``max.NaN``, whose NaN is positive).
+**Fused amax.** When ``global_amax`` is not given, a first kernel (``amax._amax_kernel``) reads
+``x`` once, each program reduces ``|x|`` over its tile (a NaN-propagating float max,
+``max.NaN``, whose NaN is positive) and does **one** ``atomic_max`` on the FP32 bit pattern
+viewed as int32 (for non-negative floats integer order is float order; NaN bit patterns are
+above +Inf, so a NaN cannot be lost the way ``max`` on floats may drop it).
 The quantize kernel then reads ``x`` a second time and takes the amax from device memory: no
 host round trip between the two kernels; the host checks finiteness once, after both are
 queued (``.item()``), and raises ``ValueError`` (the codes computed from a non-finite amax are
 thrown away). To recover part of the second read from L2, the quantize kernel walks its tiles
 in reverse order after an amax pass (the amax pass finished on the tensor's tail, which is
 what is still in L2). With ``global_amax`` given, ``x`` is read once; the quantize kernel then
-tracks the observed amax the same way (one atomic per program) only to detect NaN/Inf (the eo
-kernel: from its block maxima, taken NaN-propagating in that mode).
+tracks the observed amax the same way (one atomic per program, from its block maxima, taken
+NaN-propagating in that mode) only to detect NaN/Inf.
 
 **RHT-16 fused.** With ``rht_signs``, each 16-block is transformed in registers before
 anything else, with :func:`fullstack_fp4.nvfp4.hadamard.hadamard16`'s arithmetic: × signs
@@ -72,34 +73,33 @@ otherwise the kernel draws 8 random bits an element from Philox4x32-10 under ``s
 stream of :mod:`.sr_stream` (its docstring has the counter/word/byte mapping and why 8 bits;
 ``sr_stream.sr_uniforms`` computes it in PyTorch). One Philox call covers 4 rows × 4 elements
 of a block; these tiled kernels hold one row of a block a thread, so they evaluate the call of
-each (row, element quad) and keep the row's word — one call per 4 elements, as many as the
-32-bit uniforms took before. The eo kernel evaluates the Philox4x32-10 rounds itself
-(:func:`_philox10`: one 64-bit product per ``umulhi``/low pair) on int32 counters, the legacy
-one through ``tl.randint4x``. :func:`philox_uniforms` dumps the uniforms through the kernels'
-own helper; a test checks that they are ``sr_uniforms``.
+each (row, element quad) and keep the row's word — one call per 4 elements. The kernel
+evaluates the Philox4x32-10 rounds itself (``fp4_math.philox10``: one 64-bit product per
+``umulhi``/low pair) on int32 counters, through ``tl.randint4x`` where a counter may pass 2³¹.
+:func:`philox_uniforms` dumps the same stream through ``tl.randint4x``
+(``fp4_math.philox_halves``); a test checks that it is ``sr_uniforms``.
 
-**Layout.** A program owns ``BLOCK_M`` rows × ``BLOCK_B`` 16-blocks. Each block is loaded as two
-8-element halves (columns ``16·blk + 0..7`` and ``16·blk + 8..15``), so each thread holds whole
-halves in registers as 16-byte vectors (BF16) and every per-block reduction, RHT butterfly and
-nibble packing stays inside a thread; the two loads together cover every byte of the tile.
+**Tiled kernel** (``_quantize_kernel``). A program owns ``BLOCK_M`` rows × ``BLOCK_B``
+16-blocks, each block held in *eo* form (``fp4_math``): even / odd elements of each 8-element
+half, BF16 read as int32 words (one integer op a value), so every per-block reduction, RHT
+butterfly and nibble packing stays inside a thread. int32 offsets unless an offset may reach
+2³¹ (``I64``, chosen on the host), a 2-D grid (no integer division), compile-time RHT signs,
+two blocks a thread for nearest rounding, the 8 code bytes of a block in one 8-byte store.
+``benchmarks/bench_nvfp4_quantize.py --sass`` counts its SASS instructions.
 
-**Two kernels.** ``quantize_triton`` runs the *eo* kernels (the fast-path helpers below): a block
-held as even / odd elements of each half (BF16 read as int32 words: one integer op a value),
-int32 offsets unless an offset may reach 2³¹ (``I64``, chosen on the host), a 2-D grid (no
-integer division), compile-time RHT signs, two blocks a thread for nearest rounding, the 8
-code bytes of a block in one 8-byte store. ``legacy=True`` runs the previous kernels, kept as
-the benchmark's before/after baseline (and tested bit-exact like the eo ones). SASS counts
-and predictions: PERF.md; ``benchmarks/bench_nvfp4_quantize.py --sass`` reproduces the counts.
-
-**Flat kernels** (triton_quantize_flat.py, its docstring): for a contiguous BF16 input with
-1×16 blocks, nearest rounding, the 6 rule and no RHT, ``quantize_triton`` runs neither of the
-above but a flat form (the tensor as a run of 16-blocks, a 16-byte half-block a thread,
-full-sector warp loads): 92.9 vs 152.7 µs for 8192² on the H200 with the amax pass, same bits
-(BENCHMARKS.md §D.1). ``flat=False`` or an explicit ``legacy`` / ``config`` runs the tiled ones.
-
-This module is the host side (checks, tile configs, launches). The kernels are in
-triton_quantize_kernels.py and triton_quantize_flat.py, their ``@triton.jit`` arithmetic in
-triton_quantize_jit.py.
+**Flat kernels** (``_quantize_flat_kernel``, ``amax._amax_flat_kernel``): the commonest call —
+a contiguous BF16 tensor, 1×16 blocks, round-to-nearest, the 6 rule, no RHT (the NVFP4
+linear's forward activation, any ``quantize(x)`` with defaults). The tiled kernel gives each
+thread whole 16-blocks, so each of its loads is a 16-byte vector per thread at a 32-byte stride
+across the warp (half of every sector per instruction). For a contiguous tensor with K % 16 ==
+0 no 16-block straddles a row, and the scale tensor ``[..., K // 16]`` in row-major order *is*
+the flat block index: block ``b`` is words ``8b .. 8b+7`` of the tensor viewed as int32, its
+scale is byte ``b``, its codes are bytes ``8b .. 8b+7``. A program takes ``NBP`` consecutive
+blocks as a ``[NBP, 2, 4]`` word tensor: each thread loads one 16-byte half-block, consecutive
+threads consecutive halves, so a warp instruction reads 512 contiguous bytes (full sectors) and
+stores one 4-byte code word, again contiguous across the warp; the block max pairs two threads
+(one shuffle). Same helpers, same bits (tests/fullstack_fp4/nvfp4/test_quantize_flat.py);
+timings: ``docs/perf/nvfp4.md``. ``flat=False`` or an explicit ``config`` runs the tiled one.
 """
 
 from __future__ import annotations
@@ -110,13 +110,17 @@ from typing import Optional
 
 import torch
 
-from .triton_quantize_jit import FP32_MAX
-from .triton_launch import cdiv, launch, next_pow2
-from .triton_quantize_kernels import (_amax_kernel, _quantize_kernel, _philox_uniforms_kernel,
-                                      _elementwise_probe_kernel)
-from .triton_quantize_flat import _amax_flat_kernel, _quantize_flat_kernel
-from .hadamard import DEFAULT_SIGNS
-from .tensor import NVFP4Tensor
+import triton
+import triton.language as tl
+
+from ..tensor import NVFP4Tensor
+from .amax import _amax_flat_kernel, _amax_kernel
+from .fp4_math import (FP32_MAX, NAN_BITS, bf16w_to_f32, block_amax_eo, candidate_fast,
+                       e2m1_code, e2m1_rne_val, e4m3_rne, e4m3_rne1, err_eo, load_eo, max_nan,
+                       nib_rne, nib_sr, pack_word, philox_eo, philox_halves, rht16_eo,
+                       store_codes, tensor_scales, tile_coords, tile_coords_2d, tile_reduce_max,
+                       tile_reduce_sum)
+from .launch import cdiv, launch, next_pow2
 
 
 __all__ = ["quantize_triton", "amax_triton", "philox_uniforms", "e4m3_rne_triton",
@@ -139,7 +143,7 @@ def _is_interpreter() -> bool:
     return _INTERPRET
 
 
-_cdiv, _pow2 = cdiv, next_pow2     # not triton.cdiv / next_power_of_2: see triton_launch.cdiv
+_cdiv, _pow2 = cdiv, next_pow2     # not triton.cdiv / next_power_of_2: see launch.cdiv
 
 
 def _interpreter_config(rows: int, nblk: int):
@@ -149,22 +153,21 @@ def _interpreter_config(rows: int, nblk: int):
             min(_pow2(max(nblk, 1)), 8), 4)
 
 
-def _default_config(nblk: int, legacy: bool = False, rows: int = 16, heavy: bool = False):
+def _default_config(nblk: int, rows: int = 16, heavy: bool = False):
     """(BLOCK_M rows, BLOCK_B 16-blocks, num_warps) of the quantize kernel.
 
     heavy: stochastic rounding or the 4/6 rule (more live registers a block)."""
     if _is_interpreter():
-        return (16, 4, 4) if legacy else _interpreter_config(rows, nblk)
+        return _interpreter_config(rows, nblk)
     nb = 8 if nblk >= 8 else _pow2(nblk)
-    if legacy or heavy:
-        # one block a thread: the previous default (the fastest of the legacy kernel's sweep);
-        # for SR / 4-over-6 the eo kernel with two blocks a thread needs 74-139 registers
-        # (SASS counts in PERF.md) for a 7-10% cut in instructions
+    if heavy:
+        # one block a thread: for SR / 4-over-6 two blocks a thread need 74-139 registers for a
+        # 7-10% cut in instructions (docs/perf/nvfp4.md)
         return 16, nb, 4
     # 32 rows x 8 blocks, 4 warps: two blocks a thread, which halves the per-thread setup
     # (tile coordinates, tensor scales) per element at 56 registers: 18.1 vs 20.3 SASS
-    # instructions an element for 1x16 nearest (PERF.md). `benchmarks/bench_nvfp4_quantize.py
-    # --sweep` times the alternatives on a GPU.
+    # instructions an element for 1x16 nearest. `benchmarks/bench_nvfp4_quantize.py --sweep`
+    # times the alternatives on a GPU.
     return 32, nb, 4
 
 
@@ -196,27 +199,30 @@ def _needs_i64(rows: int, nblk: int, bm: int, nb: int, strides) -> bool:
     return worst > _I32_LIMIT
 
 
-def _grid(rows: int, nblk: int, bm: int, nb: int, legacy: bool):
+def _grid(rows: int, nblk: int, bm: int, nb: int):
     """(grid, GRID2D): a 2-D grid (block tiles, row tiles) while the row tiles fit CUDA's
     65535 limit of grid axis 1 (no integer division in the kernel), else 1-D."""
     nm, nbk = _cdiv(rows, bm), _cdiv(nblk, nb)
-    if not legacy and nm <= 65535:
+    if nm <= 65535:
         return (nbk, nm), True
     return (nm * nbk,), False
 
 
 def _sign_mask(rht_signs) -> int:
-    """Bit i set iff sign i is -1 (signs already validated by :func:`_device_signs`)."""
+    """The 16 RHT signs (validated on the host) as a bit mask: bit i set iff sign i is -1."""
     if rht_signs is None:
         return 0
     if isinstance(rht_signs, torch.Tensor):
         rht_signs = rht_signs.detach().to("cpu", torch.float64).reshape(-1).tolist()
-    return sum(1 << i for i, v in enumerate(rht_signs) if float(v) == -1.0)
+    vals = tuple(float(v) for v in rht_signs)
+    if len(vals) != 16 or any(v not in (1.0, -1.0) for v in vals):
+        raise ValueError("rht_signs must be 16 values of +-1")
+    return sum(1 << i for i, v in enumerate(vals) if v == -1.0)
 
 
-def _x_operand(x2: torch.Tensor, legacy: bool):
+def _x_operand(x2: torch.Tensor):
     """(tensor passed as x, row stride, XW): BF16 as int32 words when its layout allows it."""
-    if (not legacy and x2.dtype == torch.bfloat16 and x2.stride(0) % 2 == 0
+    if (x2.dtype == torch.bfloat16 and x2.stride(0) % 2 == 0
             and x2.storage_offset() % 2 == 0):
         return x2.view(torch.int32), x2.stride(0) // 2, True
     return x2, x2.stride(0), False
@@ -248,23 +254,23 @@ def _as_2d(x: torch.Tensor, rows: int, k: int) -> torch.Tensor:
     return x2
 
 
-def _launch_amax(x2, signs, amax_bits, rows: int, nblk: int, rht: bool, smask: int,
-                 legacy: bool, config: Optional[tuple] = None):
+def _launch_amax(x2, amax_bits, rows: int, nblk: int, rht: bool, smask: int,
+                 config: Optional[tuple] = None):
     """Queue the amax pass (atomic max of the |x| bits into ``amax_bits``, which must be 0)."""
     if config is not None:
         bm, nb, nw = config
     else:
-        bm, nb, nw = _default_config(nblk, True) if legacy else _amax_config(nblk, rows)
-    xk, stride_xk, xw = _x_operand(x2, legacy)
+        bm, nb, nw = _amax_config(nblk, rows)
+    xk, stride_xk, xw = _x_operand(x2)
     i64 = _needs_i64(rows, nblk, bm, nb, (x2.stride(0),))
-    grid, grid2d = _grid(rows, nblk, bm, nb, legacy)
+    grid, grid2d = _grid(rows, nblk, bm, nb)
     tail_rows = AMAX_L2_TAIL_BYTES // max(nblk * 16 * x2.element_size(), 1)
     launch(_amax_kernel, grid,
-        xk, signs, amax_bits, rows, nblk, stride_xk, rows - tail_rows, RHT=rht, BM=bm, NB=nb, XW=xw, I64=i64,
-        SIGN_MASK=smask, GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
+        xk, amax_bits, rows, nblk, stride_xk, rows - tail_rows, RHT=rht, BM=bm, NB=nb, XW=xw,
+        I64=i64, SIGN_MASK=smask, GRID2D=grid2d, num_warps=nw, enable_fp_fusion=False)
 
 
-#: Whether ``quantize_triton`` runs the flat kernels (triton_quantize_flat.py) by default where
+#: Whether ``quantize_triton`` runs the flat kernels (module docstring) by default where
 #: they apply (:func:`_flat_applies`).
 FLAT_DEFAULT = True
 
@@ -333,7 +339,6 @@ def quantize_triton(
     generator: Optional[torch.Generator] = None,
     config: Optional[tuple] = None,
     check_finite: bool = True,
-    legacy: Optional[bool] = None,
     flat: Optional[bool] = None,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (BF16/FP16/FP32, any leading dims, contiguous last dim K % 16 == 0) to NVFP4.
@@ -356,22 +361,13 @@ def quantize_triton(
         meaningless. Finite inputs give bit-identical results either way.
     Host numbers as ``global_amax`` are passed by value (no H2D copy, no sync); a CUDA tensor
     is read on the device.
-    legacy: True runs the previous kernels (one block a thread, select ladders), False the
-        eo-form ones; both give bit-identical output. None (default): the one measured faster
-        for the mode on the H200 (BENCHMARKS.md, 8192² BF16 with the amax pass, CUDA graph):
-        legacy for nearest rounding with the 6 rule (152 vs 210 µs 1×16, 146 vs 211 16×16,
-        169 vs 212 with RHT), eo for stochastic rounding (187 vs 209; 195 vs 232 with RHT)
-        and for 4/6 (164 vs 271).
-    flat: the flat kernels (triton_quantize_flat.py) for contiguous BF16, 1x16, nearest, the 6
-        rule, no RHT. None (default): used wherever they apply, if ``FLAT_DEFAULT``, and no
-        ``legacy`` / ``config`` is asked for; True: required (ValueError where they do not
-        apply; ``config`` is then (blocks a program, num_warps)); False: the tiled kernels.
-        Same bits in every case.
+    flat: the flat kernels (module docstring) for contiguous BF16, 1x16, nearest, the 6 rule,
+        no RHT. None (default): used wherever they apply, if ``FLAT_DEFAULT``, and no
+        ``config`` is asked for; True: required (ValueError where they do not apply;
+        ``config`` is then (blocks a program, num_warps)); False: the tiled kernel. Same bits
+        in every case.
     """
     tile, rows, k = _check_input(x, tile, rounding, scale_rule)
-    legacy_arg = legacy
-    if legacy is None:
-        legacy = rounding == "nearest" and scale_rule == "6"
     dev = x.device
     nblk = k // 16
     stochastic = rounding == "stochastic"
@@ -394,10 +390,10 @@ def quantize_triton(
         raise ValueError("flat=True needs a contiguous BF16 input, tile (1, 16), nearest rounding, "
                          "the 6 rule, no RHT and no explicit rand")
     if flat is None:
-        flat = flat_ok and FLAT_DEFAULT and legacy_arg is None and config is None
+        flat = flat_ok and FLAT_DEFAULT and config is None
     if flat:
         return _quantize_flat(x2, x, data, scale, dec, global_amax, config, check_finite)
-    signs = _device_signs(rht_signs, dev)
+    smask = _sign_mask(rht_signs)
 
     philox = False
     rand2 = x2          # placeholder pointer, never read unless stochastic with explicit rand
@@ -416,26 +412,24 @@ def quantize_triton(
             seed_v = int(seed)
 
     bm, nb, nw = (config if config is not None
-                  else _default_config(nblk, legacy, rows, stochastic or four6))
+                  else _default_config(nblk, rows, stochastic or four6))
     if tile2d and bm % 16:
         raise ValueError("BLOCK_M must be a multiple of 16 for 16x16 tiles")
-    grid, grid2d = _grid(rows, nblk, bm, nb, legacy)
-    xk, stride_xk, xw = _x_operand(x2, legacy)
+    grid, grid2d = _grid(rows, nblk, bm, nb)
+    xk, stride_xk, xw = _x_operand(x2)
     i64 = _needs_i64(rows, nblk, bm, nb, (x2.stride(0), stride_r))
-    smask = _sign_mask(rht_signs)
 
     obs, amax_bits, imm, g = _amax_source(global_amax, dev)
     given = global_amax is not None
     if not given:
-        _launch_amax(x2, signs, amax_bits, rows, nblk, rht, smask, legacy)
+        _launch_amax(x2, amax_bits, rows, nblk, rht, smask)
     launch(_quantize_kernel, grid,
-        xk if not legacy else x2, rand2, signs, amax_bits, obs,
-        data if legacy else data.view(torch.int32), scale, dec, seed_v, imm,
+        xk, rand2, amax_bits, obs, data.view(torch.int32), scale, dec, seed_v, imm,
         rows, nblk, stride_xk, stride_r,
         M_BOUND=_SCALE_RULES[scale_rule], TILE2D=tile2d, STOCHASTIC=stochastic, PHILOX=philox,
         FOUR_OVER_SIX=four6, RHT=rht, TRACK_AMAX=given, REVERSE=not given,
         AMAX_IMM=given and g is None, BM=bm, NB=nb, XW=xw, I64=i64, SIGN_MASK=smask,
-        GRID2D=grid2d, LEGACY=legacy, num_warps=nw, enable_fp_fusion=False)
+        GRID2D=grid2d, num_warps=nw, enable_fp_fusion=False)
 
     return _finish(x, data, scale, dec, obs, given, g, check_finite, tile)
 
@@ -476,7 +470,7 @@ def _finish(x, data, scale, dec, obs, given, g, check_finite, tile) -> NVFP4Tens
 
 
 def _quantize_flat(x2, x, data, scale, dec, global_amax, config, check_finite) -> NVFP4Tensor:
-    """The flat kernels (triton_quantize_flat.py): amax pass (unless given) + one quantize pass."""
+    """The flat kernels (module docstring): amax pass (unless given) + one quantize pass."""
     dev = x2.device
     nblk_all = x2.numel() // 16
     nbp, warps = _flat_config(nblk_all, config)
@@ -492,29 +486,6 @@ def _quantize_flat(x2, x, data, scale, dec, global_amax, config, check_finite) -
     return _finish(x, data, scale, dec, obs, given, g, check_finite, (1, 16))
 
 
-_SIGNS_CACHE: dict = {}
-
-
-def _device_signs(rht_signs, dev) -> torch.Tensor:
-    """The 16 signs as an FP32 device tensor, validated on the host and cached per device: a
-    device-side check (or a fresh ``torch.tensor(..., device=cuda)``) would sync every call."""
-    if rht_signs is None:
-        key = (None, str(dev))
-        vals = (1.0,) * 16            # never read (RHT=False)
-    else:
-        if isinstance(rht_signs, torch.Tensor):
-            rht_signs = rht_signs.detach().to("cpu", torch.float64).reshape(-1).tolist()
-        vals = tuple(float(v) for v in rht_signs)
-        if len(vals) != 16 or any(v not in (1.0, -1.0) for v in vals):
-            raise ValueError("rht_signs must be 16 values of +-1")
-        key = (vals, str(dev))
-    t = _SIGNS_CACHE.get(key)
-    if t is None:
-        t = torch.tensor(vals, dtype=torch.float32).to(dev)
-        _SIGNS_CACHE[key] = t
-    return t
-
-
 def amax_triton(x: torch.Tensor, rht_signs=None, config: Optional[tuple] = None) -> torch.Tensor:
     """``|x|.amax()`` (of ``hadamard16(x, rht_signs)`` if signs are given) as an FP32 0-dim
     device tensor, by the quantize's own amax kernel (NaN propagates: its bits order above
@@ -527,8 +498,8 @@ def amax_triton(x: torch.Tensor, rht_signs=None, config: Optional[tuple] = None)
     obs = torch.zeros((1,), dtype=torch.int32, device=x.device)
     if rows and k:
         x2 = _as_2d(x, rows, k)
-        _launch_amax(x2, _device_signs(rht_signs, x.device), obs, rows, k // 16,
-                     rht_signs is not None, _sign_mask(rht_signs), False, config)
+        _launch_amax(x2, obs, rows, k // 16, rht_signs is not None, _sign_mask(rht_signs),
+                     config)
     return obs.view(torch.float32).reshape(())
 
 
@@ -554,9 +525,9 @@ def philox_uniforms(shape, seed: int, device="cpu") -> torch.Tensor:
 def rounding_probe_triton(v: torch.Tensor, u: Optional[torch.Tensor] = None) -> dict:
     """Test hook: the kernels' E4M3 / E2M1 helpers applied elementwise to ``v`` (FP32).
 
-    Keys: ``e4m3_val``/``e4m3_bits`` (legacy :func:`_e4m3_rne` of ``min(|v|, 448)``),
-    ``e2m1_code`` (legacy nearest code of ``clamp(v, -6, 6)``), ``e4m3_val1``/``e4m3_bits1``
-    (:func:`_e4m3_rne1`), ``nib_rne`` (nearest nibble of ``v``, saturating), ``rne_val``
+    Keys: ``e4m3_val``/``e4m3_bits`` (:func:`e4m3_rne` of ``min(|v|, 448)``),
+    ``e2m1_code`` (:func:`e2m1_code`, nearest, of ``clamp(v, -6, 6)``), ``e4m3_val1``/``e4m3_bits1``
+    (:func:`e4m3_rne1`), ``nib_rne`` (nearest nibble of ``v``, saturating), ``rne_val``
     (nearest E2M1 value of ``min(|v|, 6)``), ``nib_sr`` (stochastic nibble of ``v`` with
     uniforms ``u``, zeros if None)."""
     v = v.to(torch.float32).contiguous().reshape(-1)
@@ -578,9 +549,179 @@ def rounding_probe_triton(v: torch.Tensor, u: Optional[torch.Tensor] = None) -> 
 
 def e4m3_rne_triton(v: torch.Tensor):
     """Test hook: (E4M3 value as FP32, E4M3 bits) of ``min(|v|, 448)``, and E2M1 nearest codes
-    of ``clamp(v, -6, 6)``, through the kernels' legacy helpers (see :func:`rounding_probe_triton`)."""
+    of ``clamp(v, -6, 6)``, through :func:`e4m3_rne` and :func:`e2m1_code` (see
+    :func:`rounding_probe_triton`)."""
     o = rounding_probe_triton(v)
     return o["e4m3_val"], o["e4m3_bits"], o["e2m1_code"]
 
 
 e2m1_round_triton = e4m3_rne_triton
+
+
+# ----------------------------------------------------------------------------- kernels
+@triton.jit(do_not_specialize=["seed", "amax_imm"])
+def _quantize_kernel(x_ptr, rand_ptr, amax_ptr, obs_ptr,
+                     data_ptr, scale_ptr, dec_ptr, seed, amax_imm,
+                     M, NBLK, stride_xm, stride_rm,
+                     M_BOUND: tl.constexpr, TILE2D: tl.constexpr, STOCHASTIC: tl.constexpr,
+                     PHILOX: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, RHT: tl.constexpr,
+                     TRACK_AMAX: tl.constexpr, REVERSE: tl.constexpr, AMAX_IMM: tl.constexpr,
+                     BM: tl.constexpr, NB: tl.constexpr, XW: tl.constexpr, I64: tl.constexpr,
+                     SIGN_MASK: tl.constexpr, GRID2D: tl.constexpr):
+    """One [BM rows × NB blocks] tile (GRID2D: of a 2-D grid, see :func:`tile_coords_2d`) in eo
+    form; ``data_ptr`` the codes as int32 words; XW, I64, SIGN_MASK as in :func:`load_eo`,
+    :func:`rht16_eo`."""
+    if GRID2D:
+        rows, blks, mask2, first = tile_coords_2d(M, NBLK, REVERSE, BM, NB)
+    else:
+        pid = tl.program_id(0)
+        if REVERSE:
+            pid = tl.num_programs(0) - 1 - pid
+        rows, blks, mask2 = tile_coords(pid, M, NBLK, BM, NB)
+        first = pid == 0
+    e0, o0, e1, o1 = load_eo(x_ptr, rows, blks, mask2, stride_xm, XW, I64, True, BM, NB)
+    if RHT:
+        e0, o0, e1, o1 = rht16_eo(e0, o0, e1, o1, SIGN_MASK, BM, NB)
+    # NaN-propagating block max when the observed amax is tracked (NaN/Inf detection).
+    bamax = block_amax_eo(e0, o0, e1, o1, TRACK_AMAX)                  # [BM, NB]
+    if TRACK_AMAX:
+        obs = tl.reduce(tl.reduce(bamax, 1, max_nan), 0, max_nan)
+        tl.atomic_max(obs_ptr, obs.to(tl.int32, bitcast=True))
+
+    if AMAX_IMM:
+        gbits = amax_imm                   # host number: its FP32 bits, no device read
+    else:
+        gbits = tl.load(amax_ptr)
+    enc, dec = tensor_scales(gbits, M_BOUND)
+    if first:
+        # A non-finite (or negative) amax poisons the tensor scale: every product with this
+        # tensor is NaN, so a caller that skips the host check still cannot train on garbage.
+        bad = ((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gbits.to(tl.float32, bitcast=True) < 0.0)
+        nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+        tl.store(dec_ptr, tl.where(bad, nan, dec))
+
+    if TILE2D:
+        bamax = tile_reduce_max(bamax, BM, NB)
+    s_val, s_bits, f = candidate_fast(bamax, enc, dec, 0.1666666716337204)
+    if FOUR_OVER_SIX:
+        s4_val, s4_bits, f4 = candidate_fast(bamax, enc, dec, 0.25)
+        err6 = err_eo(e0, o0, e1, o1, f, s_val, dec, BM, NB)
+        err4 = err_eo(e0, o0, e1, o1, f4, s4_val, dec, BM, NB)
+        if TILE2D:
+            err6 = tile_reduce_sum(err6, BM, NB)
+            err4 = tile_reduce_sum(err4, BM, NB)
+        use4 = err4 < err6                                             # ties go to 6
+        s_bits = tl.where(use4, s4_bits, s_bits)
+        f = tl.where(use4, f4, f)
+
+    f3 = f[:, :, None]
+    if STOCHASTIC:
+        if PHILOX:
+            u0, u1, u2, u3 = philox_eo(seed, rows, blks, NBLK, I64, BM, NB)
+        else:
+            u0, u1, u2, u3 = load_eo(rand_ptr, rows, blks, mask2, stride_rm, False, I64, True,
+                                      BM, NB)
+        n0 = nib_sr(e0, f3, u0)
+        n1 = nib_sr(o0, f3, u1)
+        n2 = nib_sr(e1, f3, u2)
+        n3 = nib_sr(o1, f3, u3)
+    else:
+        n0 = nib_rne(e0, f3)
+        n1 = nib_rne(o0, f3)
+        n2 = nib_rne(e1, f3)
+        n3 = nib_rne(o1, f3)
+    store_codes(data_ptr, pack_word(n0, n1, BM, NB), pack_word(n2, n3, BM, NB), rows, blks,
+                 mask2, NBLK, I64)
+    if I64:
+        soff = rows.to(tl.int64)[:, None] * NBLK + blks[None, :]
+    else:
+        soff = rows[:, None] * NBLK + blks[None, :]
+    # One byte a block, stored from the registers that computed it: without the hint Triton
+    # re-lays the [BM, NB] bytes out for 2-byte vector stores (a shared-memory transpose).
+    soff = tl.max_contiguous(soff, [1, 1])
+    tl.store(scale_ptr + soff, s_bits.to(tl.uint8), mask=mask2)
+
+
+@triton.jit(do_not_specialize=["amax_imm"])
+def _quantize_flat_kernel(xw_ptr, amax_ptr, obs_ptr, data_ptr, scale_ptr, dec_ptr, amax_imm,
+                          NBLK_ALL, TRACK_AMAX: tl.constexpr, REVERSE: tl.constexpr,
+                          AMAX_IMM: tl.constexpr, NBP: tl.constexpr, I64: tl.constexpr):
+    """``NBP`` consecutive 16-blocks of the flat tensor (layout: module docstring, "Flat kernels").
+
+    data_ptr: the codes viewed as int32 (2 words a block). TRACK_AMAX (global amax given): the
+    observed amax bits go to ``obs_ptr`` (NaN-propagating block maxima), for NaN/Inf detection."""
+    pid = tl.program_id(0)
+    if REVERSE:
+        pid = tl.num_programs(0) - 1 - pid
+    if I64:
+        blk = pid.to(tl.int64) * NBP + tl.arange(0, NBP)
+    else:
+        blk = pid * NBP + tl.arange(0, NBP)
+    h = tl.arange(0, 2)
+    q = tl.arange(0, 4)
+    bmask = blk < NBLK_ALL
+    off = blk[:, None, None] * 8 + h[None, :, None] * 4 + q[None, None, :]
+    w = tl.load(xw_ptr + off, mask=bmask[:, None, None], other=0, eviction_policy="evict_first")
+    e, o = bf16w_to_f32(w)                                     # [NBP, 2, 4] elements 2j, 2j+1
+    if TRACK_AMAX:
+        a = max_nan(tl.abs(e), tl.abs(o))
+        bamax = tl.reduce(tl.reduce(a, 2, max_nan), 1, max_nan)
+        tl.atomic_max(obs_ptr, tl.reduce(bamax, 0, max_nan).to(tl.int32, bitcast=True))
+    else:
+        bamax = tl.max(tl.max(tl.maximum(tl.abs(e), tl.abs(o)), 2), 1)     # [NBP]
+
+    if AMAX_IMM:
+        gbits = amax_imm                       # host number: its FP32 bits, no device read
+    else:
+        gbits = tl.load(amax_ptr)
+    enc, dec = tensor_scales(gbits, 448.0)
+    if pid == 0:
+        # a non-finite (or negative) amax poisons the tensor scale (as the tiled kernel does)
+        bad = ((gbits & 0x7FFFFFFF) >= 0x7F800000) | (gbits.to(tl.float32, bitcast=True) < 0.0)
+        nan = tl.full(dec.shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+        tl.store(dec_ptr, tl.where(bad, nan, dec))
+
+    s_val, s_bits, f = candidate_fast(bamax, enc, dec, 0.1666666716337204)
+    f3 = f[:, None, None]
+    b = nib_rne(e, f3) | (nib_rne(o, f3) << 4)               # byte 4h + q of the block
+    b02, b13 = tl.split(tl.reshape(b, (NBP, 2, 2, 2)))          # bytes q = 0, 2 and q = 1, 3
+    hw = b02 | (b13 << 8)
+    h0, h1 = tl.split(hw)
+    word = h0 | (h1 << 16)                                      # [NBP, 2]: bytes 4h .. 4h+3
+    tl.store(data_ptr + blk[:, None] * 2 + h[None, :], word, mask=bmask[:, None])
+    tl.store(scale_ptr + blk, s_bits.to(tl.uint8), mask=bmask)
+
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _philox_uniforms_kernel(u_ptr, seed, M, NBLK, BM: tl.constexpr, NB: tl.constexpr):
+    rows, blks, mask2 = tile_coords(tl.program_id(0), M, NBLK, BM, NB)
+    u_lo, u_hi = philox_halves(seed, rows, blks, NBLK, BM, NB)
+    j = tl.arange(0, 8)
+    off = (rows.to(tl.int64) * NBLK * 16)[:, None, None] + (blks * 16)[None, :, None] + j[None, None, :]
+    tl.store(u_ptr + off, u_lo, mask=mask2[:, :, None])
+    tl.store(u_ptr + off + 8, u_hi, mask=mask2[:, :, None])
+
+
+@triton.jit
+def _elementwise_probe_kernel(v_ptr, u_ptr, s_out, s_bits_out, c_out, s1_out, s1_bits_out,
+                              c_rne_out, r_val_out, c_sr_out, n, BLOCK: tl.constexpr):
+    """Test hook: the E4M3 and E2M1 helpers applied elementwise (``v``; ``u`` the uniforms of
+    the stochastic one): the select-ladder ones (:func:`e4m3_rne`, :func:`e2m1_code`, used by
+    the NVFP4 Newton–Schulz) and the branch-free ones (:func:`e4m3_rne1`, :func:`nib_rne`, :func:`e2m1_rne_val`,
+    :func:`nib_sr`, all with ``f = 1``)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    v = tl.load(v_ptr + i, mask=m, other=0.0)
+    u = tl.load(u_ptr + i, mask=m, other=0.0)
+    sv, sb = e4m3_rne(tl.minimum(tl.abs(v), 448.0))
+    c, _ = e2m1_code(tl.minimum(tl.maximum(v, -6.0), 6.0), v, False)
+    tl.store(s_out + i, sv, mask=m)
+    tl.store(s_bits_out + i, sb, mask=m)
+    tl.store(c_out + i, c, mask=m)
+    sv1, sb1 = e4m3_rne1(tl.minimum(tl.abs(v), 448.0))
+    tl.store(s1_out + i, sv1, mask=m)
+    tl.store(s1_bits_out + i, sb1, mask=m)
+    tl.store(c_rne_out + i, nib_rne(v, 1.0), mask=m)
+    tl.store(r_val_out + i, e2m1_rne_val(tl.minimum(tl.abs(v), 6.0)), mask=m)
+    tl.store(c_sr_out + i, nib_sr(v, 1.0, u), mask=m)

@@ -1,13 +1,12 @@
 """Launch an already compiled Triton kernel without ``JITFunction.run``'s per-call work.
 
 Why: the NVFP4 linear makes ~11 Triton launches a forward+backward and Q-Attn ~8, so at the
-3b shapes the GPU waits for the host (BENCHMARKS.md §G.6: the full stack's GPU sat idle 21 ms a
-step). Triton 3.6's ``fn[grid](...)`` does, on every call, work whose result only changes when
+3b shapes the GPU waits for the host (``docs/perf/nvfp4.md``). Triton 3.6's ``fn[grid](...)`` does, on every call, work whose result only changes when
 the *kind* of arguments changes: bind the arguments and defaults, specialise each one (C++),
 build the cache key (``str(options)`` included), look the kernel up, re-check the globals it
 used, and build a launch-metadata dict for the launch hooks, which (``HookChain`` objects,
-never ``None``) the C launcher then calls with no hook in them. Run24's host profile put
-``JITFunction.run`` at 28% of the NVFP4 linear's host time.
+never ``None``) the C launcher then calls with no hook in them: ``JITFunction.run`` was 28% of
+the NVFP4 linear's host time under a host profile (``benchmarks/profile/profile_linear_host.py``).
 
 How: :func:`launch` keys its own cache on everything Triton specialises on — each tensor's
 dtype and 16-byte alignment; each int's ``== 1``, divisibility by 16 and width (32 / 64 bit,
@@ -22,21 +21,21 @@ as ``JITFunction.run`` does at its end (same argument order, constexprs included
 
 It steps aside — plain ``fn[grid](...)`` — under ``TRITON_INTERPRET=1`` (the CPU tests: the
 interpreter has no compiled kernel), when a launch hook is registered (a profiler such as
-proton wants every launch's metadata), and with ``FULLSTACK_FP4_LEAN_LAUNCH=0`` (A/B timing,
-debugging; read once at import, :func:`set_mode` switches at run time).
-``FULLSTACK_FP4_LEAN_LAUNCH=verify`` checks every lean launch against the kernel
-``JITFunction.run`` would pick; the GPU check (``scripts/gpu/check_lean_launch.py``) runs the
-recipes so and compares their outputs with the plain launches' bit for bit.
+proton wants every launch's metadata), and in mode ``"0"`` (A/B timing, debugging). Mode
+``"verify"`` checks every lean launch against the kernel ``JITFunction.run`` would pick. The
+mode starts as ``fullstack_fp4.knobs.LEAN_LAUNCH`` (``FULLSTACK_FP4_LEAN_LAUNCH``);
+:func:`set_mode` switches it at run time.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import warnings
 from typing import Any, Dict, Tuple
 
 import torch
+
+from fullstack_fp4 import knobs as fp4_knobs
 
 __all__ = ["launch", "lean_enabled", "set_mode", "bind_arguments", "specialization_key",
            "compiled_for", "VERIFIED", "cdiv", "next_pow2"]
@@ -47,17 +46,14 @@ _MODES = ("0", "1", "verify")
 # Read once, as Triton reads TRITON_INTERPRET once: an environment lookup costs ~1 µs, and the
 # NVFP4 linear launches 11 kernels a forward+backward.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_MODE = os.environ.get("FULLSTACK_FP4_LEAN_LAUNCH", "1")
-if _MODE not in _MODES:
-    warnings.warn(f"FULLSTACK_FP4_LEAN_LAUNCH={_MODE!r} is not one of {_MODES}: using '1'")
-    _MODE = "1"
+_MODE = fp4_knobs.LEAN_LAUNCH
 
 
 def set_mode(mode: str) -> str:
     """``"1"`` lean launches (the default), ``"0"`` every launch through ``JITFunction.run``,
     ``"verify"`` lean launches each checked against the kernel ``JITFunction.run`` would pick
-    (raises if they differ; the GPU check runs the recipes so). The environment variable
-    ``FULLSTACK_FP4_LEAN_LAUNCH`` sets it at import. Returns the previous mode."""
+    (raises if they differ). ``fullstack_fp4.knobs.LEAN_LAUNCH`` sets it at import. Returns the
+    previous mode."""
     global _MODE
     if mode not in _MODES:
         raise ValueError(f"lean launch mode must be one of {_MODES}, got {mode!r}")
@@ -70,7 +66,7 @@ def lean_enabled() -> bool:
     return not _INTERPRET and _MODE != "0"
 
 
-#: Lean launches checked against ``JITFunction.run`` in verify mode (read by the GPU check).
+#: Lean launches checked against ``JITFunction.run`` in verify mode.
 VERIFIED = {"launches": 0}
 
 
@@ -261,7 +257,7 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
 
 def compiled_for(fn, *args, **kwargs):
     """The compiled kernel :func:`launch` holds for these arguments (``None`` before their
-    first launch): the GPU check compares it with what ``JITFunction.run`` picks."""
+    first launch), to compare with what ``JITFunction.run`` picks."""
     try:
         return _COMPILED.get(specialization_key(fn, args, kwargs, torch.cuda.current_device()))
     except _Unkeyed:

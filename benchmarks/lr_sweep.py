@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+"""Learning-rate sweep: train optimizer arms over an lr grid side by side, tabulate, plot.
+
+    python benchmarks/lr_sweep.py [--arms bf16,muon,root] [--lr-grid 5e-4,1e-3,2e-3,4e-3,8e-3]
+        [--matrix-lr-grid 2e-3,2e-2] [--seeds 1234] [--confirm-seeds 4321,777]
+        [--data data/quickstart,data/large] [--iters 300] [--jobs 12] [--out runs/lr_sweep]
+        [--config configs/ablation/base.yaml] [--time-budget SECONDS] [--report-only] [--dry]
+        [--set key=value ...]
+
+Every point is one training run of benchmarks/ablation.py's machinery (the same base config,
+data order, subprocess per run, resume from its checkpoint, `--jobs` runs at once on one GPU,
+`--time-budget`): arm (from benchmarks/bench_blocks.py's ARMS; its optimizer family from its
+`optimizer.name`), corpus (each `--data` directory), lr and seed:
+
+- the lr sets `optimizer.lr` and `optimizer.min_lr` (the config's min/peak ratio kept);
+- for the orthogonal families (muon, root) `--matrix-lr-grid` sweeps the lr of the
+  orthogonalised matrices separately (`optimizer.orthogonal.lr_scale = matrix lr / lr`) over
+  every pair (lr, matrix lr); without it the matrices take the lr (lr_scale 1);
+- `--seeds`: the seeds every grid point is trained at; the best point of an (arm, corpus) is the
+  argmin of the mean validation loss at --iters over these seeds;
+- `--confirm-seeds`: once the grid of an (arm, corpus) is done, its best point is trained again
+  at these seeds (queued behind the grid runs still waiting, so they fill the GPU's free
+  slots); the table gives the mean and standard deviation over all its seeds.
+
+Run directories: OUT/<corpus>/<arm>/lr<lr>[_m<matrix lr>]/s<seed>/ (metrics.jsonl, train.log).
+Outputs: OUT/lr_sweep.md (a table per corpus: one row per point, best marked), OUT/lr_sweep.json
+in the benchmarks/results schema ({"table", "title", "hardware", "software", "date", "commit",
+"command", "rows"}), OUT/lr_sweep.png (validation loss against lr, one panel per corpus, one
+line per arm, best marked; needs matplotlib: `pip install -e .[plots]`). No held-out
+evaluation: the validation loss is the training run's own (metrics.jsonl).
+
+Bad grids, seeds, arms or data directories: one `error:` line, exit 2. Exit 1 if a run failed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, REPO)
+
+import ablation as A  # noqa: E402  (the run machinery and the lr overrides)
+from bench_blocks import ARMS  # noqa: E402
+
+DEFAULT_GRID = "5e-4,1e-3,2e-3,4e-3,8e-3"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default="bf16,muon,root", help=f"comma list from: {', '.join(ARMS)}")
+    p.add_argument("--lr-grid", default=DEFAULT_GRID, help="peak lrs (optimizer.lr)")
+    p.add_argument("--matrix-lr-grid", default="",
+                   help="muon / root: lrs of the orthogonalised matrices, swept against every --lr-grid value")
+    p.add_argument("--seeds", default="1234", help="seeds of every grid point")
+    p.add_argument("--confirm-seeds", default="", help="extra seeds at each best point, after the grid")
+    p.add_argument("--data", default="data/quickstart", help="comma list of data directories (corpora)")
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--out", default="runs/lr_sweep")
+    p.add_argument("--config", default=os.path.join(REPO, "configs", "ablation", "base.yaml"))
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (one GPU: side by side)")
+    p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
+    p.add_argument("--report-only", action="store_true", help="train nothing: tabulate the complete runs in --out")
+    p.add_argument("--dry", action="store_true", help="print the training commands, run nothing")
+    return p.parse_args(argv)
+
+
+def _tag(x: float) -> str:
+    return f"{x:.0e}" if float(f"{x:.0e}") == x else repr(x)
+
+
+class Point:
+    """One grid point: (corpus, arm, lr, matrix lr or None); run names per seed."""
+
+    def __init__(self, corpus: str, data: str, arm: str, lr: float, matrix_lr: float | None):
+        self.corpus, self.data, self.arm, self.lr, self.matrix_lr = corpus, data, arm, lr, matrix_lr
+        self.family = A.family_of(ARMS[arm])
+
+    @property
+    def key(self) -> str:
+        m = "" if self.matrix_lr is None else f"_m{_tag(self.matrix_lr)}"
+        return f"{self.corpus}/{self.arm}/lr{_tag(self.lr)}{m}"
+
+    def run(self, seed: int) -> str:
+        return f"{self.key}/s{seed}"
+
+    def switches(self, seed: int, min_ratio: float) -> list[str]:
+        return (list(ARMS[self.arm]) + A.lr_overrides(self.family, self.lr, self.matrix_lr, min_ratio)
+                + [f"train.seed={seed}"])
+
+
+def build_points(args) -> list[Point]:
+    """The grid, or A.UsageError."""
+    arms = [a for a in args.arms.split(",") if a]
+    bad = [a for a in arms if a not in ARMS]
+    if bad or not arms:
+        raise A.UsageError(f"unknown arm(s) {', '.join(bad) or '(none)'}; choose from {', '.join(ARMS)}")
+    lrs = A.parse_floats(args.lr_grid, "--lr-grid")
+    mlrs = A.parse_floats(args.matrix_lr_grid, "--matrix-lr-grid") if args.matrix_lr_grid else [None]
+    datas = [d for d in args.data.split(",") if d]
+    if not datas:
+        raise A.UsageError("--data is empty")
+    corpora = {}
+    for d in datas:
+        missing = [f for f in ("train_text_document.bin", "valid_text_document.bin", "tokenizer.model")
+                   if not os.path.isfile(os.path.join(d, f))]
+        if missing and not args.report_only:
+            raise A.UsageError(f"--data {d}: missing {', '.join(missing)} (scripts/prepare_quickstart_data.py)")
+        name = os.path.basename(os.path.normpath(d))
+        if name in corpora:
+            raise A.UsageError(f"--data: two directories named {name!r}")
+        corpora[name] = d
+    pts = []
+    for corpus, d in corpora.items():
+        for arm in arms:
+            ortho = A.family_of(ARMS[arm]) in A.ORTHOGONAL_FAMILIES
+            for lr in lrs:
+                for mlr in (mlrs if ortho else [None]):
+                    pts.append(Point(corpus, d, arm, lr, mlr))
+    return pts
+
+
+def parse_seeds(text: str, what: str) -> list[int]:
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise A.UsageError(f"{what}: {item!r} is not an integer seed") from None
+    if len(set(out)) != len(out):
+        raise A.UsageError(f"{what} lists a seed twice")
+    return out
+
+
+def run_status(args, name: str) -> tuple[str, dict | None]:
+    """('complete' | 'todo' | 'error: ...', checkpoint meta) of one run directory."""
+    meta = A.checkpoint_state(os.path.join(args.out, name, "checkpoints"))
+    if meta and meta["config"]["train"]["iters"] != args.iters:
+        return (f"error: {args.out}/{name} holds a run with train.iters={meta['config']['train']['iters']}, "
+                f"not {args.iters}: use another --out"), meta
+    if (meta and meta["iteration"] >= args.iters) or (not meta and A.kept_result(args, name)):
+        return "complete", meta
+    return "todo", meta
+
+
+def split_todo(names: list[str], args, status: dict) -> list:
+    """``(name, meta)`` of the runs still to train; the others get their status."""
+    todo = []
+    for n in names:
+        st, meta = run_status(args, n)
+        if st == "todo" and not args.report_only:
+            todo.append((n, meta))
+        else:
+            status[n] = st if st != "todo" else "not run (--report-only)"
+    return todo
+
+
+def val_at(args, name: str) -> float | None:
+    _, val = A.read_metrics(os.path.join(args.out, name))
+    return val.get(args.iters)
+
+
+def summarize(points: list[Point], seeds, confirm, args, status) -> list[dict]:
+    """One row per point: the validation loss at each seed, the mean over --seeds, the best of
+    its (corpus, arm) marked, and at the best point the mean / std over every seed run."""
+    rows = []
+    for pt in points:
+        vals = {s: (val_at(args, pt.run(s)) if status.get(pt.run(s)) == "complete" else None)
+                for s in seeds + confirm}
+        grid = [vals[s] for s in seeds]
+        rows.append({"corpus": pt.corpus, "data": pt.data, "arm": pt.arm, "family": pt.family,
+                     "lr": pt.lr, "matrix_lr": pt.matrix_lr if pt.matrix_lr is not None
+                     else (pt.lr if pt.family in A.ORTHOGONAL_FAMILIES else None),
+                     "val_loss_by_seed": {str(s): v for s, v in vals.items() if v is not None},
+                     "val_loss": statistics.fmean(grid) if all(v is not None for v in grid) else None,
+                     "best": False, "seeds_mean": None, "seeds_std": None, "seeds_n": 0})
+    for key in {(r["corpus"], r["arm"]) for r in rows}:
+        mine = [r for r in rows if (r["corpus"], r["arm"]) == key and r["val_loss"] is not None]
+        if not mine:
+            continue
+        best = min(mine, key=lambda r: r["val_loss"])
+        best["best"] = True
+        allv = list(best["val_loss_by_seed"].values())
+        best["seeds_mean"], best["seeds_n"] = statistics.fmean(allv), len(allv)
+        best["seeds_std"] = statistics.stdev(allv) if len(allv) > 1 else None
+    return rows
+
+
+def best_points(points, rows) -> list[Point]:
+    by = {(r["corpus"], r["arm"], r["lr"], r["matrix_lr"]): r for r in rows}
+    out = []
+    for pt in points:
+        r = by[(pt.corpus, pt.arm, pt.lr, rows_matrix_lr(pt))]
+        if r["best"]:
+            out.append(pt)
+    return out
+
+
+def rows_matrix_lr(pt: Point):
+    return pt.matrix_lr if pt.matrix_lr is not None else (pt.lr if pt.family in A.ORTHOGONAL_FAMILIES else None)
+
+
+def _f(x, fmt):
+    return "—" if x is None else format(x, fmt)
+
+
+def markdown(rows, seeds, confirm, header) -> str:
+    out = [f"# {header['title']}", "",
+           f"Device: {header['hardware']}; commit {str(header['commit'])[:10]}; {header['date']}; "
+           f"command `{header['command']}`.",
+           f"Validation loss at step {header['iters']} (mean over seeds {', '.join(map(str, seeds))}); "
+           "**bold**: the best point of the arm on that corpus"
+           + (f", trained again at seeds {', '.join(map(str, confirm))} (mean ± std over all its seeds)."
+              if confirm else ".")]
+    for corpus in dict.fromkeys(r["corpus"] for r in rows):
+        out += ["", f"## {corpus} (`{next(r['data'] for r in rows if r['corpus'] == corpus)}`)", "",
+                "| arm | lr | matrix lr | val loss | all seeds at the best point |", "|---|---|---|---|---|"]
+        for r in (r for r in rows if r["corpus"] == corpus):
+            v = _f(r["val_loss"], ".4f")
+            if r["best"]:
+                v = f"**{v}**"
+            seeds_col = ""
+            if r["best"] and r["seeds_n"] > 1:
+                seeds_col = f"{r['seeds_mean']:.4f} ± {r['seeds_std']:.4f} (n={r['seeds_n']})"
+            out.append(f"| {r['arm']} | {r['lr']:g} | {_f(r['matrix_lr'], 'g')} | {v} | {seeds_col} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(rows, path: str, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[lr_sweep] matplotlib is not installed: no plot (pip install -e .[plots])", flush=True)
+        return False
+    corpora = list(dict.fromkeys(r["corpus"] for r in rows))
+    fig, axes = plt.subplots(1, len(corpora), figsize=(6 * len(corpora), 4.5), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora):
+        mine = [r for r in rows if r["corpus"] == corpus and r["val_loss"] is not None]
+        # one line per arm (per arm and rest-of-model lr when the matrices' lr was swept apart);
+        # x: the matrices' lr (= the lr for adamw arms)
+        split = {r["arm"] for r in mine if r["matrix_lr"] not in (None, r["lr"])}
+        lines = {}
+        for r in mine:
+            label = f"{r['arm']} (rest lr {r['lr']:g})" if r["arm"] in split else r["arm"]
+            lines.setdefault(label, []).append(r)
+        for label, rs in lines.items():
+            rs = sorted(rs, key=lambda r: r["matrix_lr"] or r["lr"])
+            xs = [r["matrix_lr"] or r["lr"] for r in rs]
+            line, = ax.plot(xs, [r["val_loss"] for r in rs], "o-", ms=4, label=label)
+            for r, x in zip(rs, xs):
+                if r["best"]:
+                    ax.plot([x], [r["val_loss"]], "*", ms=16, color=line.get_color(),
+                            markeredgecolor="k", zorder=5)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate (of the matrices for muon / root)")
+        ax.set_ylabel("validation loss")
+        ax.set_title(corpus)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(title + "  (★ best)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def header_of(args, argv, cfg_iters_tokens: int) -> dict:
+    from run_all import commit, software  # noqa: PLC0415 (one schema for every results JSON)
+
+    hw = None
+    try:
+        import torch
+
+        hw = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:
+        pass
+    return {"title": f"Learning-rate sweep, {args.iters} steps x {cfg_iters_tokens:,} tokens",
+            "hardware": hw, "software": software(), "commit": os.environ.get("FULLSTACK_COMMIT") or commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "command": shlex.join(["python", "benchmarks/lr_sweep.py",
+                                   *(argv if argv is not None else sys.argv[1:])]),
+            "iters": args.iters}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.iters <= 0:
+            raise A.UsageError("--iters must be positive")
+        if args.jobs < 1:
+            raise A.UsageError("--jobs must be >= 1")
+        points = build_points(args)
+        seeds = parse_seeds(args.seeds, "--seeds")
+        if not seeds:
+            raise A.UsageError("--seeds is empty")
+        confirm = parse_seeds(args.confirm_seeds, "--confirm-seeds")
+        if set(confirm) & set(seeds):
+            raise A.UsageError("--confirm-seeds repeats a seed of --seeds")
+    except A.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from megatron.training.config import load_config
+    from megatron.training.errors import UserError
+
+    args.min_lr_ratio = A.min_lr_ratio(args.config)
+    args.nproc, args.family_lrs = 1, {}
+    args.switches = {pt.run(s): pt.switches(s, args.min_lr_ratio) for pt in points for s in seeds + confirm}
+    args.data_of = {pt.run(s): pt.data for pt in points for s in seeds + confirm}
+    grid_runs = [pt.run(s) for pt in points for s in seeds]
+    try:   # one config per arm and corpus is enough to reject a bad --set or recipe up front
+        for pt in {(p.arm, p.data): p for p in points}.values():
+            cfg = load_config(args.config, A.arm_overrides(pt.run(seeds[0]), args))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry:
+        for n in grid_runs:
+            print(shlex.join(A.train_cmd(n, args)))
+        if confirm:
+            print(f"# then, at each (corpus, arm)'s best point: seeds {', '.join(map(str, confirm))}")
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    deadline = time.time() + args.time_budget if args.time_budget > 0 else None
+    status: dict = {}
+    todo = split_todo(grid_runs, args, status)
+    groups: dict = {}
+    for pt in points:
+        groups.setdefault((pt.corpus, pt.arm), []).append(pt)
+    confirmed: set = set()
+
+    def confirm_runs(_finished=None) -> list:
+        """The extra seeds of every group whose grid runs have all ended, not yet queued."""
+        out = []
+        for key, pts in groups.items():
+            if key in confirmed or not all(pt.run(s) in status for pt in pts for s in seeds):
+                continue
+            confirmed.add(key)
+            best = best_points(pts, summarize(pts, seeds, [], args, status))
+            out += split_todo([pt.run(s) for pt in best for s in confirm], args, status)
+        return out
+
+    if confirm:
+        todo += confirm_runs()
+    A.run_arms(todo, args, deadline, status, more=confirm_runs if confirm else None)
+    rows = summarize(points, seeds, confirm, args, status)
+
+    header = header_of(args, argv, cfg.train.global_batch_size * cfg.model.seq_length)
+    with open(os.path.join(args.out, "lr_sweep.md"), "w") as f:
+        f.write(markdown(rows, seeds, confirm, header))
+    doc = {"table": "lr_sweep", "title": header["title"], "hardware": header["hardware"],
+           "software": header["software"], "date": header["date"], "commit": header["commit"],
+           "command": header["command"], "rows": rows}
+    with open(os.path.join(args.out, "lr_sweep.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    plot(rows, os.path.join(args.out, "lr_sweep.png"), header["title"])
+    print(markdown(rows, seeds, confirm, header))
+    failed = [n for n, st in status.items() if st.startswith(("failed", "error"))]
+    for n in failed:
+        print(f"[lr_sweep] {n}: {status[n]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""One run per `checkpoint.save_dir`: an exclusive lock, and the start-up checks of the run's dirs.
+
+`prepare_run_dirs(cfg)` runs at start-up, before a checkpoint is looked for. Global rank 0
+  - refuses a `checkpoint.save_dir` or `logging.dir` that exists as a file, and a `latest` that
+    is not a file;
+  - takes `fcntl.flock(LOCK_EX | LOCK_NB)` on `<save_dir>/.lock` and writes the holder's host,
+    pid and start time into it. The lock lives as long as the process (the kernel drops it when
+    the process dies, SIGKILL included), so a second run on the same save_dir gets one `error:`
+    line naming the holder instead of resuming from, and overwriting, the first run's
+    checkpoints (tests/megatron/training/test_reliability.py::test_second_run_on_same_save_dir_is_refused).
+    A lock file left by a process that is gone is simply taken over (flock is free), with a
+    line saying whose it was;
+  - removes `iter_N.tmp/` leftovers of interrupted saves (only the lock holder may).
+The verdict is broadcast, so every rank raises the same `CheckpointError` (exit 2) together.
+flock is advisory and per host: two runs on different hosts sharing a save_dir over NFS
+are detected only where the file system implements flock across clients (NFSv4, Lustre do).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+
+import torch.distributed as dist
+
+from megatron.training import checkpoint_integrity as integrity
+from megatron.training.errors import CheckpointError, ConfigError
+
+LOCK_NAME = ".lock"
+_HELD: list = []  # open lock files of this process (closing one releases its lock)
+
+
+def _holder_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            h = json.load(f)
+        return f"host {h.get('host')}, pid {h.get('pid')}, started {h.get('started')}"
+    except (OSError, ValueError):
+        return "holder unknown"
+
+
+def acquire(save_dir: str) -> str | None:
+    """Take the lock on save_dir for this process; returns a note about a stale previous holder
+    (or None). Raises CheckpointError when another live process holds it."""
+    path = os.path.join(save_dir, LOCK_NAME)
+    if any(f.name == path for f in _HELD):
+        return None  # this process holds it already (a second Trainer in one process)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise CheckpointError(
+            f"checkpoint.save_dir={save_dir} is in use by another run ({_holder_text(path)}): "
+            "wait for it to finish or give this run another checkpoint.save_dir") from None
+    note = None
+    f.seek(0)
+    try:
+        prev = json.loads(f.read() or "null")
+    except ValueError:
+        prev = None
+    if prev and prev.get("pid") != os.getpid():
+        note = (f"[checkpoint] {save_dir}: taking over the lock of a run that is gone "
+                f"(host {prev.get('host')}, pid {prev.get('pid')}, started {prev.get('started')})")
+    f.seek(0)
+    f.truncate()
+    json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f)
+    f.flush()
+    _HELD.append(f)
+    return note
+
+
+def release_all() -> None:
+    while _HELD:
+        _HELD.pop().close()
+
+
+def _check_dirs(cfg) -> list[str]:
+    """Rank 0's checks and lock; returns the lines to print. Raises UserError."""
+    notes = []
+    for key, d in (("checkpoint.save_dir", cfg.checkpoint.save_dir), ("logging.dir", cfg.logging.dir)):
+        if d and os.path.exists(d) and not os.path.isdir(d):
+            raise ConfigError(f"{key}={d} exists and is not a directory: give a directory path")
+    save_dir = cfg.checkpoint.save_dir
+    if not save_dir:
+        return notes
+    try:
+        os.makedirs(save_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"checkpoint.save_dir={save_dir} cannot be created ({e.strerror})") from None
+    note = acquire(save_dir)
+    if note:
+        notes.append(note)
+    latest = os.path.join(save_dir, "latest")
+    if os.path.lexists(latest) and not os.path.isfile(latest):
+        raise CheckpointError(f"{latest} is not a file (the run writes its pointer there): remove it")
+    removed = integrity.clean_stale_tmp(save_dir)
+    if removed:
+        notes.append(f"[checkpoint] removed {len(removed)} interrupted save(s) in {save_dir}: {', '.join(removed)}")
+    return notes
+
+
+def prepare_run_dirs(cfg) -> None:
+    """Collective: every rank calls it; all raise the same error together."""
+    verdict = [None, None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            for line in _check_dirs(cfg):
+                print(line, flush=True)
+        except (CheckpointError, ConfigError) as e:
+            verdict = [type(e).__name__, str(e)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        raise (ConfigError if verdict[0] == "ConfigError" else CheckpointError)(verdict[1])

@@ -1,0 +1,131 @@
+"""benchmarks/lr_sweep.py on the CPU with a tiny model: a 2-point grid for an AdamW arm and a
+Root arm, then one confirmation seed at each best point.
+
+Checked against the runs' own metrics.jsonl (read here, independently of the script): every
+row's validation loss is the loss logged at the last step; the best point of each arm is the
+argmin of those losses; the confirmation seed ran only at the best point and the mean over the
+seeds is the mean of the logged losses; the JSON has the benchmarks/results schema; the plot
+exists; bad grids are refused with one `error:` line (exit 2). ablation.py's --family-lr puts
+each arm at its family's lr (q_root at root's, full_stack at adamw's).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.benchmarks.test_ablation import TINY, metrics
+from tests.scripts.test_evaluate import REPO, env, make_toy_data
+
+SWEEP = os.path.join(REPO, "benchmarks", "lr_sweep.py")
+
+
+def sweep(args, timeout=900):
+    return subprocess.run([sys.executable, SWEEP, *args], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_sweep_table_best_and_plot(tmp_path):
+    data = make_toy_data(str(tmp_path / "toy"))
+    out = str(tmp_path / "sweep")
+    p = sweep(["--arms", "bf16,root", "--lr-grid", "1e-3,3e-2", "--seeds", "1234", "--confirm-seeds", "7",
+               "--iters", "2", "--jobs", "2", "--data", data, "--out", out, "--set", *TINY])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    doc = json.load(open(os.path.join(out, "lr_sweep.json")))
+    assert set(doc) == {"table", "title", "hardware", "software", "date", "commit", "command", "rows"}
+    assert doc["table"] == "lr_sweep" and "lr_sweep.py" in doc["command"]
+    rows = doc["rows"]
+    assert sorted((r["arm"], r["lr"]) for r in rows) == [("bf16", 1e-3), ("bf16", 3e-2),
+                                                         ("root", 1e-3), ("root", 3e-2)]
+    for r in rows:
+        tag = {1e-3: "1e-03", 3e-2: "3e-02"}[r["lr"]]
+        rd = os.path.join(out, "toy", r["arm"], f"lr{tag}")
+        _, val = metrics(os.path.join(rd, "s1234"))
+        assert r["val_loss"] == pytest.approx(val[2])
+        assert r["matrix_lr"] == (r["lr"] if r["arm"] == "root" else None)
+        # the run trained at that lr (its resolved config)
+        cfg = yaml.safe_load(open(os.path.join(rd, "s1234", "config.yaml")))
+        assert cfg["optimizer"]["lr"] == pytest.approx(r["lr"])
+        assert cfg["optimizer"]["min_lr"] == pytest.approx(r["lr"] * 0.1)
+        assert cfg["train"]["seed"] == 1234
+        r["_dir"] = rd
+    for arm in ("bf16", "root"):
+        mine = [r for r in rows if r["arm"] == arm]
+        best = min(mine, key=lambda r: r["val_loss"])
+        assert [r["best"] for r in mine] == [r is best for r in mine]
+        seeds = {s: metrics(os.path.join(best["_dir"], s))[1][2] for s in ("s1234", "s7")}
+        assert best["seeds_n"] == 2 and best["seeds_mean"] == pytest.approx(statistics.fmean(seeds.values()))
+        other = next(r for r in mine if r is not best)
+        assert not os.path.exists(os.path.join(other["_dir"], "s7")) and other["seeds_n"] == 0
+    assert len({r["val_loss"] for r in rows}) == 4          # the lrs did change the runs
+    md = open(os.path.join(out, "lr_sweep.md")).read()
+    bold = [ln for ln in md.splitlines() if ln.startswith("|") and "**" in ln]
+    assert len(bold) == 2 and {ln.split("|")[1].strip() for ln in bold} == {"bf16", "root"}
+    assert any(ln.startswith("| root | 0.001 | 0.001 |") for ln in md.splitlines())
+    assert os.path.getsize(os.path.join(out, "lr_sweep.png")) > 0
+
+    # everything complete: a second call trains nothing and writes the same rows
+    p = sweep(["--arms", "bf16,root", "--lr-grid", "1e-3,3e-2", "--seeds", "1234", "--confirm-seeds", "7",
+               "--iters", "2", "--data", data, "--out", out, "--set", *TINY])
+    assert p.returncode == 0 and "starting" not in p.stdout, p.stdout[-2000:]
+    again = json.load(open(os.path.join(out, "lr_sweep.json")))["rows"]
+    assert [(r["val_loss"], r["best"]) for r in again] == [(r["val_loss"], r["best"]) for r in rows]
+
+
+@pytest.mark.parametrize("bad,msg", [
+    (["--lr-grid", "1e-3,-2e-3"], "positive"),
+    (["--lr-grid", "1e-3,x"], "not a number"),
+    (["--lr-grid", "1e-3,1e-3"], "twice"),
+    (["--lr-grid", ""], "not a number"),
+    (["--matrix-lr-grid", "0"], "positive"),
+    (["--seeds", "1,a"], "integer"),
+    (["--seeds", "1", "--confirm-seeds", "1"], "repeats"),
+    (["--arms", "bf16,nope"], "unknown arm"),
+    (["--data", "/nonexistent/dir"], "missing"),
+])
+def test_bad_grids_one_error_line(bad, msg, tmp_path):
+    p = sweep(["--dry", "--out", str(tmp_path), *bad])
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], p.stderr
+
+
+def _ablation():
+    spec = importlib.util.spec_from_file_location("ablation_script", os.path.join(REPO, "benchmarks", "ablation.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_family_lr_puts_each_arm_at_its_family_lr():
+    A = _ablation()
+    fam = A.parse_family_lr("adamw=2e-3,root=4e-3/8e-3")
+
+    class Args:
+        family_lrs, min_lr_ratio = fam, 0.1
+
+    def of(arm):
+        sw = A.arm_switches(arm, Args)
+        return {k: v for k, v in (s.split("=", 1) for s in sw)}
+    assert of("q_root")["optimizer.lr"] == "0.004" and of("q_root")["optimizer.orthogonal.lr_scale"] == "2"
+    assert of("full_stack_root")["optimizer.lr"] == "0.004" and of("root")["optimizer.min_lr"] == "0.0004"
+    assert of("full_stack")["optimizer.lr"] == "0.002" and of("q_adamw")["optimizer.lr"] == "0.002"
+    assert "optimizer.orthogonal.lr_scale" not in of("bf16")
+    assert "optimizer.lr" not in of("muon") and "optimizer.lr" not in of("full_stack_muon")  # not listed
+    for bad in ("adamw=2e-3/1e-2", "sgd=1e-3", "root=4e-3,root=1e-3", "muon=-1", "muon"):
+        with pytest.raises(A.UsageError):
+            A.parse_family_lr(bad)
+
+
+def test_ablation_bad_family_lr_one_error_line(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ablation.py"), "--dry",
+                        "--family-lr", "root=fast", "--out", str(tmp_path)], cwd=REPO, env=env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error: --family-lr root") \
+        and len(p.stderr.strip().splitlines()) == 1, p.stderr
