@@ -70,11 +70,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def iter_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 

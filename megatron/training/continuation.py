@@ -7,12 +7,19 @@ checkpoint's (meta.json keeps the resolved config and the lr schedule's segments
 difference the config does not state is refused with one `error:` line that names every key,
 old → new, and what to add to continue. Stating it:
 
-| changed keys                                      | accepted with                          | what happens from the resume iteration R |
-| ------------------------------------------------- | -------------------------------------- | ---------------------------------------- |
-| `optimizer.lr`, `min_lr`, `schedule`, `warmup_iters`, `wsd_decay_fraction`, `weight_decay` | `checkpoint.override_scheduler=true` | the new schedule (by absolute iteration, as a fresh run with these settings), reached from the saved curve's lr at R in `optimizer.warmup_iters` equal steps (`override` in schedules.py; `warmup_iters: 0` switches at once); the new weight decay applies from R |
-| `train.iters`, `optimizer.decay_iters`            | `train.continue_with: [extend]` (or `override_scheduler`) | the rest of the saved decay is stretched to the new horizon (`extend` in schedules.py): no lr jump, the run still ends at min_lr |
-| `train.global_batch_size`                         | `train.continue_with: [new_batch_size]` | the schedule stays in optimizer steps; the data continue at the consumed sample count |
-| `data.path`, `weights`, `split`, `valid_path`, `mock`, `reset_position_ids`, `reset_attention_mask`, `eod_mask_loss`, `model.seq_length`, `train.seed` | `train.continue_with: [new_data]` | the new data are read from the consumed sample count on |
+* `optimizer.lr`, `min_lr`, `schedule`, `warmup_iters`, `wsd_decay_fraction`, `weight_decay`:
+  `checkpoint.override_scheduler=true`. From the resume iteration R the new schedule (by
+  absolute iteration, as a fresh run with these settings), reached from the saved curve's lr at
+  R in `optimizer.warmup_iters` equal steps (`override` in schedules.py; `warmup_iters: 0`
+  switches at once); the new weight decay applies from R.
+* `train.iters`, `optimizer.decay_iters` (the decay horizon): `train.continue_with: [extend]`
+  (or `override_scheduler`). The rest of the saved decay is stretched to the new horizon
+  (`extend` in schedules.py): no lr jump, and the run still ends at min_lr.
+* `train.global_batch_size`: `train.continue_with: [new_batch_size]`. The schedule stays in
+  optimizer steps; the data continue at the consumed sample count.
+* `data.path`, `weights`, `split`, `valid_path`, `mock`, `reset_position_ids`,
+  `reset_attention_mask`, `eod_mask_loss`, `model.seq_length`, `train.seed`:
+  `train.continue_with: [new_data]`. The new data are read from the consumed sample count on.
 
 The model shape, the FP4 recipes, the optimizer and the tokenizer (vocabulary size and file
 checksum) are checked by `checkpointing.check_compatible` and cannot be overridden on a full

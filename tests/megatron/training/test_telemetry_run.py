@@ -43,7 +43,7 @@ def test_forced_fallback_switches_saves_and_survives_resume(tmp_path):
 
     # Resume to iteration 4: the modules stay in BF16, so telemetry (which measures NVFP4 linears
     # only) has nothing to report at iteration 4, and nothing switches again.
-    r = helpers.run(helpers.base_config(d), common + ["train.iters=4"])
+    r = helpers.run(helpers.base_config(d), common + ["train.iters=4", "train.continue_with=extend"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[fp4.fallback] resumed with {N_LINEARS} module(s) in BF16" in r.stdout, r.stdout[-3000:]
     assert not [ln for ln in r.stdout.splitlines() if ln.startswith("[fp4.fallback] iteration")]
