@@ -82,8 +82,7 @@ ARMS = {
                           "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"],
     "full_stack": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn"],
     "full_stack_root": ["fp4.linear=lora_svd", "optimizer.name=q_root", "fp4.attention=q_attn"],
-    # LoRA-SVD + Q-Attn + Q-Muon; the rest of the model on torch AdamW, as q_muon has it
-    # (q_root takes QAdamW for the rest: fullstack_fp4/integration/optimizers.py)
+    # LoRA-SVD + Q-Attn + Q-Muon (QAdamW for the rest: fullstack_fp4/integration/optimizers.py)
     "full_stack_muon": ["fp4.linear=lora_svd", "optimizer.name=q_muon", "fp4.attention=q_attn"],
     # BF16 grad buffer read in place by Q-AdamW (docs/perf/q-adamw.md, memory)
     "q_adamw_bf16_grads": ["optimizer.name=q_adamw", "parallel.grad_reduce_in_fp32=false"],

@@ -300,13 +300,13 @@ def main(argv=None) -> int:
             raise A.UsageError("--iters must be positive")
         if args.jobs < 1:
             raise A.UsageError("--jobs must be >= 1")
-        points = build_points(args)
         seeds = parse_seeds(args.seeds, "--seeds")
         if not seeds:
             raise A.UsageError("--seeds is empty")
         confirm = parse_seeds(args.confirm_seeds, "--confirm-seeds")
         if set(confirm) & set(seeds):
             raise A.UsageError("--confirm-seeds repeats a seed of --seeds")
+        points = build_points(args)   # grids, arms, and the data directories last
     except A.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

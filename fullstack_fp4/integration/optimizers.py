@@ -12,8 +12,8 @@ stay megatron-core's. `convert_optimizer` then replaces the wrapper's inner torc
 - `muon | q_muon | root | q_root`: a `SplitOptimizer` (one inner optimizer that dispatches
   by parameter) holding Muon/Root for the 2-D transformer-layer matrices (`linear_qkv`,
   `linear_proj`, `linear_fc1`, `linear_fc2` weights) and megatron's AdamW (torch AdamW with
-  the same defaults) for everything else — `q_root` takes QAdamW for the rest (the paper's
-  full-stack ROOT arm); `q_muon` keeps AdamW for the rest.
+  the same defaults) for everything else — `q_root` and `q_muon` take QAdamW for the rest (the
+  paper's full-stack ROOT arm: every optimizer state of the model in 4 bits).
 
 Why one wrapper with a dispatching inner optimizer and not megatron's `ChainedOptimizer` of
 two wrappers: `build_optimizer` returns the wrapper object megatron built, so the recipe has
@@ -70,6 +70,7 @@ __all__ = ["convert_optimizer", "SplitOptimizer", "qkv_row_permutation", "is_ort
 MATRIX_SUFFIXES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
                    "linear_fc2.weight")
 ORTHOGONAL = ("muon", "q_muon", "root", "q_root")
+Q_ORTHOGONAL = ("q_muon", "q_root")   # NVFP4 Newton–Schulz, QAdamW for the rest
 STATE_KEY = "optimizer.fullstack_fp4.inner_state"
 FORMAT = 1
 # torch-AdamW-only keys dropped from a megatron group before it becomes a Muon/Root group.
@@ -484,7 +485,7 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
         name_of = {id(p): n for n, p in named}
         mats, rest = [], []
         if distopt:
-            if name == "q_root":   # the rest goes to QAdamW: pieces need their placement
+            if name in Q_ORTHOGONAL:   # the rest goes to QAdamW: pieces need their placement
                 place_distributed_shards(wrapper, model_chunks)
             dp_mats = dp_matrix_specs(wrapper, named)
             main_of = {id(mp): spec for mp, spec in dp_mats}
@@ -516,7 +517,7 @@ def _convert_wrapper(wrapper, cfg, model_chunks) -> None:
             orth.set_dp_matrices([spec for _, spec in dp_mats], wrapper.data_parallel_group)
         subs = [orth]
         if rest:
-            subs.append(_q_adamw(rest, cfg) if name == "q_root" else _same_kind(old, rest, pieces=distopt))
+            subs.append(_q_adamw(rest, cfg) if name in Q_ORTHOGONAL else _same_kind(old, rest, pieces=distopt))
         new = SplitOptimizer(subs)
     wrapper.optimizer = new
     wrapper.fp4_param_names = _inner_param_names(wrapper, model_chunks)
