@@ -402,7 +402,7 @@ def main():
     ap.add_argument("--multi-rows", action="store_true",
                     help="also kernel and QAdamW rows with one multi-tensor launch a step")
     ap.add_argument("--streams-rows", action="store_true",
-                    help="also QAdamW rows with launch_streams 1 and 3 (the default is 2)")
+                    help="also QAdamW rows with launch_streams 2 and 3 (the default is 1)")
     ap.add_argument("--fast-div-rows", action="store_true",
                     help="also kernel and QAdamW rows with the approximate update division")
     ap.add_argument("--sweep", action="store_true",
@@ -444,9 +444,9 @@ def main():
         kernel_rows(args, gd, res)
 
     makers = [("QAdamW (fused Triton)", lambda ps: QAdamW(ps, lr=1e-3))]
-    if args.streams_rows:   # the default launch_streams is 2
-        makers.append(("QAdamW (fused Triton, launch_streams=1)",
-                       lambda ps: QAdamW(ps, lr=1e-3, launch_streams=1)))
+    if args.streams_rows:   # the default launch_streams is 1
+        makers.append(("QAdamW (fused Triton, launch_streams=2)",
+                       lambda ps: QAdamW(ps, lr=1e-3, launch_streams=2)))
         makers.append(("QAdamW (fused Triton, launch_streams=3)",
                        lambda ps: QAdamW(ps, lr=1e-3, launch_streams=3)))
     if args.fast_div_rows:

@@ -1,10 +1,12 @@
 """Kernel knobs: every environment variable that changes how a kernel of the recipes runs.
 
-Each is read once, here, at import; the kernels read the attribute of this module at launch
+Each is read once, here, at import. The kernels read the attribute of this module at launch
 time, so a benchmark sweep or a test sets the attribute (``knobs.QATTN_PROLOGUE = (16, 4)``,
-``monkeypatch.setattr(knobs, ...)``) rather than the environment. **None of them changes a
+``monkeypatch.setattr(knobs, ...)``) rather than the environment; the exception is
+:data:`LEAN_LAUNCH`, which ``nvfp4/kernels/launch.py`` copies at its own import (afterwards only
+its ``set_mode`` changes the mode, not this attribute). **None of them changes a
 bit of any result**: they pick tilings, launch paths and storage of the same numbers (each
-entry names the test that checks it). Anything that changes numerics is a validated config
+entry names what checks it). Anything that changes numerics is a validated config
 key (``megatron/training/config_schema.py``), never an environment variable; so the tilings
 that change an FP32 accumulation order (:data:`QATTN_FWD`, :data:`QATTN_BWD`) and the GEMM
 backend (``nvfp4.gemm.set_gemm_backend``) are set from code only, by the benchmarks that
@@ -32,9 +34,10 @@ never stops a run).
 
 ``FP4_DEQUANT_NBP``, ``FP4_DEQUANT_WARPS`` → :data:`DEQUANT_NBP`, :data:`DEQUANT_WARPS`
     Blocks per program (a power of two, default 256) and warps (1, 2, 4, 8 or 16, default 8)
-    of the NVFP4 decode kernel. Same bits at every tiling (``tests/fullstack_fp4/nvfp4/
-    test_triton_quantize.py``; each block decodes alone). Swept by
-    ``benchmarks/bench_decode.py --sweep``.
+    of the NVFP4 decode kernel. Same bits at every tiling: each output is computed from its own
+    16-block's code bytes and scale byte alone (``nvfp4/kernels/decode.py``), so the tiling only
+    picks which program computes it. Swept by ``benchmarks/bench_decode.py --sweep``, which
+    checks each setting bit for bit before timing it.
 
 ``FP4_QATTN_PROLOGUE`` → :data:`QATTN_PROLOGUE`
     ``"rows,warps"`` of the Q-Attn views kernel (rows a power of two >= 16). Bit-identical

@@ -544,6 +544,8 @@ def import_hf(src: str, out: str, *, precision: str = "auto", seq_length: int | 
               flush=True)
     theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 10000.0))
     out = os.path.abspath(out)
+    if os.path.isdir(out) and os.listdir(out):   # never prune or overwrite another run's checkpoints
+        raise ConvertError(f"--out {out} exists and is not empty: choose another folder or remove it")
     os.makedirs(out, exist_ok=True)
     tok_dir = None
     tok_names = [n for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",

@@ -8,7 +8,7 @@ The five GEMMs of attention (names used everywhere in this package):
     dp : dP = dO Vᵀ        backward, reduction over head_dim
     ds : dQ = dS K and dK = dSᵀ Q   backward, reduction over keys / queries
 
-Default (the paper's recipe, DESIGN.md recipe 4): ``qk`` and ``ds`` in NVFP4, the three
+Default (the paper's attention recipe): ``qk`` and ``ds`` in NVFP4, the three
 softmax-sensitive paths (``pv``, ``dv``, ``dp``: they multiply the probabilities or produce
 ``dP``, whose error is amplified by ``P ⊙ (dP − D)``) in BF16. ``paths`` overrides any subset,
 e.g. ``{"ds": "bf16"}`` or ``{"pv": "nvfp4"}``; the error table switches one at a time.

@@ -2,7 +2,7 @@
 
 One program per (b·h, BLOCK_M queries). Operands are the prologue's views: ``q_hd``, ``k_hd``
 hold ``code · block_scale`` in BF16 (exact), so ``tl.dot`` on them is the NVFP4 GEMM up to
-accumulation order (emulation on Hopper: DESIGN.md "Hardware"); the two per-head decode scales,
+accumulation order (Hopper has no FP4 tensor cores: BENCHMARKS.md#setup); the two per-head decode scales,
 the softmax scale and log2(e) are folded into one FP32 factor applied to the accumulator.
 Online softmax in FP32 with exp2; ``P`` is rounded to BF16 for ``O += P V`` (BF16 path, FP32
 accumulation). Causal programs split the key loop: blocks left of the diagonal need no mask,

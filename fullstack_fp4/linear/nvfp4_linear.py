@@ -65,7 +65,7 @@ backward   one amax pass over dY (both amaxes); one kernel reads dY and writes b
            operands, dY (1×16, SR) for dgrad and RHT(dYᵀ) ``[out, T_pad]`` (SR) for wgrad,
            neither as codes, and both GEMMs' alphas; the saved W and RHT(xᵀ) codes are
            decoded in one launch.
-GEMMs      ``gemm.decoded_matmul`` on the same operand layouts as before: one cuBLASLt call
+GEMMs      ``gemm.decoded_matmul`` on the decoded operands above: one cuBLASLt call
            that reads the alpha ``ts_a · ts_b`` by device pointer and writes the output dtype
            (or adds into the wgrad buffer); backend ``cublas``: ``torch.mm`` with FP32 output,
            then one Triton pass for ``(acc · ts_a · ts_b) → out dtype``.

@@ -7,8 +7,8 @@ Tables (keyed by ``(min(rows, cols), max(rows, cols))``):
 
 * ``MUON``: Keller Jordan's ``(3.4445, -4.7750, 2.0315)``, tuned for speed of growth of small
   singular values, not for convergence (it leaves them oscillating in roughly [0.7, 1.2]).
-* ``ROOT_PUBLISHED``: the shape-dependent triples published with ROOT (arXiv 2511.20626),
-  copied from DESIGN.md; any other shape falls back to Muon's (as ROOT does).
+* ``ROOT_PUBLISHED``: the shape-dependent triples published with ROOT (arXiv 2511.20626);
+  any other shape falls back to Muon's (as ROOT does).
 * ``FP4_FITTED``: our per-step schedules for the preset shapes, fitted by
   ``benchmarks/studies/fit_ns_coefficients.py`` against NVFP4 NS (see that script for the method). A shape
   not in the table takes the entry with the nearest aspect ratio ``log(max/min)``: aspect ratio,

@@ -59,7 +59,7 @@ _ITER_RE = integrity.ITER_RE
 SHAPE_KEYS = {
     "model": ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
               "position_embedding", "make_vocab_size_divisible_by", "vocab_size"),
-    "fp4": ("linear", "attention", "bf16_first_layers", "bf16_last_layers"),
+    "fp4": ("linear", "attention", "bf16_first_layers", "bf16_last_layers", "keep_bf16"),
     "fp4.lora_svd": ("rank", "beta"),
     "optimizer": ("name",),
 }
@@ -183,19 +183,30 @@ def _lookup(tree: dict, dotted: str) -> dict:
     return tree
 
 
+def effective_shape_value(section: str, key: str, value, tokenizer: dict | None):
+    """The value a shape key stands for: `model.vocab_size` unset means the tokenizer's size
+    (what the model is built with); an empty or absent `fp4.keep_bf16` is no pattern."""
+    if (section, key) == ("model", "vocab_size") and value is None and tokenizer:
+        return tokenizer.get("vocab_size")
+    if (section, key) == ("fp4", "keep_bf16"):
+        return list(value or [])
+    return value
+
+
 def check_compatible(meta: dict, cfg, path: str, tokenizer: dict | None = None) -> None:
     """Refuse a checkpoint whose shapes or tokenizer differ from this run's. `tokenizer`: this
     run's {"vocab_size", "crc32"} (of the tokenizer file; None for mock data), compared with the
     one saved in meta.json when both exist."""
     saved = meta.get("config", {})
     now = to_dict(cfg)
+    tok_saved, tok_now = meta.get("tokenizer"), tokenizer
     diffs = []
     for section, keys in SHAPE_KEYS.items():
         for k in keys:
-            a, b = _lookup(saved, section).get(k), _lookup(now, section)[k]
+            a = effective_shape_value(section, k, _lookup(saved, section).get(k), tok_saved)
+            b = effective_shape_value(section, k, _lookup(now, section)[k], tok_now)
             if a != b:
                 diffs.append(f"{section}.{k}: checkpoint {a!r}, config {b!r}")
-    tok_saved, tok_now = meta.get("tokenizer"), tokenizer
     if tok_saved is not None and tok_now is not None:
         for k in ("vocab_size", "crc32"):
             if tok_saved.get(k) != tok_now.get(k):
@@ -286,12 +297,17 @@ def save_checkpoint(save_dir: str, iteration: int, *, model, optimizer, train_st
                 os.fsync(f.fileno())
             os.replace(os.path.join(tmp, "meta.json.part"), os.path.join(tmp, "meta.json"))
             _install(tmp, final)
-            with open(os.path.join(save_dir, "latest.part"), "w") as f:
-                f.write(iter_dir_name(iteration))
-            os.replace(os.path.join(save_dir, "latest.part"), os.path.join(save_dir, "latest"))
-            _prune(save_dir, keep_last, protect_before)
         except OSError as e:
             failure = e
+        if failure is None:   # the checkpoint is complete: what follows is bookkeeping
+            try:
+                with open(os.path.join(save_dir, "latest.part"), "w") as f:
+                    f.write(iter_dir_name(iteration))
+                os.replace(os.path.join(save_dir, "latest.part"), os.path.join(save_dir, "latest"))
+                _prune(save_dir, keep_last, protect_before)
+            except OSError as e:   # `latest` is never followed on load; pruning is retried next save
+                print(f"[checkpoint] saved {final}, but could not update {save_dir}/latest or prune "
+                      f"older checkpoints: {e}", flush=True)
     _raise_if_any_failed(failure, tmp, final)
     return final
 

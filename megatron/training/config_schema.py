@@ -72,7 +72,7 @@ class OrthogonalConfig:
     clip_percentile: Optional[float] = None  # None: the recipe's default
     lr_scale: float = 1.0  # multiplies optimizer.lr for the orthogonalised matrices
     nvfp4_terms: int = 2  # q_root / q_muon: NVFP4 operands per NS matrix (1: faster, ~9% final error; 2: ~1%)
-    cuda_graph: bool = True  # on CUDA, run each Newton-Schulz as a CUDA graph captured once per matrix shape: same kernels and values, one launch instead of ~55-80 per NVFP4 NS step (fullstack_fp4/optim/newton_schulz.py: newton_schulz_graphed); costs the captured buffers (+0.5 GiB optimizer-phase peak for Root at the 3b shapes, BENCHMARKS.md#newtonschulz-root-and-muon)
+    cuda_graph: bool = True  # on CUDA, run each Newton-Schulz as a CUDA graph captured once per matrix shape: same kernels and values, one launch instead of ~55-80 per NVFP4 NS step (fullstack_fp4/optim/newton_schulz.py: newton_schulz_graphed); costs the captured graph's buffers, one set per matrix shape (BENCHMARKS.md#newtonschulz-root-and-muon)
     tp_mode: str = "duplicated"  # TP>1: duplicated (gather each TP-split matrix, every rank runs NS on the whole: same numbers as 1 GPU) | blockwise (NS on the local shard only: cheaper, a different algorithm)
 
 

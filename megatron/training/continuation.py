@@ -348,15 +348,25 @@ def _check_weights_compatible(meta: dict, cfg, path: str, tokenizer: dict | None
     from megatron.training.config_schema import to_dict
 
     saved, now = meta.get("config") or {}, to_dict(cfg)
+    tok = meta.get("tokenizer")
+    # What must match is the parameter set: the model's shape, and which linears carry LoRA-SVD
+    # factors. A fine-tune may take another optimizer (its state starts fresh) and another
+    # precision where the parameters are the same (bf16 / nvfp4 linears, bf16 / q_attn).
+    lora = "lora_svd" in (_get(saved, "fp4.linear"), _get(now, "fp4.linear"))
     diffs = []
     for section, keys in checkpointing.SHAPE_KEYS.items():
-        if section == "optimizer":
-            continue   # a fine-tune may use another optimizer: its state starts fresh
+        if section == "optimizer" or (section.startswith("fp4") and not lora):
+            continue
         for k in keys:
+            if section == "fp4" and k == "attention":
+                continue
             a, b = _get(saved, f"{section}.{k}"), _get(now, f"{section}.{k}")
-            if a is not _MISSING and a != b:
+            if a is _MISSING:
+                continue
+            a = checkpointing.effective_shape_value(section, k, a, tok)
+            b = checkpointing.effective_shape_value(section, k, b, tokenizer)
+            if a != b:
                 diffs.append(f"{section}.{k}: checkpoint {_fmt(a)}, config {_fmt(b)}")
-    tok = meta.get("tokenizer")
     if tok and tokenizer:
         for k in ("vocab_size", "crc32"):
             if tok.get(k) != tokenizer.get(k):

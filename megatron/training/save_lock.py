@@ -91,13 +91,19 @@ def _check_dirs(cfg) -> list[str]:
         os.makedirs(save_dir, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"checkpoint.save_dir={save_dir} cannot be created ({e.strerror})") from None
-    note = acquire(save_dir)
+    try:
+        note = acquire(save_dir)
+    except OSError as e:   # read-only or not ours: no lock file can be made
+        raise CheckpointError(f"checkpoint.save_dir={save_dir}: cannot take its lock ({e.strerror})") from None
     if note:
         notes.append(note)
     latest = os.path.join(save_dir, "latest")
     if os.path.lexists(latest) and not os.path.isfile(latest):
         raise CheckpointError(f"{latest} is not a file (the run writes its pointer there): remove it")
-    removed = integrity.clean_stale_tmp(save_dir)
+    try:
+        removed = integrity.clean_stale_tmp(save_dir)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint.save_dir={save_dir}: cannot remove interrupted saves ({e.strerror})") from None
     if removed:
         notes.append(f"[checkpoint] removed {len(removed)} interrupted save(s) in {save_dir}: {', '.join(removed)}")
     return notes
@@ -112,6 +118,8 @@ def prepare_run_dirs(cfg) -> None:
                 print(line, flush=True)
         except (CheckpointError, ConfigError) as e:
             verdict = [type(e).__name__, str(e)]
+        except OSError as e:   # any other file-system fault: one line on every rank, not a hang
+            verdict = ["CheckpointError", f"checkpoint.save_dir={cfg.checkpoint.save_dir}: {e}"]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:

@@ -275,6 +275,10 @@ def tokenizer_kind(path: str) -> tuple[str, str]:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TokenizerError(f"tokenizer file {path} is not readable JSON ({exc})") from None
         if isinstance(blob, dict) and "model" in blob:
+            # Hugging Face's loader reads a folder's tokenizer.json (beside its config files)
+            if os.path.basename(path) != "tokenizer.json":
+                raise TokenizerError(f"{path} is a Hugging Face tokenizer file: name it tokenizer.json "
+                                     "(its folder may hold tokenizer_config.json) or pass its folder")
             return "huggingface", path
         if isinstance(blob, list) and blob and isinstance(blob[0], dict) and "token_bytes" in blob[0]:
             return "tiktoken", path

@@ -259,7 +259,12 @@ class Trainer:
         return path
 
     def _checkpoint_extra(self) -> dict:
-        extra = {"guard": self.guard.state_dict(), "fp4_fallback": fallback_state([self.model])}
+        # telemetry fallbacks only: what fp4.bf16_from switched follows from the step and the
+        # schedule of the run that resumes (a longer run switches later)
+        fallback = fallback_state([self.model])
+        scheduled = set(self.precision.switched)
+        fallback["bf16_modules"] = [p for p in fallback["bf16_modules"] if p not in scheduled]
+        extra = {"guard": self.guard.state_dict(), "fp4_fallback": fallback}
         if self.fallback:
             extra["fallback_policy"] = self.fallback.state_dict()
         return extra

@@ -245,6 +245,13 @@ def test_bad_input_is_one_error_line(tmp_path):
         errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
         assert p.returncode == 2 and len(errors) == 1 and message in errors[0], (argv, p.stderr[-2000:])
         assert "Traceback" not in p.stderr
+    # an --out that holds another run's checkpoints is refused, and left as it was
+    busy = tmp_path / "busy"
+    (busy / "iter_0000500").mkdir(parents=True)
+    p = run([CONVERT, "import", "--src", _bad_hf(tmp_path, "good", llama, good), "--out", str(busy)], timeout=120)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and len(errors) == 1 and "exists and is not empty" in errors[0], p.stderr[-2000:]
+    assert sorted(os.listdir(busy)) == ["iter_0000500"]
 
 
 def test_name_map_round_trip():

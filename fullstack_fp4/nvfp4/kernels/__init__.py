@@ -12,5 +12,7 @@
 * ``cublaslt`` — the emulated GEMM as one cuBLASLt call with the scales read on the device;
 * ``launch`` — the lean launcher every Triton launch of the recipes goes through.
 
-Importing this package needs Triton; ``nvfp4.quantize`` and ``nvfp4.gemm`` import it lazily.
+Importing this package loads none of them and needs no Triton; the kernel modules import Triton
+(``cublaslt`` and ``launch`` run without it), and ``nvfp4.quantize`` and ``nvfp4.gemm`` import
+them lazily.
 """

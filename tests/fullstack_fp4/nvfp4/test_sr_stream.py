@@ -36,7 +36,8 @@ def test_row_split_is_a_bijection_of_16_rows():
 
 def test_triton_draws_are_the_stream():
     """The Triton helpers' uniforms (``philox_uniforms`` dumps them through the tiled kernels'
-    ``_philox_halves``) equal the PyTorch stream, 64-bit seed and a ragged row count included."""
+    ``fp4_math.philox_halves``) equal the PyTorch stream, 64-bit seed and a ragged row count
+    included."""
     from fullstack_fp4.nvfp4.kernels.quantize import philox_uniforms
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     dev = "cuda" if (torch.cuda.is_available() and not interpret) else "cpu"

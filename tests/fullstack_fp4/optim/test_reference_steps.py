@@ -18,11 +18,12 @@ on fixed heavy-tailed gradients (Student-t, 3 degrees of freedom: many entries f
   and pointing the same way (cosine ≥ 0.998). Why 6 %: BF16 keeps 8 significant bits (unit
   roundoff 2⁻⁹ ≈ 0.2 %); each of the 5 NS steps rounds three products and its output, and the
   quintic's slope near σ ≈ 1 (|f'| up to ~3 for Muon's triple) amplifies what earlier steps
-  left, so the final error is a few percent: DESIGN.md's 2.1 % at 3072×8192, 1.8–4.6 % on the
-  3b NS inputs and 5.1 % on average over small random matrices (fullstack_fp4/optim/ORTHOGONAL.md,
-  "BF16 NS" rows). The variant the reference is not (Root clamping the plain momentum at the
-  quantile of |G|) is 43–52 % away on these gradients from the second step on (cosine
-  0.86–0.91) and fails this test (checked below); ours is 3–4 % away (cosine 0.9994).
+  left, so the final error is a few percent: 2.0 % at 3072×8192
+  (BENCHMARKS.md#newtonschulz-root-and-muon), 1.8–4.6 % on the 3b NS inputs and 5.1 % on
+  average over small random matrices (fullstack_fp4/optim/ORTHOGONAL.md, "BF16 NS" rows). The
+  variant the reference is not (Root clamping the plain momentum at the quantile of |G|) is
+  43–52 % away on these gradients from the second step on (cosine 0.86–0.91) and fails
+  this test (checked below); ours is 3–4 % away (cosine 0.9994).
 """
 from __future__ import annotations
 

@@ -332,6 +332,23 @@ def test_weights_only_refreshes_the_bf16_master_weights(tmp_path, _dist):
     assert all(torch.equal(ft.gpt.state_dict()[k], v) for k, v in trained.items())
 
 
+def test_weights_only_takes_another_precision_of_the_same_parameters(base, tmp_path, _dist):
+    """A BF16 checkpoint starts an NVFP4 + Q-Attn fine-tune (the same parameters); LoRA-SVD,
+    which adds factor parameters, is refused by name."""
+    import torch
+
+    src = {k: v for k, v in _trainer(f"checkpoint.load={base}/ck/iter_0000006", "checkpoint.save_dir=null",
+                                     "logging.dir=null").gpt.state_dict().items() if v is not None}
+    ft = _trainer(f"checkpoint.load={base}/ck/iter_0000006", "checkpoint.load_mode=weights_only",
+                  "fp4.linear=nvfp4", "fp4.attention=q_attn", f"checkpoint.save_dir={tmp_path}/ft",
+                  "logging.dir=null")
+    got = ft.gpt.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in src.items())
+    with pytest.raises(CheckpointError, match="fp4.linear: checkpoint bf16, config lora_svd"):
+        _trainer(f"checkpoint.load={base}/ck/iter_0000006", "checkpoint.load_mode=weights_only",
+                 "fp4.linear=lora_svd", f"checkpoint.save_dir={tmp_path}/ft2", "logging.dir=null")
+
+
 def test_weights_only_from_its_own_directory_is_refused(base, _dist):
     with pytest.raises(CheckpointError, match="give the new run its own checkpoint.save_dir"):
         _trainer(f"checkpoint.load={base}/ck/iter_0000006", "checkpoint.load_mode=weights_only",

@@ -131,6 +131,10 @@ def test_hugging_face_and_tiktoken_tokenizers_match_their_libraries(corpus, tmp_
         load_tokenizer(str(tmp_path / "other.json"))
     with pytest.raises(TokenizerError, match="directory without tokenizer.model or tokenizer.json"):
         load_tokenizer(str(tmp_path))
+    # another name: the loader would read the folder's tokenizer.json instead, so it is refused
+    (tmp_path / "hf" / "mine.json").write_text((tmp_path / "hf" / "tokenizer.json").read_text())
+    with pytest.raises(TokenizerError, match="name it tokenizer.json"):
+        load_tokenizer(str(tmp_path / "hf" / "mine.json"))
 
 
 def test_indexed_dataset_round_trip(corpus):

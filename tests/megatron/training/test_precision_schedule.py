@@ -46,6 +46,8 @@ def test_switch_step(value, iters, step):
     (["fp4.linear=nvfp4", "fp4.bf16_from=soon"], "must be an integer or a number"),
     (["fp4.linear=nvfp4", "fp4.bf16_from=true"], "must be an integer or a number"),
     (["fp4.bf16_from=2"], "both are bf16 here"),
+    (["fp4.linear=nvfp4", "fp4.linear_scale_rule=4over6", "logging.quant_stats_interval=10"],
+     "set logging.quant_stats_interval=0"),
 ])
 def test_bad_values_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -179,3 +181,26 @@ def _evaluate_uses_the_checkpoints_precision(d):
             assert quantized or not calls
     finally:
         mp.undo()
+
+
+def test_a_longer_resumed_run_switches_at_its_own_fraction(tmp_path):
+    """What the schedule switched is not saved as a telemetry fallback: a run continued to a new
+    length (train.continue_with=extend) runs FP4 again until f of the new length."""
+    import os
+
+    import torch
+
+    d = str(tmp_path)
+    cfg = helpers.base_config(d)
+    run = ["fp4.linear=nvfp4", "fp4.attention=q_attn", "fp4.bf16_from=0.75", "train.eval_interval=100",
+           f"checkpoint.save_dir={d}/ck", f"logging.dir={d}/log", "checkpoint.save_interval=4"]
+    r = helpers.run(cfg, run + ["train.iters=4"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[precision] iteration 3:" in r.stdout, r.stdout[-2000:]
+    extra = torch.load(os.path.join(d, "ck", "iter_0000004", "extra", "rank_00000.pt"), weights_only=False)
+    assert extra["fp4_fallback"]["bf16_modules"] == []
+    r = helpers.run(cfg, run + ["train.iters=8", "train.continue_with=extend"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[fp4.fallback]" not in r.stdout, r.stdout[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[precision]")]
+    assert len(lines) == 1 and lines[0].startswith("[precision] iteration 6: "), lines

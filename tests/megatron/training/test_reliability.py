@@ -445,3 +445,16 @@ def test_signal_during_startup_stops_cleanly(tmp_path, sig):
     assert f"[train] {sig} during start-up: stopped before the first step" in out
     ckpt = os.path.join(d, "ckpt")
     assert not os.path.isdir(ckpt) or not [n for n in os.listdir(ckpt) if n.startswith("iter_")]
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs sysfs: a directory no one can write")
+def test_a_save_dir_that_cannot_hold_the_lock_is_one_error():
+    """Not even root can create a file in sysfs: the lock file's OSError becomes the CheckpointError
+    every rank raises (one `error:` line), not a traceback on rank 0 while the others wait."""
+    from megatron.training import save_lock
+    from megatron.training.config import load_config
+
+    cfg = load_config(None, ["model.preset=tiny", "data.mock=true", "checkpoint.save_dir=/sys/kernel",
+                             "logging.dir=null"], validate=False)
+    with pytest.raises(CheckpointError, match=r"checkpoint.save_dir=/sys/kernel: cannot take its lock"):
+        save_lock.prepare_run_dirs(cfg)
