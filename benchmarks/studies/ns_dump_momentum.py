@@ -74,8 +74,8 @@ def collect(trainer) -> dict:
                     out[f"{key}.grad"] = gb.cpu().clone()
                     if isinstance(opt, Muon):
                         d = gb.lerp(mb, group["momentum"]) if group["nesterov"] else mb
-                    else:
-                        d = opt._pre_ns(mb, gb, group)
+                    else:   # Root: Nesterov D = G + μM (or M), clamped at its own 0.9 quantile
+                        d = opt._pre_ns(gb + group["momentum"] * mb if group["nesterov"] else mb, group)
                     out[f"{key}.ns_input"] = d.float().cpu().clone()
     return out
 

@@ -156,10 +156,8 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
     def _momentum(self, g, state, group):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _pre_ns(self, d_block, g_block, group):
-        """The matrix NS orthogonalises, from one logical block of D. ``g_block``: the
-        gradient's block where the caller has it (diagnostics), else None; neither Muon nor
-        Root reads it (Root's ε comes from D)."""
+    def _pre_ns(self, d_block, group):
+        """The matrix NS orthogonalises, from one logical block of D (Muon: D itself)."""
         return d_block
 
     def _scale(self, rows, cols, group) -> float:  # pragma: no cover - abstract
@@ -227,7 +225,7 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
         tp_axis, tp_group = getattr(spec, "ns_tp_axis", None), getattr(spec, "ns_tp_group", None)
         for d_b, u_b in zip(split_blocks(d, spec), split_blocks(update, spec)):
             if tp_axis is None:
-                o = self.orthogonalize(self._pre_ns(d_b, None, group), group)
+                o = self.orthogonalize(self._pre_ns(d_b, group), group)
                 u_b.copy_(o.to(dtype) * self._scale(d_b.shape[0], d_b.shape[1], group))
             else:
                 u_b.copy_(self._orthogonalize_tp(d_b, tp_axis, tp_group, group, dtype))
@@ -269,7 +267,7 @@ class OrthogonalOptimizer(torch.optim.Optimizer):
 
         rank = dist.get_rank(group=tp_group)
         d_f = _all_gather_along(d_b, axis, tp_group)
-        o = self.orthogonalize(self._pre_ns(d_f, None, group), group)
+        o = self.orthogonalize(self._pre_ns(d_f, group), group)
         o = o.to(dtype) * self._scale(d_f.shape[0], d_f.shape[1], group)
         n = d_b.shape[axis]
         return o.narrow(axis, rank * n, n)

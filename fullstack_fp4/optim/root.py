@@ -69,7 +69,7 @@ class Root(OrthogonalOptimizer):
         buf.mul_(mu).add_(g)
         return g.add(buf, alpha=mu) if group["nesterov"] else buf
 
-    def _pre_ns(self, d_block, g_block, group):
+    def _pre_ns(self, d_block, group):
         """B = clamp(D, −ε, ε), ε the ``eps_quantile`` quantile of |D| (+1e-9), per block
         (exact up to 65536 entries, a fixed 64K sample above: ``abs_quantile``)."""
         eps = (abs_quantile(d_block, group["eps_quantile"]) + EPS_FLOOR).to(d_block.dtype)

@@ -365,10 +365,10 @@ class TelemetryCollector:
             perm = getattr(p, "ns_row_perm", None)
             if perm is not None:
                 perm = perm.to(d.device)
-                d, g = d.index_select(0, perm), g.index_select(0, perm)
-            blocks = list(zip(split_blocks(d, p), split_blocks(g, p)))
-            d_b, g_b = blocks[int(torch.randint(len(blocks), (1,), generator=self._gen))]
-            x = opt._pre_ns(d_b, g_b, group)
+                d = d.index_select(0, perm)
+            blocks = split_blocks(d, p)
+            d_b = blocks[int(torch.randint(len(blocks), (1,), generator=self._gen))]
+            x = opt._pre_ns(d_b, group)
             def ns_fn(m, k, sched, prec, group=group):   # the optimizer's own NS call
                 # eager: a graph per (k, schedule) would be captured and kept for a sample
                 return opt.orthogonalize(m, {**group, "ns_steps": k, "ns_coefficients": sched,

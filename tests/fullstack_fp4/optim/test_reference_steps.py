@@ -151,8 +151,10 @@ def test_bf16_ns_step_within_bf16_error_of_the_reference(cls, reference, shape):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_gradient_quantile_variant_fails_the_reference_tolerance(shape):
-    """Negative control: the tolerance above separates the reference step from the variant
-    that clamps the plain momentum at the 0.9 quantile of |G| (no Nesterov)."""
+    """Negative control of the tolerance itself (both sides are this file's oracle, no shipped
+    code): the tolerance above separates the reference step from the variant that clamps the
+    plain momentum at the 0.9 quantile of |G| (no Nesterov), so a shipped step of that form
+    would fail the tests above."""
     grads, W0 = heavy_grads(shape, 11 + shape[1])
     ref = step_updates(W0, root_reference(W0, grads))
     other = step_updates(W0, root_reference(W0, grads, form="grad_eps"))
