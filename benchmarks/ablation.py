@@ -2,7 +2,8 @@
 """The recipe ablation: train every arm at one-GPU scale on the real corpus, evaluate, tabulate.
 
     python benchmarks/ablation.py [--arms bf16,q_adamw,...] [--iters 1000] [--out runs/ablation]
-        [--data data/quickstart] [--family-lr adamw=2e-3,muon=2e-3,root=4e-3/8e-3]
+        [--data data/quickstart[,data/large]] [--seeds 1234[,4321,777]]
+        [--family-lr adamw=2e-3,muon=2e-3,root=4e-3/8e-3]
         [--time-budget SECONDS] [--dry] [--report-only] [--set key=value ...]
 
 Every arm is `configs/ablation/base.yaml` (--config) + the arm's recipe switches (the same
@@ -37,14 +38,25 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
   --last-k logged losses; validation loss at train.iters; its gap to the bf16 arm in %; held-out
   perplexity; cloze accuracy; tokens; wall time of the training subprocesses, summed over
   sessions), OUT/ablation.png all loss curves (needs matplotlib: `pip install -e .[plots]`).
+
+Several corpora (`--data a,b`) or seeds (`--seeds 1234,4321,777`): every arm is trained on each
+corpus at each seed (`train.seed`: the initial weights and the data order), all runs in one pool
+of `--jobs`, each in OUT/<corpus>/s<seed>/<arm>/ (<corpus>: the data directory's name). Each
+run's gap is taken to the bf16 run of its own corpus and seed (paired: the seed's share of the
+loss cancels), and the table gives, per corpus and arm, the mean and sample standard deviation
+over the seeds of the validation loss and of that gap, with the mean held-out perplexity and
+cloze accuracy. OUT/ablation.json then holds the per-run rows (with their corpus and seed) and
+the per-(corpus, arm) `summary`; OUT/ablation.png the seed-mean validation curves per corpus.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -76,7 +88,10 @@ def parse_args(argv=None):
     p.add_argument("--out", default="runs/ablation")
     p.add_argument("--config", default=os.path.join(REPO, "configs", "ablation", "base.yaml"))
     p.add_argument("--data", default="data/quickstart",
-                   help="dir with train/valid_text_document, tokenizer.model, corpus/heldout/")
+                   help="dir with train/valid_text_document, tokenizer.model, corpus/heldout/; a comma "
+                        "list: every arm on each corpus")
+    p.add_argument("--seeds", default="", help="comma list of train.seed values, every arm at each "
+                                              "(default: the config's seed, one run an arm)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every arm")
     p.add_argument("--family-lr", default="", metavar="FAMILY=LR[/MATRIX_LR],...",
                    help="each arm at its optimizer family's lr (adamw | muon | root), e.g. "
@@ -138,6 +153,64 @@ def parse_family_lr(text: str) -> dict[str, tuple[float, float | None]]:
         (lr_v,) = parse_floats(lr, f"--family-lr {fam}")
         out[fam] = (lr_v, parse_floats(mlr, f"--family-lr {fam} matrix lr")[0] if mlr else None)
     return out
+
+
+def parse_seeds(text: str, what: str) -> list[int]:
+    """A comma list of distinct integer seeds (empty text: none)."""
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise UsageError(f"{what}: {item!r} is not an integer seed") from None
+    if len(set(out)) != len(out):
+        raise UsageError(f"{what} lists a seed twice")
+    return out
+
+
+DATA_FILES = ("train_text_document.bin", "valid_text_document.bin", "tokenizer.model")
+
+
+def parse_corpora(text: str, check_files: bool = True) -> dict[str, str]:
+    """{corpus name: data directory} of a comma list of data directories; the name is the
+    directory's own (so two directories of one name are refused). ``check_files``: each must
+    hold the token files and tokenizer that scripts/prepare_quickstart_data.py writes."""
+    corpora = {}
+    for d in (t.strip() for t in text.split(",") if t.strip()):
+        missing = [f for f in DATA_FILES if not os.path.isfile(os.path.join(d, f))]
+        if missing and check_files:
+            raise UsageError(f"--data {d}: missing {', '.join(missing)} (scripts/prepare_quickstart_data.py)")
+        name = os.path.basename(os.path.normpath(d))
+        if name in corpora:
+            raise UsageError(f"--data: two directories named {name!r}")
+        corpora[name] = d
+    if not corpora:
+        raise UsageError("--data is empty")
+    return corpora
+
+
+class Run:
+    """One training run of the ablation: an arm on a corpus at a seed (None: the config's).
+    ``name`` is its directory under --out and its key everywhere else: the arm itself for one
+    corpus at one seed, else <corpus>/s<seed>/<arm> (<corpus>/<arm> at the config's seed)."""
+
+    def __init__(self, arm: str, corpus: str, data: str, seed: int | None, grid: bool):
+        self.arm, self.corpus, self.data, self.seed = arm, corpus, data, seed
+        self.name = (arm if not grid else
+                     f"{corpus}/{arm}" if seed is None else f"{corpus}/s{seed}/{arm}")
+
+    @property
+    def group(self) -> tuple[str, int | None]:
+        """Runs of one group share corpus and seed: their gaps are taken to the group's bf16."""
+        return self.corpus, self.seed
+
+
+def plan_runs(arms: list[str], corpora: dict[str, str], seeds: list[int]) -> list[Run]:
+    """Every arm on every corpus at every seed, ordered corpus, seed, arm (a group's runs
+    start together, so a spent --time-budget leaves whole groups rather than whole arms)."""
+    grid = len(corpora) > 1 or len(seeds) > 1
+    return [Run(arm, corpus, data, seed, grid)
+            for corpus, data in corpora.items() for seed in (seeds or [None]) for arm in arms]
 
 
 def family_of(switches: list[str]) -> str:
@@ -415,38 +488,78 @@ def evaluate_arms(arms: list[str], args) -> dict[str, dict]:
 
 
 # ----------------------------------------------------------------------------- table
-def summarize(arms: list[str], status: dict, evals: dict, args, cfg) -> list[dict]:
-    tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
+def summarize(runs: list[Run], status: dict, evals: dict, args, cfgs: dict) -> list[dict]:
+    """One row a run; its gaps are to the bf16 run of its group (same corpus and seed)."""
     rows = []
-    for arm in arms:
-        rd = os.path.join(args.out, arm)
+    for run in runs:
+        name, cfg = run.name, cfgs.get(run.name)
+        tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length if cfg else 0
+        rd = os.path.join(args.out, name)
         train, val = read_metrics(rd)
         last = [train[i] for i in sorted(train) if i <= args.iters][-args.last_k:]
-        ev = evals.get(arm, {})
-        state = load_state(args, arm) if os.path.isdir(rd) else None
+        ev = evals.get(name, {})
+        state = load_state(args, name) if os.path.isdir(rd) else None
+        done = status[name] == "complete"
         rows.append({
-            "arm": arm, "status": status[arm], "overrides": arm_switches(arm, args),
-            "final_train_loss": sum(last) / len(last) if last and status[arm] == "complete" else None,
+            "arm": run.arm, "run": name, "corpus": run.corpus,
+            "seed": run.seed if run.seed is not None else (cfg.train.seed if cfg else None),
+            "status": status[name], "overrides": arm_switches(name, args),
+            "final_train_loss": sum(last) / len(last) if last and done else None,
             "train_loss_points": len(last),
-            "val_loss": val.get(args.iters) if status[arm] == "complete" else None,
+            "val_loss": val.get(args.iters) if done else None,
             "best_val_loss": min((v for i, v in val.items() if i <= args.iters), default=None),
             "heldout_perplexity": ev.get("heldout", {}).get("perplexity"),
             "heldout_tokens": ev.get("heldout", {}).get("tokens"),
             "cloze_greedy_accuracy": ev.get("cloze", {}).get("greedy_accuracy"),
             "cloze_choice_accuracy": ev.get("cloze", {}).get("choice_accuracy"),
             "cloze_items": ev.get("cloze", {}).get("items"),
-            "tokens": args.iters * tokens_per_step if status[arm] == "complete" else None,
+            "tokens": args.iters * tokens_per_step if done else None,
             "wall_s": state["wall_s"] if state else None,
             # the most arms that shared the device with this one in any of its sessions
             "jobs": max((s.get("jobs", 1) for s in state["sessions"]), default=1) if state else 1,
             "curve": {"train": sorted(train.items()), "val": sorted(val.items())},
         })
-    base = next((r for r in rows if r["arm"] == "bf16"), None)
-    for r in rows:
+    base = {(run.corpus, run.seed): r for run, r in zip(runs, rows) if run.arm == "bf16"}
+    for run, r in zip(runs, rows):
+        b = base.get(run.group)
         for key, gap in (("val_loss", "val_gap_pct"), ("final_train_loss", "train_gap_pct")):
-            ok = base and base[key] is not None and r[key] is not None
-            r[gap] = 100.0 * (r[key] - base[key]) / base[key] if ok else None
+            ok = b and b[key] is not None and r[key] is not None
+            r[gap] = 100.0 * (r[key] - b[key]) / b[key] if ok else None
     return rows
+
+
+def _mean_std(values: list) -> tuple[float | None, float | None]:
+    v = [x for x in values if x is not None]
+    return (statistics.fmean(v) if v else None, statistics.stdev(v) if len(v) > 1 else None)
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """Per (corpus, arm): mean and sample standard deviation over its complete seeds of the
+    validation loss and of the paired gap to bf16, the per-seed gaps, and the seed means of the
+    other columns."""
+    out = []
+    for corpus in dict.fromkeys(r["corpus"] for r in rows):
+        for arm in dict.fromkeys(r["arm"] for r in rows if r["corpus"] == corpus):
+            all_runs = [r for r in rows if (r["corpus"], r["arm"]) == (corpus, arm)]
+            mine = [r for r in all_runs if r["status"] == "complete"]
+            val_m, val_s = _mean_std([r["val_loss"] for r in mine])
+            gap_m, gap_s = _mean_std([r["val_gap_pct"] for r in mine])
+            out.append({
+                "corpus": corpus, "arm": arm, "runs": len(all_runs), "complete": len(mine),
+                "seeds": [r["seed"] for r in mine],
+                "val_loss_mean": val_m, "val_loss_std": val_s,
+                "val_gap_pct_mean": gap_m, "val_gap_pct_std": gap_s,
+                "val_gap_pct_by_seed": {str(r["seed"]): r["val_gap_pct"] for r in mine
+                                        if r["val_gap_pct"] is not None},
+                "final_train_loss_mean": _mean_std([r["final_train_loss"] for r in mine])[0],
+                "heldout_perplexity_mean": _mean_std([r["heldout_perplexity"] for r in mine])[0],
+                "cloze_greedy_accuracy_mean": _mean_std([r["cloze_greedy_accuracy"] for r in mine])[0],
+                "cloze_choice_accuracy_mean": _mean_std([r["cloze_choice_accuracy"] for r in mine])[0],
+                "tokens": next((r["tokens"] for r in mine), None),
+                "wall_s_mean": _mean_std([r["wall_s"] for r in mine])[0],
+                "jobs": max((r["jobs"] for r in mine), default=1),
+            })
+    return out
 
 
 def _f(x, fmt):
@@ -481,6 +594,82 @@ def markdown(rows: list[dict], args, header: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pm(m, sd, fmt, unit=""):
+    if m is None:
+        return "—"
+    return format(m, fmt) + unit + ("" if sd is None else " ± " + format(sd, fmt.lstrip("+")) + unit)
+
+
+def markdown_grid(summary: list[dict], args, header: dict) -> str:
+    """The several-corpora / several-seeds table: a section per corpus, a row per arm."""
+    lines = [f"Ablation: {header['model']}; {header['tokens_per_step']:,} tokens/step x {args.iters} steps "
+             f"= {args.iters * header['tokens_per_step'] / 1e6:.1f}M tokens per run; seeds "
+             f"{', '.join(map(str, header['seeds']))}.",
+             f"Device: {header['device']}; commit {header['git_commit'][:10]}; {header['date']}; "
+             f"command `{header['command']}`.",
+             "Gap: (arm − bf16) / bf16 of the validation loss at the last step, bf16 of the same corpus "
+             "and seed; mean ± sample standard deviation over the seeds (val loss likewise); the other "
+             f"columns are seed means. Final train loss: mean of the last {args.last_k} logged losses; "
+             "cloze: scripts/evaluate.py (greedy; k-way)."]
+    for corpus, c in header["corpora"].items():
+        lines += ["", f"### {corpus}", "",
+                  f"Data `{c['data']}`: {c['train_tokens'] / 1e6:.2f}M training tokens, "
+                  f"{c['epochs']:.2f} epochs a run.", "",
+                  "| arm | seeds | final train loss | val loss | gap vs bf16 (val) | gap per seed | held-out ppl | "
+                  "cloze acc (greedy) | cloze acc (k-way) | wall time |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for a in (a for a in summary if a["corpus"] == corpus):
+            seeds = f"{a['complete']}" + ("" if a["complete"] == a["runs"] else f" of {a['runs']}")
+            if not a["complete"]:
+                lines.append(f"| {a['arm']} | {seeds} |" + " |" * 8)
+                continue
+            gap = ("0 (baseline)" if a["arm"] == "bf16"
+                   else _pm(a["val_gap_pct_mean"], a["val_gap_pct_std"], "+.2f", "%"))
+            per_seed = ", ".join(f"{g:+.2f}" for g in a["val_gap_pct_by_seed"].values()) if a["arm"] != "bf16" else ""
+            wall = "—" if a["wall_s_mean"] is None else f"{a['wall_s_mean'] / 60:.1f} min"
+            if a["wall_s_mean"] is not None and a["jobs"] > 1:
+                wall += f" ({a['jobs']} at once)"
+            lines.append(f"| {a['arm']} | {seeds} | {_f(a['final_train_loss_mean'], '.4f')} | "
+                         f"{_pm(a['val_loss_mean'], a['val_loss_std'], '.4f')} | {gap} | {per_seed} | "
+                         f"{_f(a['heldout_perplexity_mean'], '.2f')} | {_f(a['cloze_greedy_accuracy_mean'], '.3f')} | "
+                         f"{_f(a['cloze_choice_accuracy_mean'], '.3f')} | {wall} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_grid(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
+    """A panel per corpus: each arm's validation loss, the mean over its complete seeds at the
+    iterations every one of them logged."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[ablation] matplotlib is not installed: no loss-curve PNG (pip install -e .[plots])", flush=True)
+        return False
+    corpora = list(dict.fromkeys(r["corpus"] for r in rows))
+    fig, axes = plt.subplots(1, len(corpora), figsize=(6.5 * len(corpora), 4.5), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora):
+        for arm in dict.fromkeys(r["arm"] for r in rows if r["corpus"] == corpus):
+            curves = [dict(r["curve"]["val"]) for r in rows
+                      if (r["corpus"], r["arm"]) == (corpus, arm) and r["status"] == "complete"]
+            its = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if its:
+                ax.plot([i * tokens_per_step / 1e6 for i in its],
+                        [statistics.fmean(c[i] for c in curves) for i in its], "o-", ms=3,
+                        label=f"{arm} (n={len(curves)})")
+        ax.set_xlabel("tokens (M)")
+        ax.set_ylabel("validation loss (seed mean)")
+        ax.set_title(corpus)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def plot(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
     try:
         import matplotlib
@@ -510,53 +699,86 @@ def plot(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
     return True
 
 
+def train_tokens_of(data: str) -> int | None:
+    """Training tokens of a data directory (its stats.json), or None."""
+    try:
+        with open(os.path.join(data, "stats.json")) as f:
+            return json.load(f).get("train_tokens")
+    except (OSError, ValueError):
+        return None
+
+
+def device_name(args, names: list[str]) -> str:
+    for n in names:
+        try:
+            device = json.load(open(os.path.join(args.out, n, "run_info.json")))["device"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if device.startswith("cuda"):
+            import torch
+
+            device = torch.cuda.get_device_name() if torch.cuda.is_available() else device
+        return device
+    return "?"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown:
-        print(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}", file=sys.stderr)
-        return 2
-    if args.iters <= 0:
-        print("error: --iters must be positive", file=sys.stderr)
-        return 2
-    if args.jobs < 1 or (args.jobs > 1 and args.nproc > 1):
-        print("error: --jobs must be >= 1, and 1 when --nproc > 1 (torchrun arms each take their GPUs)",
-              file=sys.stderr)
-        return 2
     try:
+        unknown = [a for a in arms if a not in ARMS]
+        if unknown:
+            raise UsageError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        if args.iters <= 0:
+            raise UsageError("--iters must be positive")
+        if args.jobs < 1 or (args.jobs > 1 and args.nproc > 1):
+            raise UsageError("--jobs must be >= 1, and 1 when --nproc > 1 (torchrun arms each take their GPUs)")
         args.family_lrs = parse_family_lr(args.family_lr)
+        seeds = parse_seeds(args.seeds, "--seeds")
+        if seeds and any(o.startswith("train.seed=") for o in args.set):
+            raise UsageError("--seeds and --set train.seed=... both set the seed: give one")
+        corpora = parse_corpora(args.data, check_files=not (args.dry or args.report_only))
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    runs = plan_runs(arms, corpora, seeds)
+    grid = len(corpora) > 1 or len(seeds) > 1
+    if not grid:
+        args.data = next(iter(corpora.values()))
+    args.switches = {r.name: list(ARMS[r.arm]) + ([f"train.seed={r.seed}"] if r.seed is not None else [])
+                     for r in runs}
+    args.data_of = {r.name: r.data for r in runs}
     args.min_lr_ratio = min_lr_ratio(args.config) if args.family_lrs else 1.0
     from megatron.training.config import load_config
     from megatron.training.errors import UserError
 
     cfgs, status = {}, {}
-    for arm in arms:
+    for r in runs:
         try:
-            cfgs[arm] = load_config(args.config, arm_overrides(arm, args))
+            cfgs[r.name] = load_config(args.config, arm_overrides(r.name, args))
         except UserError as e:
-            status[arm] = f"skipped: {e}"
+            status[r.name] = f"skipped: {e}"
     if not cfgs:
-        for arm in arms:
-            print(f"[ablation] {arm}: {status[arm]}")
+        for r in runs:
+            print(f"[ablation] {r.name}: {status[r.name]}")
         print("error: no runnable arm", file=sys.stderr)
         return 2
     if args.dry:
-        for arm in arms:
-            print(f"# {arm}: {status[arm]}" if arm in status else shlex.join(train_cmd(arm, args)))
-        ev = [sys.executable, EVALUATE, "--data", args.data, "--ppl-tokens", str(args.ppl_tokens),
-              "--cloze-items", str(args.cloze_items)]
-        for arm in cfgs:
-            ev += ["--checkpoint", f"{arm}={os.path.join(args.out, arm, 'checkpoints')}"]
-        print(shlex.join(ev))
+        for r in runs:
+            print(f"# {r.name}: {status[r.name]}" if r.name in status else shlex.join(train_cmd(r.name, args)))
+        for corpus, data in corpora.items():
+            ev = [sys.executable, EVALUATE, "--data", data, "--ppl-tokens", str(args.ppl_tokens),
+                  "--cloze-items", str(args.cloze_items)]
+            for r in runs:
+                if r.corpus == corpus and r.name in cfgs:
+                    ev += ["--checkpoint", f"{r.name}={os.path.join(args.out, r.name, 'checkpoints')}"]
+            print(shlex.join(ev))
         return 0
     os.makedirs(args.out, exist_ok=True)
     deadline = time.time() + args.time_budget if args.time_budget > 0 else None
     todo = []
-    for arm in arms:
+    for r in runs:
+        arm = r.name
         if arm in status:
             print(f"[ablation] {arm}: {status[arm]}", flush=True)
             continue
@@ -579,27 +801,16 @@ def main(argv=None) -> int:
             continue
         print(f"[ablation] {arm}: {status[arm]}", flush=True)
     run_arms(todo, args, deadline, status)
-    done = [a for a in arms if status[a] == "complete"]
-    evals = {} if args.no_eval or not done else evaluate_arms(done, args)
+    evals = {}
+    if not args.no_eval:
+        for corpus, data in corpora.items():   # evaluate.py reads one corpus's held-out text
+            done = [r.name for r in runs if r.corpus == corpus and status[r.name] == "complete"]
+            if done:
+                evals.update(evaluate_arms(done, _with_data(args, data)))
 
     cfg = next(iter(cfgs.values()))
     tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
-    rows = summarize(arms, status, evals, args, cfg)
-    train_tokens = None
-    stats = os.path.join(args.data, "stats.json")
-    if os.path.isfile(stats):
-        train_tokens = json.load(open(stats)).get("train_tokens")
-    device = "?"
-    for a in done:
-        try:
-            device = json.load(open(os.path.join(args.out, a, "run_info.json")))["device"]
-            if device.startswith("cuda"):
-                import torch
-
-                device = torch.cuda.get_device_name() if torch.cuda.is_available() else device
-            break
-        except (OSError, ValueError, KeyError):
-            pass
+    rows = summarize(runs, status, evals, args, cfgs)
     # FULLSTACK_COMMIT, when set, wins: a `git archive` copy run inside another checkout would
     # otherwise report the enclosing checkout's HEAD
     commit = (os.environ.get("FULLSTACK_COMMIT")
@@ -608,22 +819,45 @@ def main(argv=None) -> int:
     m = cfg.model
     header = {"model": f"{m.num_layers} layers, hidden {m.hidden_size}, FFN {m.ffn_hidden_size}, "
                        f"{m.num_attention_heads} heads / {m.num_query_groups} KV groups, seq {m.seq_length}",
-              "tokens_per_step": tokens_per_step, "train_tokens": train_tokens or 0,
-              "epochs": args.iters * tokens_per_step / train_tokens if train_tokens else 0.0,
-              "seed": cfg.train.seed, "device": device, "git_commit": commit,
-              "date": time.strftime("%Y-%m-%d"), "command": shlex.join(["python", "benchmarks/ablation.py",
-                                                                       *(argv if argv is not None else sys.argv[1:])])}
-    table = markdown(rows, args, header)
+              "tokens_per_step": tokens_per_step,
+              "device": device_name(args, [r.name for r in runs if status[r.name] == "complete"]),
+              "git_commit": commit, "date": time.strftime("%Y-%m-%d"),
+              "command": shlex.join(["python", "benchmarks/ablation.py",
+                                     *(argv if argv is not None else sys.argv[1:])])}
+    title = f"ablation: {header['model']}, {args.iters * tokens_per_step / 1e6:.0f}M tokens per arm"
+    if grid:
+        header["seeds"] = seeds or [cfg.train.seed]
+        header["corpora"] = {}
+        for corpus, data in corpora.items():
+            tt = train_tokens_of(data)
+            header["corpora"][corpus] = {"data": data, "train_tokens": tt or 0,
+                                         "epochs": args.iters * tokens_per_step / tt if tt else 0.0}
+        summary = aggregate(rows)
+        table = markdown_grid(summary, args, header)
+        doc = {"meta": {**header, "iters": args.iters, "config": args.config, "last_k": args.last_k},
+               "summary": summary, "rows": rows}
+        plot_grid(rows, os.path.join(args.out, "ablation.png"), tokens_per_step, title)
+    else:
+        train_tokens = train_tokens_of(args.data)
+        header.update({"train_tokens": train_tokens or 0, "seed": cfg.train.seed,
+                       "epochs": args.iters * tokens_per_step / train_tokens if train_tokens else 0.0})
+        table = markdown(rows, args, header)
+        doc = {"meta": {**header, "iters": args.iters, "config": args.config, "data": args.data,
+                        "last_k": args.last_k}, "rows": rows}
+        plot(rows, os.path.join(args.out, "ablation.png"), tokens_per_step, title)
     with open(os.path.join(args.out, "ablation.md"), "w") as f:
         f.write(table)
     with open(os.path.join(args.out, "ablation.json"), "w") as f:
-        json.dump({"meta": {**header, "iters": args.iters, "config": args.config, "data": args.data,
-                            "last_k": args.last_k}, "rows": rows}, f, indent=1)
-    plot(rows, os.path.join(args.out, "ablation.png"), tokens_per_step,
-         f"ablation: {header['model']}, {args.iters * tokens_per_step / 1e6:.0f}M tokens per arm")
+        json.dump(doc, f, indent=1)
     print(table)
-    pending = [a for a in arms if status[a] != "complete" and not status[a].startswith("skipped")]
-    return 1 if any(status[a].startswith(("failed", "error")) for a in pending) else 0
+    pending = [n for n, st in status.items() if st != "complete" and not st.startswith("skipped")]
+    return 1 if any(status[n].startswith(("failed", "error")) for n in pending) else 0
+
+
+def _with_data(args, data: str):
+    a = copy.copy(args)
+    a.data = data
+    return a
 
 
 if __name__ == "__main__":

@@ -80,6 +80,11 @@ ARMS = {
     "full_stack_levers": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn",
                           "fp4.linear_scale_rule=4over6", "fp4.bf16_from=0.9",
                           "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"],
+    # diagnostics: which operand of the NVFP4 linear costs the loss (that one held exactly, its
+    # GEMMs in FP64: fullstack_fp4/linear/partial_nvfp4.py; ablation scale only)
+    "nvfp4_linear_exact_x": ["fp4.linear=nvfp4", "fp4.unquantized_operands=[x]"],
+    "nvfp4_linear_exact_w": ["fp4.linear=nvfp4", "fp4.unquantized_operands=[w]"],
+    "nvfp4_linear_exact_dy": ["fp4.linear=nvfp4", "fp4.unquantized_operands=[dy]"],
     "full_stack": ["fp4.linear=lora_svd", "optimizer.name=q_adamw", "fp4.attention=q_attn"],
     "full_stack_root": ["fp4.linear=lora_svd", "optimizer.name=q_root", "fp4.attention=q_attn"],
     # LoRA-SVD + Q-Attn + Q-Muon (QAdamW for the rest: fullstack_fp4/integration/optimizers.py)

@@ -105,19 +105,7 @@ def build_points(args) -> list[Point]:
         raise A.UsageError(f"unknown arm(s) {', '.join(bad) or '(none)'}; choose from {', '.join(ARMS)}")
     lrs = A.parse_floats(args.lr_grid, "--lr-grid")
     mlrs = A.parse_floats(args.matrix_lr_grid, "--matrix-lr-grid") if args.matrix_lr_grid else [None]
-    datas = [d for d in args.data.split(",") if d]
-    if not datas:
-        raise A.UsageError("--data is empty")
-    corpora = {}
-    for d in datas:
-        missing = [f for f in ("train_text_document.bin", "valid_text_document.bin", "tokenizer.model")
-                   if not os.path.isfile(os.path.join(d, f))]
-        if missing and not args.report_only:
-            raise A.UsageError(f"--data {d}: missing {', '.join(missing)} (scripts/prepare_quickstart_data.py)")
-        name = os.path.basename(os.path.normpath(d))
-        if name in corpora:
-            raise A.UsageError(f"--data: two directories named {name!r}")
-        corpora[name] = d
+    corpora = A.parse_corpora(args.data, check_files=not args.report_only)
     pts = []
     for corpus, d in corpora.items():
         for arm in arms:
@@ -126,18 +114,6 @@ def build_points(args) -> list[Point]:
                 for mlr in (mlrs if ortho else [None]):
                     pts.append(Point(corpus, d, arm, lr, mlr))
     return pts
-
-
-def parse_seeds(text: str, what: str) -> list[int]:
-    out = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        try:
-            out.append(int(item))
-        except ValueError:
-            raise A.UsageError(f"{what}: {item!r} is not an integer seed") from None
-    if len(set(out)) != len(out):
-        raise A.UsageError(f"{what} lists a seed twice")
-    return out
 
 
 def run_status(args, name: str) -> tuple[str, dict | None]:
@@ -300,10 +276,10 @@ def main(argv=None) -> int:
             raise A.UsageError("--iters must be positive")
         if args.jobs < 1:
             raise A.UsageError("--jobs must be >= 1")
-        seeds = parse_seeds(args.seeds, "--seeds")
+        seeds = A.parse_seeds(args.seeds, "--seeds")
         if not seeds:
             raise A.UsageError("--seeds is empty")
-        confirm = parse_seeds(args.confirm_seeds, "--confirm-seeds")
+        confirm = A.parse_seeds(args.confirm_seeds, "--confirm-seeds")
         if set(confirm) & set(seeds):
             raise A.UsageError("--confirm-seeds repeats a seed of --seeds")
         points = build_points(args)   # grids, arms, and the data directories last

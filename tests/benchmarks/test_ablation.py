@@ -175,3 +175,51 @@ def test_jobs_spread_over_visible_gpus(monkeypatch):
     assert mod.visible_gpus() == ["3", "5"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert mod.visible_gpus() == []
+
+
+def test_ablation_over_corpora_and_seeds(tmp_path):
+    """--data A,B --seeds s1,s2: every arm on each corpus at each seed, in one pool of --jobs;
+    each run's gap is to the bf16 run of its own corpus and seed, and the summary's mean and
+    standard deviation over seeds are recomputed here from the runs' metrics.jsonl; each run is
+    evaluated on its own corpus; a seed changes the initial weights (step-1 loss) and arms of
+    one seed start alike."""
+    import statistics
+
+    a = make_toy_data(str(tmp_path / "alpha"))
+    b = make_toy_data(str(tmp_path / "beta"), seed=8)
+    out = str(tmp_path / "grid")
+    p = ablation(["--arms", "bf16,q_adamw", "--data", f"{a},{b}", "--seeds", "11,22", "--iters", "2",
+                  "--jobs", "2", "--out", out, "--cloze-items", "4", "--last-k", "2", "--set", *TINY])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    doc = json.load(open(os.path.join(out, "ablation.json")))
+    assert {(r["corpus"], r["seed"], r["arm"]) for r in doc["rows"]} == {
+        (c, s, arm) for c in ("alpha", "beta") for s in (11, 22) for arm in ("bf16", "q_adamw")}
+    val, first = {}, {}
+    for c, data in (("alpha", a), ("beta", b)):
+        held = {json.load(open(os.path.join(out, c, f"s{s}", arm, "eval.json")))["eval_meta"]["valid_prefix"]
+                for s in (11, 22) for arm in ("bf16", "q_adamw")}
+        assert held == {os.path.join(data, "valid_text_document")}, "evaluated on another corpus"
+        for s in (11, 22):
+            for arm in ("bf16", "q_adamw"):
+                train, v = metrics(os.path.join(out, c, f"s{s}", arm))
+                val[c, s, arm], first[c, s, arm] = v[2], train[1]
+            assert first[c, s, "bf16"] == first[c, s, "q_adamw"]
+        assert first[c, 11, "bf16"] != first[c, 22, "bf16"]
+    summary = {(r["corpus"], r["arm"]): r for r in doc["summary"]}
+    for c in ("alpha", "beta"):
+        gaps = [100 * (val[c, s, "q_adamw"] - val[c, s, "bf16"]) / val[c, s, "bf16"] for s in (11, 22)]
+        r = summary[c, "q_adamw"]
+        assert r["complete"] == 2 and r["seeds"] == [11, 22]
+        assert r["val_gap_pct_mean"] == pytest.approx(statistics.fmean(gaps))
+        assert r["val_gap_pct_std"] == pytest.approx(statistics.stdev(gaps))
+        assert r["val_gap_pct_by_seed"] == pytest.approx({"11": gaps[0], "22": gaps[1]})
+        vals = [val[c, s, "bf16"] for s in (11, 22)]
+        assert summary[c, "bf16"]["val_loss_mean"] == pytest.approx(statistics.fmean(vals))
+        assert summary[c, "bf16"]["val_gap_pct_mean"] == 0.0
+    md = open(os.path.join(out, "ablation.md")).read()
+    assert "### alpha" in md and "### beta" in md and " ± " in md
+
+    for bad, msg in ((["--seeds", "1,1"], "twice"), (["--seeds", "1", "--set", "train.seed=3"], "both set the seed"),
+                     (["--data", f"{a},{a}"], "two directories named")):
+        p = ablation(["--arms", "bf16", "--iters", "2", "--out", str(tmp_path / "bad"), "--data", a, *bad])
+        assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -49,13 +49,13 @@ def _document(rng: random.Random, n_lines: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def make_toy_data(root: str) -> str:
+def make_toy_data(root: str, seed: int = 7) -> str:
     """A data dir laid out like data/quickstart: tokenizer, train/valid indexed datasets,
-    corpus/{train,heldout}/*.txt, stats.json. Returns its path."""
+    corpus/{train,heldout}/*.txt, stats.json; ``seed`` draws its text. Returns its path."""
     import preprocess_data
     import train_tokenizer
 
-    rng = random.Random(7)
+    rng = random.Random(seed)
     for side, n_docs in (("train", 3), ("heldout", 2)):
         os.makedirs(os.path.join(root, "corpus", side), exist_ok=True)
         for k in range(n_docs):

@@ -186,40 +186,55 @@ def test_sampled_abs_quantile_large_matrix():
                           rtol=1e-6, atol=0)
 
 
+def _quantile90(d: torch.Tensor) -> torch.Tensor:
+    """The 0.9 quantile of |d|, linear interpolation written out (torch.quantile's lerp differs
+    by 1 ulp, and an NVFP4 rounding boundary can turn 1 ulp into a visible difference)."""
+    srt = d.abs().flatten().sort().values
+    pos = 0.9 * (srt.numel() - 1)
+    lo = int(pos)
+    return srt[lo] + (pos - lo) * (srt[lo + 1] - srt[lo])
+
+
+STEPS = 3   # momentum carried over: steps 2 and 3 mix earlier gradients into the NS input
+
+
 @pytest.mark.parametrize("terms", [None, 1])
 def test_q_root_step_equals_reference_with_nvfp4_ns(terms):
     """q_root (Root, nvfp4 NS, "fp4" table) = the reference Root step (Nesterov D, ε from |D|,
-    clamp, scale, as test_reference_steps.py) whose NS is
+    clamp, scale, decoupled weight decay, as test_reference_steps.py) whose NS is
     ``newton_schulz(..., precision="nvfp4", nvfp4_terms=terms)`` (None: ours' default, two
-    terms); ``ns_nvfp4_terms`` reaches the NS."""
+    terms), over several steps; ``ns_nvfp4_terms`` reaches the NS."""
     from fullstack_fp4.optim.newton_schulz import newton_schulz
     model = _model(3)
     ref = copy.deepcopy(model)
-    opt = Root(model.parameters(), lr=0.01, ns_precision="nvfp4", ns_coefficients="fp4",
+    lr, wd, mu = 0.01, 0.1, 0.95
+    opt = Root(model.parameters(), lr=lr, weight_decay=wd, ns_precision="nvfp4", ns_coefficients="fp4",
                ns_backend="reference", ns_nvfp4_terms=terms)
-    grads = _grads(model, 1)
-    opt.step()
-    with torch.no_grad():
-        for p, g in zip(ref.parameters(), grads):
-            d = g + 0.95 * g                                 # first step: M = G, D = G + μM
-            # 0.9 quantile, linear interpolation written out (torch.quantile's lerp differs by
-            # 1 ulp, and an NVFP4 rounding boundary can turn 1 ulp into a visible difference)
-            srt = d.abs().flatten().sort().values
-            pos = 0.9 * (srt.numel() - 1)
-            lo = int(pos)
-            eps = srt[lo] + (pos - lo) * (srt[lo + 1] - srt[lo]) + 1e-9
-            b = torch.maximum(torch.minimum(d, eps), -eps)
-            u = newton_schulz(b, coefficients="fp4", precision="nvfp4", backend="reference",
-                              nvfp4_terms=terms) * 0.2 * math.sqrt(max(p.shape))
-            p.sub_(0.01 * u)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        assert torch.allclose(p, q, atol=1e-7, rtol=0)
+    bufs = [torch.zeros_like(p) for p in ref.parameters()]
+    for step in range(STEPS):
+        grads = _grads(model, 1 + step)
+        opt.step()
+        with torch.no_grad():
+            for p, g, buf in zip(ref.parameters(), grads, bufs):
+                buf.mul_(mu).add_(g)
+                d = g + mu * buf
+                eps = _quantile90(d) + 1e-9
+                b = torch.maximum(torch.minimum(d, eps), -eps)
+                u = newton_schulz(b, coefficients="fp4", precision="nvfp4", backend="reference",
+                                  nvfp4_terms=terms) * 0.2 * math.sqrt(max(p.shape))
+                p.mul_(1 - lr * wd).sub_(lr * u)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.allclose(p, q, atol=1e-7, rtol=0), f"step {step + 1}"
     if terms == 1:  # and one term is really a different (noisier) NS than the default
         other = _model(3)
         _grads(other, 1)
         Root(other.parameters(), lr=0.01, ns_precision="nvfp4", ns_coefficients="fp4",
              ns_backend="reference").step()
-        assert not torch.equal(other[0].weight, model[0].weight)
+        first = _model(3)
+        _grads(first, 1)
+        Root(first.parameters(), lr=0.01, ns_precision="nvfp4", ns_coefficients="fp4",
+             ns_backend="reference", ns_nvfp4_terms=1).step()
+        assert not torch.equal(other[0].weight, first[0].weight)
 
 
 @pytest.mark.parametrize("opt_cls", [Muon, Root])
@@ -253,19 +268,23 @@ def test_ns_cuda_graph_routes_every_block_through_the_graphed_ns(opt_cls, monkey
 
 def test_q_muon_step_equals_reference_with_nvfp4_ns():
     """q_muon (Muon, nvfp4 NS, "fp4" table) = Keller Jordan's Muon step (lerp momentum and
-    Nesterov written as the reference writes them) whose NS is the NVFP4 ``newton_schulz``."""
+    Nesterov written as the reference writes them) whose NS is the NVFP4 ``newton_schulz``,
+    over several steps."""
     from fullstack_fp4.optim.newton_schulz import newton_schulz
     model = _model(4)
     ref = copy.deepcopy(model)
-    opt = Muon(model.parameters(), lr=0.02, weight_decay=0.1, ns_precision="nvfp4",
+    lr, wd, mu = 0.02, 0.1, 0.95
+    opt = Muon(model.parameters(), lr=lr, weight_decay=wd, ns_precision="nvfp4",
                ns_coefficients="fp4", ns_backend="reference")
-    grads = _grads(model, 2)
-    opt.step()
-    with torch.no_grad():
-        for p, g in zip(ref.parameters(), grads):
-            buf = torch.zeros_like(g).lerp_(g, 1 - 0.95)
-            d = g.lerp(buf, 0.95)
-            u = newton_schulz(d, coefficients="fp4", precision="nvfp4", backend="reference")
-            p.mul_(1 - 0.02 * 0.1).sub_(0.02 * u * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        assert torch.allclose(p, q, atol=1e-7, rtol=0)
+    bufs = [torch.zeros_like(p) for p in ref.parameters()]
+    for step in range(STEPS):
+        grads = _grads(model, 2 + step)
+        opt.step()
+        with torch.no_grad():
+            for p, g, buf in zip(ref.parameters(), grads, bufs):
+                buf.lerp_(g, 1 - mu)
+                d = g.lerp(buf, mu)
+                u = newton_schulz(d, coefficients="fp4", precision="nvfp4", backend="reference")
+                p.mul_(1 - lr * wd).sub_(lr * u * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.allclose(p, q, atol=1e-7, rtol=0), f"step {step + 1}"
