@@ -8,6 +8,7 @@ same tensor with the same rule, generator draws and (TP) global amax.
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -195,17 +196,53 @@ def test_scale_rules_parsing():
         scale_rules({"dy": "4"})
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_forward_operands_match_the_cpu_reference(monkeypatch):
-    # on CUDA a 4over6 operand goes through fullstack_fp4.nvfp4.quantize's kernel: same bits
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(64, 64, generator=g, dtype=torch.float32).to(torch.bfloat16)
-    w = (torch.randn(32, 64, generator=g) * 0.1).to(torch.bfloat16)
-    seen = _spy(monkeypatch)
-    nvfp4_linear(x.cuda(), w.cuda(), scale_rule="4over6")
-    qx, qw = seen["fprop"]
-    for got, want in ((qx, quantize_reference(x, scale_rule="4over6")),
-                      (qw, quantize_reference(w, tile=(16, 16), scale_rule="4over6"))):
-        assert torch.equal(got.data.cpu(), want.data)
-        assert torch.equal(got.block_scale.cpu().view(torch.uint8), want.block_scale.view(torch.uint8))
-        assert float(got.tensor_scale) == float(want.tensor_scale)
+# ------------------------------------------------------------------ the kernel path
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEV = "cuda" if (torch.cuda.is_available() and not _INTERPRET) else "cpu"
+
+
+@pytest.mark.skipif(not (_INTERPRET or torch.cuda.is_available()), reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("rules", [ScaleRules("4over6", "4over6", "4over6"), ScaleRules("6", "4over6", "4over6")],
+                         ids=lambda r: "-".join(r))
+def test_kernel_path_forward_backward_bit_identical_to_reference_composition(monkeypatch, rules):
+    """Where a rule is 4over6 the linear takes the composed path, every operand through the
+    general Triton quantizer (on a GPU for CUDA tensors; on the CPU forced with
+    ``backend="triton"`` under the interpreter): y, dX and dW equal, bit for bit, the GEMMs of
+    ``quantize_reference``'s operands with the rule, stochastic rounding fed the uniforms of the
+    seeds the kernel draws (``sr_stream.sr_uniforms``; dY's first, then RHT(dYᵀ)'s), the GEMMs
+    run on the same device in the same layouts."""
+    from fullstack_fp4.nvfp4 import NVFP4Tensor
+    from fullstack_fp4.nvfp4.gemm import nvfp4_matmul, nvfp4_matmul_nt
+    from fullstack_fp4.nvfp4.sr_stream import sr_uniforms
+
+    if DEV == "cpu":
+        real = nl.quantize
+        # (contiguous: what the path does for CUDA tensors before the kernel reads rows)
+        monkeypatch.setattr(nl, "quantize", lambda t, **kw: real(t.contiguous(), backend="triton", **kw))
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(40, 64, generator=g) * torch.logspace(-1, 1, 64)).bfloat16()  # 40 tokens: padded to 48
+    w = (torch.randn(48, 64, generator=g) / 8).bfloat16()
+    dy = torch.randn(40, 48, generator=g).bfloat16()
+    xd, wd = x.to(DEV).requires_grad_(True), w.to(DEV).requires_grad_(True)
+    y = nvfp4_linear(xd, wd, generator=torch.Generator().manual_seed(11), scale_rule=rules._asdict())
+    y.backward(dy.to(DEV))
+
+    sg = torch.Generator().manual_seed(11)
+    seeds = [int(torch.randint(0, 2**31 - 1, (1,), generator=sg).item()) for _ in range(2)]
+
+    def on_dev(q):
+        return NVFP4Tensor(q.data.to(DEV), q.block_scale.to(DEV), q.tensor_scale.to(DEV), q.shape, q.dtype, q.tile)
+
+    qx = quantize_reference(x, scale_rule=rules.x)
+    qw = quantize_reference(w, tile=(16, 16), scale_rule=rules.w)
+    qxt = quantize_reference(_rotated(x.float()), scale_rule=rules.x)
+    qdy = quantize_reference(dy, rounding="stochastic", scale_rule=rules.dy, rand=sr_uniforms(dy.shape, seeds[0]))
+    dyt = _rotated(dy.float())
+    qdyt = quantize_reference(dyt, rounding="stochastic", scale_rule=rules.dy, rand=sr_uniforms(dyt.shape, seeds[1]))
+    want = {"y": nvfp4_matmul(on_dev(qx), on_dev(qw), out_dtype=x.dtype),
+            "dx": nvfp4_matmul_nt(on_dev(qdy), on_dev(qw), out_dtype=x.dtype),
+            "dw": nvfp4_matmul(on_dev(qdyt), on_dev(qxt), out_dtype=w.dtype)}
+    for name, got in (("y", y.detach()), ("dx", xd.grad), ("dw", wd.grad)):
+        ref = want[name]
+        assert got.dtype == ref.dtype and got.shape == ref.shape, name
+        assert torch.equal(got.cpu().view(torch.int16), ref.cpu().view(torch.int16)), name
