@@ -594,6 +594,19 @@ def markdown(rows: list[dict], args, header: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pyplot(missing: str):
+    """matplotlib.pyplot on the Agg backend, or None (after printing ``missing``) without it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(missing, flush=True)
+        return None
+    return plt
+
+
 def _pm(m, sd, fmt, unit=""):
     if m is None:
         return "—"
@@ -639,13 +652,8 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
 def plot_grid(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
     """A panel per corpus: each arm's validation loss, the mean over its complete seeds at the
     iterations every one of them logged."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("[ablation] matplotlib is not installed: no loss-curve PNG (pip install -e .[plots])", flush=True)
+    plt = pyplot("[ablation] matplotlib is not installed: no loss-curve PNG (pip install -e .[plots])")
+    if plt is None:
         return False
     corpora = list(dict.fromkeys(r["corpus"] for r in rows))
     fig, axes = plt.subplots(1, len(corpora), figsize=(6.5 * len(corpora), 4.5), squeeze=False)
@@ -671,13 +679,8 @@ def plot_grid(rows: list[dict], path: str, tokens_per_step: int, title: str) -> 
 
 
 def plot(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("[ablation] matplotlib is not installed: no loss-curve PNG (pip install -e .[plots])", flush=True)
+    plt = pyplot("[ablation] matplotlib is not installed: no loss-curve PNG (pip install -e .[plots])")
+    if plt is None:
         return False
     fig, ax = plt.subplots(1, 2, figsize=(13, 4.5))
     for r in rows:

@@ -211,13 +211,8 @@ def markdown(rows, seeds, confirm, header) -> str:
 
 
 def plot(rows, path: str, title: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("[lr_sweep] matplotlib is not installed: no plot (pip install -e .[plots])", flush=True)
+    plt = A.pyplot("[lr_sweep] matplotlib is not installed: no plot (pip install -e .[plots])")
+    if plt is None:
         return False
     corpora = list(dict.fromkeys(r["corpus"] for r in rows))
     fig, axes = plt.subplots(1, len(corpora), figsize=(6 * len(corpora), 4.5), squeeze=False)

@@ -7,19 +7,10 @@ import os
 
 from megatron.training.config import load_config
 from megatron.training.config_schema import to_dict
+from tests.test_configs_3b_64b import flat
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.path.join(REPO, "configs", "ablation")
-
-
-def flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def test_medium_differs_from_base_in_model_size_only():
