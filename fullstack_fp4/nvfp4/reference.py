@@ -45,7 +45,8 @@ import torch
 from .e2m1 import E2M1_MAX, e2m1_decode, e2m1_round_nearest, e2m1_round_stochastic, pack_codes
 from .tensor import NVFP4Tensor
 
-__all__ = ["quantize_reference", "quantize_reference_propagating", "tensor_scales", "block_amax"]
+__all__ = ["quantize_reference", "quantize_reference_propagating", "tensor_scales", "block_amax",
+           "block_scales"]
 
 FP32_MAX = torch.finfo(torch.float32).max
 E4M3_MAX = 448.0
@@ -101,6 +102,26 @@ def _block_error(x3, codes, s, dec, rows_per_tile: int) -> torch.Tensor:
     return tiles.repeat_interleave(16, dim=0)
 
 
+def block_scales(x3: torch.Tensor, bamax: torch.Tensor, enc: torch.Tensor, dec: torch.Tensor,
+                 scale_rule: str = "6", rows_per_tile: int = 1):
+    """Block scale ``s`` (E4M3, ``[R, K/16, 1]``) and element factor ``f`` of every block of
+    ``x3 [R, K/16, 16]`` under ``scale_rule`` (``enc`` / ``dec`` from ``tensor_scales`` with the
+    same rule; a 0-dim pair, or one per row broadcast as ``[R, 1, 1]``). ``"6"``: the map-to-6
+    candidate. ``"4over6"``: both candidates, each rounded to nearest, and the map-to-4 one
+    wherever its error (``_block_error``, over the tile for ``rows_per_tile=16``) is strictly
+    lower: a tie keeps 6. The choice does not depend on the rounding the caller then applies."""
+    s, f = scale_candidate(x3, bamax, enc, dec, 6.0)
+    if scale_rule == "4over6":
+        s4, f4 = scale_candidate(x3, bamax, enc, dec, 4.0)
+        c6 = e2m1_round_nearest(torch.clamp(x3 * f, -E2M1_MAX, E2M1_MAX))
+        c4 = e2m1_round_nearest(torch.clamp(x3 * f4, -E2M1_MAX, E2M1_MAX))
+        rpt = rows_per_tile
+        use4 = _block_error(x3, c4, s4, dec, rpt) < _block_error(x3, c6, s, dec, rpt)  # ties: 6
+        s = torch.where(use4, s4.to(torch.float32), s.to(torch.float32)).to(torch.float8_e4m3fn)
+        f = torch.where(use4, f4, f)
+    return s, f
+
+
 def quantize_reference(
     x: torch.Tensor,
     *,
@@ -146,15 +167,7 @@ def quantize_reference(
 
     bamax = block_amax(x2, tile)                    # [R, K/16, 1]
     x3 = x2.reshape(rows, k // 16, 16)
-    s, f = scale_candidate(x3, bamax, enc, dec, 6.0)
-    if scale_rule == "4over6":
-        s4, f4 = scale_candidate(x3, bamax, enc, dec, 4.0)
-        c6 = e2m1_round_nearest(torch.clamp(x3 * f, -E2M1_MAX, E2M1_MAX))
-        c4 = e2m1_round_nearest(torch.clamp(x3 * f4, -E2M1_MAX, E2M1_MAX))
-        rpt = tile[0]
-        use4 = _block_error(x3, c4, s4, dec, rpt) < _block_error(x3, c6, s, dec, rpt)  # ties: 6
-        s = torch.where(use4, s4.to(torch.float32), s.to(torch.float32)).to(torch.float8_e4m3fn)
-        f = torch.where(use4, f4, f)
+    s, f = block_scales(x3, bamax, enc, dec, scale_rule, tile[0])
 
     y = torch.clamp(x3 * f, -E2M1_MAX, E2M1_MAX)
     if rounding == "nearest":

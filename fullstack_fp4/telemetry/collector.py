@@ -17,6 +17,12 @@ installed and ``end_step`` returns ``{}`` without touching a tensor). On an enab
 * LoRA-SVD linears (``_lora_forward_impl``, not in ``lora_exact`` mode): the same x / dy /
   wgrad operands of the W_res GEMM, ``w_res`` (W_res, 16×16 tiles) and ``lora_energy``
   (‖β L2 L1‖² / ‖W_res + β L2 L1‖², a fraction, not an error), on sampled 16×16 tiles.
+* Block-scale rules: every operand of a linear is quantized with the rule the module quantizes
+  it with (``module_scale_rules``: the NVFP4 linear's ``scale_rule``, LoRA-SVD's
+  ``lora_scale_rule``, each a ``ScaleRules``; ``"6"`` for a module without one): x's rule for
+  ``x`` and ``wgrad_x``, w's for ``w`` / ``w_res``, dy's for ``dy`` and ``wgrad_dy``. Under
+  ``"4over6"`` the tensor scale and the per-block (per-tile) 4-or-6 choice are the
+  reference's, so the errors, and the fallback they drive, are those of the run's quantizer.
 * Q-Attn core attention (class ``QAttnCoreAttention``): per call, one uniformly drawn
   (batch, head): ``s`` (S = QKᵀ on ``attn_rows`` sampled query rows) in the forward hook, and
   ``ds`` (dS of one sampled 64-query tile row, quantized as the dQ GEMM takes it) from a tensor
@@ -32,9 +38,9 @@ installed and ``end_step`` returns ``{}`` without touching a tensor). On an enab
   matrices, and no NS statistics are recorded (not built).
 
 The hooks only *gather* the sampled blocks of the linears (and their tensor amax); ``end_step``
-quantizes all samples of one kind (tile, rounding, RHT) in one batched call with a per-row
-tensor scale (``batched_qdq.qdq_rows``, the reference arithmetic bit for bit) and adds each
-sample's sums to its name: ~15 launches per operand in the hooks instead of ~100, and a few
+quantizes all samples of one kind (tile, rounding, RHT, scale rule) in one batched call with a
+per-row tensor scale (``batched_qdq.qdq_rows``, the reference arithmetic bit for bit) and adds
+each sample's sums to its name: ~15 launches per operand in the hooks instead of ~100, and a few
 dozen per kind at the end (the per-sample calls made the host, not the GPU, the telemetry
 step's cost; `BENCHMARKS.md#telemetry`). The stochastic-rounding uniforms are drawn there, from the
 step's generator, in the order the samples were gathered.
@@ -49,7 +55,8 @@ scale may differ slightly from the recipe's); the NS statistics use the optimize
 
 Which modules: found by duck typing (no megatron import here); modules in BF16 fallback
 (``fp4_fallback_bf16``) are skipped. ``predicate`` (default ``is_nvfp4_linear``) selects the
-NVFP4 linears as before.
+NVFP4 linears as before. Q-Attn's S / dS are measured with the 6 rule (Q-Attn quantizes with
+no other) and the optimizers' statistics with their own codecs / NS call.
 """
 from __future__ import annotations
 
@@ -62,7 +69,7 @@ from .batched_qdq import qdq_rows
 from .stats import sample_blocks, to_device
 
 __all__ = ["TelemetryCollector", "is_nvfp4_linear", "is_lora_svd_linear", "is_q_attn",
-           "module_recipe", "module_path", "main_param_names"]
+           "module_recipe", "module_path", "main_param_names", "module_scale_rules"]
 
 
 def is_nvfp4_linear(m: torch.nn.Module) -> bool:
@@ -89,6 +96,19 @@ def module_recipe(m) -> Optional[str]:
     if type(m).__name__ == "QAttnCoreAttention":
         return "attention"
     return None
+
+
+def module_scale_rules(m, attr: str = "scale_rule") -> tuple:
+    """``(x, w, dy)`` block-scale rules (``"6"`` / ``"4over6"``) of a linear: its attribute
+    ``attr`` (``"scale_rule"`` for the NVFP4 linear, ``"lora_scale_rule"`` for LoRA-SVD's W_res
+    GEMMs) as ``fullstack_fp4.linear.nvfp4_linear.scale_rules`` reads it (a ``ScaleRules``, one
+    string for all three, or a mapping); ``("6", "6", "6")`` where the module has none."""
+    rule = getattr(m, attr, None)
+    if rule is None:
+        return ("6", "6", "6")
+    from fullstack_fp4.linear.nvfp4_linear import scale_rules
+
+    return tuple(scale_rules(rule))
 
 
 def module_path(name: str) -> str:
@@ -149,7 +169,7 @@ class TelemetryCollector:
         self.registry: Dict[str, float] = {}
         self._sums: Dict[str, list] = {}
         self._direct: Dict[str, torch.Tensor] = {}
-        self._pending: Dict[tuple, list] = {}   # (tile, rounding, rht) -> [(name, sample, amax)]
+        self._pending: Dict[tuple, list] = {}   # (tile, rounding, rht, rule) -> [(name, sample, amax)]
         self._handles: list = []
         self._gen: Optional[torch.Generator] = None
         self._done_w: set = set()
@@ -171,31 +191,32 @@ class TelemetryCollector:
             acc[0] = acc[0] + num
             acc[1] = acc[1] + den
 
-    def _add(self, path: str, tensor: str, t: torch.Tensor, tile, rounding: str):
+    def _add(self, path: str, tensor: str, t: torch.Tensor, tile, rounding: str, rule: str = "6"):
         if t.shape[-1] % 16 or (tile[0] == 16 and t.reshape(-1, t.shape[-1]).shape[0] % 16):
             return
         t = t.detach()
         gamax = t.abs().amax().float()
         smp, _ = sample_blocks(t, blocks=self.blocks, generator=self._gen, tile=tile)
-        self._defer(f"quant/{path}/{tensor}/rel_err", smp, gamax, tuple(tile), rounding, False)
+        self._defer(f"quant/{path}/{tensor}/rel_err", smp, gamax, tuple(tile), rounding, False, rule)
 
-    def _add_wgrad(self, path: str, tensor: str, t: torch.Tensor, rounding: str):
+    def _add_wgrad(self, path: str, tensor: str, t: torch.Tensor, rounding: str, rule: str = "6"):
         if not self.wgrad or t.shape[-1] % 16:
             return
         smp, gamax = rs.wgrad_operand_sample(t, blocks=self.blocks, generator=self._gen)
-        self._defer(f"quant/{path}/{tensor}/rel_err", smp, gamax, (1, 16), rounding, True)
+        self._defer(f"quant/{path}/{tensor}/rel_err", smp, gamax, (1, 16), rounding, True, rule)
 
     def _defer(self, key: str, sample: torch.Tensor, gamax: torch.Tensor, tile, rounding: str,
-               rht: bool) -> None:
-        """Keep a sample (``[n·th, 16]`` FP32) and its tensor amax for ``_quantize_pending``."""
-        self._pending.setdefault((tile, rounding, rht), []).append((key, sample, gamax.reshape(1)))
+               rht: bool, rule: str = "6") -> None:
+        """Keep a sample (``[n·th, 16]`` FP32) and its tensor amax for ``_quantize_pending``;
+        ``rule``: the operand's block-scale rule (samples of one rule are quantized together)."""
+        self._pending.setdefault((tile, rounding, rht, rule), []).append((key, sample, gamax.reshape(1)))
 
     def _quantize_pending(self) -> None:
         """Quantize every gathered sample, one ``qdq_rows`` call per kind, and add each
         sample's (Σ err², Σ x²) to its name (no host sync)."""
         from fullstack_fp4.nvfp4 import DEFAULT_SIGNS
 
-        for (tile, rounding, rht), items in self._pending.items():
+        for (tile, rounding, rht, rule), items in self._pending.items():
             rows = [it[1].shape[0] for it in items]
             x = torch.cat([it[1] for it in items])
             dev = x.device
@@ -205,7 +226,7 @@ class TelemetryCollector:
             if rounding == "stochastic":
                 rand = to_device(torch.rand(x.shape, generator=self._gen), dev)
             e = x - qdq_rows(x, gam, tile=tile, rounding=rounding, rand=rand,
-                             rht_signs=DEFAULT_SIGNS if rht else None)
+                             rht_signs=DEFAULT_SIGNS if rht else None, scale_rule=rule)
             seg = torch.arange(len(items), device=dev).repeat_interleave(counts, output_size=x.shape[0])
             e2 = torch.zeros(len(items), device=dev).index_add_(0, seg, e.pow(2).sum(-1))
             x2 = torch.zeros(len(items), device=dev).index_add_(0, seg, x.pow(2).sum(-1))
@@ -243,29 +264,32 @@ class TelemetryCollector:
         return True
 
     def _linear_hook(self, path: str, wname: str):
+        attr = "scale_rule" if wname == "w" else "lora_scale_rule"
+
         def hook(module, args, output):
+            rx, rw, rdy = module_scale_rules(module, attr)
             x = args[0] if args else None
             with torch.no_grad():
                 if torch.is_tensor(x):
-                    self._add(path, "x", x, (1, 16), "nearest")
-                    self._add_wgrad(path, "wgrad_x", x, "nearest")
+                    self._add(path, "x", x, (1, 16), "nearest", rx)
+                    self._add_wgrad(path, "wgrad_x", x, "nearest", rx)
                 w = getattr(module, "weight", None)
                 if torch.is_tensor(w) and path not in self._done_w:
                     self._done_w.add(path)
                     if wname == "w":
-                        self._add(path, "w", w, (16, 16), "nearest")
+                        self._add(path, "w", w, (16, 16), "nearest", rw)
                     else:
                         st = rs.lora_svd_sample(w, module.lora_l1, module.lora_l2, module.lora_beta,
                                                 tiles=self.blocks, generator=self._gen)
                         self._defer(f"quant/{path}/w_res/rel_err", st["w_res_tiles"],
-                                    st["w_res_amax"], (16, 16), "nearest", False)
+                                    st["w_res_amax"], (16, 16), "nearest", False, rw)
                         self._acc(f"quant/{path}/lora_energy/frac", *st["energy"])
             y = output[0] if isinstance(output, (tuple, list)) else output
             if torch.is_tensor(y) and y.requires_grad:
                 def grad_hook(g):
                     with torch.no_grad():
-                        self._add(path, "dy", g, (1, 16), "stochastic")
-                        self._add_wgrad(path, "wgrad_dy", g, "stochastic")
+                        self._add(path, "dy", g, (1, 16), "stochastic", rdy)
+                        self._add_wgrad(path, "wgrad_dy", g, "stochastic", rdy)
                 y.register_hook(grad_hook)
         return hook
 

@@ -110,10 +110,11 @@ def wgrad_operand_blocks(m: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def wgrad_operand_sums(m: torch.Tensor, *, rounding: str, blocks: int = 64,
-                       generator: Optional[torch.Generator] = None):
+                       generator: Optional[torch.Generator] = None, scale_rule: str = "6"):
     """(Σ err², Σ x²) of the wgrad operand ``RHT16(pad(m)ᵀ)`` (fullstack_fp4.linear's
     ``quantize_wgrad_operand``): ``m [T, C]`` (x or dY) transposed to ``[C, T_pad]``, RHT-16 and
-    1×16 blocks along the tokens, ``rounding`` nearest (x) or stochastic (dY).
+    1×16 blocks along the tokens, ``rounding`` nearest (x) or stochastic (dY), ``scale_rule``
+    that of x or dY (the linear's ``ScaleRules``: x's rule covers RHT(xᵀ), dY's RHT(dYᵀ)).
 
     The tensor scale is that of the *transformed* operand (``rht16_tokens_amax``: one pass over
     ``m`` in its own layout, bit-identical to the amax of ``hadamard16(pad(m)ᵀ)``); only the
@@ -128,7 +129,7 @@ def wgrad_operand_sums(m: torch.Tensor, *, rounding: str, blocks: int = 64,
     sblk, gamax = wgrad_operand_sample(m, blocks=blocks, generator=generator)
     qdq = nvfp4_qdq(global_amax=gamax, tile=(1, 16), rounding=rounding,
                     generator=generator if rounding == "stochastic" else None,
-                    rht_signs=DEFAULT_SIGNS)
+                    rht_signs=DEFAULT_SIGNS, scale_rule=scale_rule)
     e = sblk - qdq(sblk)
     return e.pow(2).sum(), sblk.pow(2).sum()
 
@@ -151,18 +152,21 @@ def wgrad_operand_sample(m: torch.Tensor, *, blocks: int = 64,
 
 # ----------------------------------------------------------------------------- LoRA-SVD
 def lora_svd_sums(w_res: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, beta: float, *,
-                  tiles: int = 64, generator: Optional[torch.Generator] = None) -> Dict[str, tuple]:
+                  tiles: int = 64, generator: Optional[torch.Generator] = None,
+                  scale_rule: str = "6") -> Dict[str, tuple]:
     """Sampled sums for a LoRA-SVD weight ``W = W_res + β L2 L1`` over 16×16 tiles of W:
 
     * ``energy``: (Σ ‖β L2 L1‖², Σ ‖W‖²) — energy fraction captured by the BF16 subspace;
     * ``w_res``: (Σ ‖W_res − Q(W_res)‖², Σ ‖W_res‖²) — W_res quantized as the recipe does
-      (16×16 tiles, nearest, tensor scale from W_res's full amax).
+      (16×16 tiles, nearest, tensor scale from W_res's full amax, ``scale_rule`` the module's
+      ``lora_scale_rule.w``).
 
     A tile of the branch is ``β L2[rows] L1[:, cols]`` (16×r by r×16): the full product
     ``L2 L1`` is never formed.
     """
     smp = lora_svd_sample(w_res, l1, l2, beta, tiles=tiles, generator=generator)
-    qdq = nvfp4_qdq(global_amax=smp["w_res_amax"], tile=(16, 16), rounding="nearest")
+    qdq = nvfp4_qdq(global_amax=smp["w_res_amax"], tile=(16, 16), rounding="nearest",
+                    scale_rule=scale_rule)
     tiles2 = smp["w_res_tiles"]
     err = tiles2 - qdq(tiles2)
     return {"energy": smp["energy"], "w_res": (err.pow(2).sum(), tiles2.pow(2).sum())}
@@ -466,8 +470,9 @@ def ns_stats(g: torch.Tensor, *, steps: int, coefficients, precision: str = "nvf
 # ----------------------------------------------------------------------------- Q-Attn
 def _head_qdq(x: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Q-Attn's view of one head ``x [S, D]`` (``per_head_view(.., "head_dim")``: 1×16 blocks
-    along head_dim, nearest, tensor scale from the head's amax), dequantized; only ``rows`` of
-    it if given (each row is its own set of blocks once the head amax is fixed)."""
+    along head_dim, nearest, the 6 rule (Q-Attn's only one), tensor scale from the head's amax),
+    dequantized; only ``rows`` of it if given (each row is its own set of blocks once the head
+    amax is fixed)."""
     qdq = nvfp4_qdq(global_amax=x.abs().amax(), tile=(1, 16), rounding="nearest")
     return qdq(x if rows is None else x[rows])
 

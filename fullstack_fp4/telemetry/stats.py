@@ -20,11 +20,13 @@ uniform on ``{1..N}`` (with replacement). Then
     ``≈ sqrt(Var_i(E_i - ρ X_i) / n) / mean_i(X_i)`` (delta method), i.e. ``O(1/sqrt(n))``.
     ``sqrt(ρ̂)`` (rel_err) and ``snr_db`` inherit consistency, not unbiasedness.
   * The block-wise quantization is exact on a sample **only if the tensor-level scale is that
-    of the full tensor**: NVFP4's block scale depends on the block's amax and on the tensor
-    scale (from the global amax), nothing else; so each sampled block is quantized exactly as
-    it is inside the full tensor when ``global_amax`` is the full tensor's amax
-    (``nvfp4_qdq(global_amax=x.abs().amax())``, one reduction over ``x``). With ``n >= N`` the
-    function uses every block once and returns the exact full value.
+    of the full tensor**: NVFP4's block scale depends on the block's amax (under the 4over6
+    rule also on the block's own values: its 4-or-6 choice compares two errors over the block,
+    or over the 16×16 tile) and on the tensor scale (from the global amax and the rule),
+    nothing else; so each sampled block is quantized exactly as it is inside the full tensor
+    when ``global_amax`` is the full tensor's amax (``nvfp4_qdq(global_amax=x.abs().amax())``,
+    one reduction over ``x``). With ``n >= N`` the function uses every block once and returns
+    the exact full value.
 
 Cost per call: one amax pass over ``x`` (if the quantizer needs it), a gather of ``n·16``
 (1×16) or ``n·256`` (16×16) elements and a quantize-dequantize of that sample; no host sync
@@ -125,13 +127,17 @@ def rel_err_from_sums(err2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
 
 
 def nvfp4_qdq(*, global_amax: Optional[torch.Tensor] = None, tile=(1, 16), rounding: str = "nearest",
-              generator: Optional[torch.Generator] = None, rht_signs=None) -> QDQ:
-    """Quantize-dequantize with fullstack_fp4.nvfp4 (the recipe's quantizer) at a fixed tensor amax."""
+              generator: Optional[torch.Generator] = None, rht_signs=None, scale_rule: str = "6") -> QDQ:
+    """Quantize-dequantize with fullstack_fp4.nvfp4 (the recipe's quantizer) at a fixed tensor amax,
+    with the block-scale rule ``scale_rule`` (``"6"`` or ``"4over6"``: the operand's own rule;
+    the 4/6 choice is made per block, or per 16×16 tile, so a sample of whole blocks is
+    quantized as inside the full tensor under either rule)."""
     from fullstack_fp4.nvfp4 import dequantize, quantize
 
     def qdq(s: torch.Tensor) -> torch.Tensor:
         q = quantize(s, tile=tuple(tile), rounding=rounding, global_amax=global_amax,
-                     generator=generator, rht_signs=rht_signs, check_finite=False)
+                     generator=generator, rht_signs=rht_signs, check_finite=False,
+                     scale_rule=scale_rule)
         out = dequantize(q)
         if rht_signs is not None:   # compare in the original basis (the RHT is orthogonal)
             out = inverse_rht16(out, rht_signs)

@@ -143,11 +143,9 @@ def check_config(cfg) -> None:
     if any(r != "6" for r in scale_rules(cfg).values()) and f.linear == "bf16":
         raise ConfigError("fp4.linear_scale_rule is a rule of the NVFP4 linear's quantization: set "
                           "fp4.linear=nvfp4 or lora_svd, or leave it at 6")
-    if any(r != "6" for r in scale_rules(cfg).values()) and cfg.logging.quant_stats_interval:
-        # the telemetry's sampled quantizer (fullstack_fp4/telemetry/stats.py) has the 6 rule only:
-        # its errors, and the fallback they drive, would not be those of this run's quantizer
-        raise ConfigError("logging.quant_stats_interval measures the linear with the 6 scale rule; with "
-                          "fp4.linear_scale_rule 4over6 set logging.quant_stats_interval=0")
+    # logging.quant_stats_interval goes with any rule: the telemetry measures each operand of a
+    # linear with that operand's own rule (fullstack_fp4/telemetry/collector.py), so its errors,
+    # and the fallback they drive, are those of this run's quantizer
     bad = [p for p in f.keep_bf16 if not isinstance(p, str) or not p]
     if bad:
         raise ConfigError(f"fp4.keep_bf16 must be a list of non-empty patterns; got {f.keep_bf16}")

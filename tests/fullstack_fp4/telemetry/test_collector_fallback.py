@@ -62,6 +62,101 @@ def test_collector_names_values_and_zero_cost_when_off():
     assert tel.end_step() == {"qadamw/v/rel_err": 0.5}
 
 
+# ------------------------------------------------------------------------ scale rules
+class FakeLoRA(torch.nn.Linear):
+    def __init__(self, i, o, r=4):
+        super().__init__(i, o)
+        self.lora_l1 = torch.nn.Parameter(torch.randn(r, i))
+        self.lora_l2 = torch.nn.Parameter(torch.randn(o, r), requires_grad=False)
+        self.lora_beta = 0.5
+
+    def _lora_forward_impl(self):  # marker only, as FakeNVFP4
+        pass
+
+
+def _ref_rel_err(t, rule, *, tile=(1, 16), rounding="nearest", rand=None):
+    """‖t − Q(t)‖/‖t‖ with the reference quantizer at t's own amax under ``rule``."""
+    from fullstack_fp4.nvfp4.reference import quantize_reference
+
+    q = quantize_reference(t, tile=tile, rounding=rounding, rand=rand, scale_rule=rule)
+    return float(rel_err(t, dequantize(q)))
+
+
+def _ref_wgrad_rel_err(m, rule, rand=None):
+    """The same for the wgrad operand RHT16(mᵀ) (T a multiple of 16), in the original basis."""
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16, inverse_hadamard16
+    from fullstack_fp4.nvfp4.reference import quantize_reference
+
+    mt = m.t().contiguous()
+    q = quantize_reference(hadamard16(mt, DEFAULT_SIGNS), rand=rand, scale_rule=rule,
+                           rounding="nearest" if rand is None else "stochastic")
+    return float(rel_err(mt, inverse_hadamard16(dequantize(q).float(), DEFAULT_SIGNS)))
+
+
+def test_collector_measures_each_operand_with_its_scale_rule(monkeypatch):
+    """A linear with ``scale_rule`` 4over6 on x only: x and wgrad_x are measured with 4over6, w,
+    dy and wgrad_dy with the 6 rule (every block sampled: exact full-tensor values; the
+    stochastic-rounding uniforms are the ones the collector drew). A LoRA-SVD linear with
+    ``lora_scale_rule`` 4over6 on w: w_res with 4over6, x with 6."""
+    import fullstack_fp4.telemetry.collector as col
+    from fullstack_fp4.linear.nvfp4_linear import ScaleRules
+
+    calls = []
+    real = col.qdq_rows
+
+    def spy(x, gam, **kw):
+        calls.append((x, kw))
+        return real(x, gam, **kw)
+
+    monkeypatch.setattr(col, "qdq_rows", spy)
+    torch.manual_seed(1)
+    fc = FakeNVFP4(32, 48)
+    fc.scale_rule = ScaleRules(x="4over6")
+    x = torch.randn(64, 32) * torch.exp(torch.randn(64, 1))
+    net = torch.nn.Module()
+    net.fc = fc
+    tel = TelemetryCollector(interval=1, blocks=10**6)
+    assert tel.begin_step(net, 1)
+    y = fc(x)
+    grads = {}
+    y.register_hook(lambda g: grads.setdefault("dy", g.detach().clone()))
+    (y * torch.randn_like(y) * 3).sum().backward()
+    out = tel.end_step()
+    g = grads["dy"]
+
+    # the uniforms of dY and RHT(dYᵀ): each kind is one sample here (one module)
+    sr = {kw["rht_signs"] is not None: (xs, kw["rand"]) for xs, kw in calls if kw["rounding"] == "stochastic"}
+    xs, u_dy = sr[False]
+    assert torch.equal(xs, g.reshape(-1, 16))                      # every block, in order
+    xs, u_wdy = sr[True]
+    assert torch.equal(xs.reshape(g.shape[1], -1), g.t())          # blocks of dYᵀ before the RHT
+    u_dy, u_wdy = u_dy.reshape(g.shape), u_wdy.reshape(g.t().shape)
+
+    want = {"x": (_ref_rel_err(x, "4over6"), _ref_rel_err(x, "6")),
+            "wgrad_x": (_ref_wgrad_rel_err(x, "4over6"), _ref_wgrad_rel_err(x, "6")),
+            "w": (_ref_rel_err(fc.weight.detach(), "6", tile=(16, 16)),
+                  _ref_rel_err(fc.weight.detach(), "4over6", tile=(16, 16))),
+            "dy": (_ref_rel_err(g, "6", rounding="stochastic", rand=u_dy),
+                   _ref_rel_err(g, "4over6", rounding="stochastic", rand=u_dy)),
+            "wgrad_dy": (_ref_wgrad_rel_err(g, "6", rand=u_wdy), _ref_wgrad_rel_err(g, "4over6", rand=u_wdy))}
+    for t, (right, other) in want.items():
+        assert out[f"quant/fc/{t}/rel_err"] == pytest.approx(right, rel=1e-5), t
+        assert other != pytest.approx(right, rel=1e-3), t          # the other rule is told apart
+
+    lora = FakeLoRA(32, 48)
+    lora.lora_scale_rule = ScaleRules(w="4over6")
+    net.lora = lora
+    assert tel.begin_step(net, 2)
+    with torch.no_grad():
+        lora(x)
+    out = tel.end_step()
+    w = lora.weight.detach()
+    got = out["quant/lora/w_res/rel_err"]
+    assert got == pytest.approx(_ref_rel_err(w, "4over6", tile=(16, 16)), rel=1e-5)
+    assert _ref_rel_err(w, "6", tile=(16, 16)) != pytest.approx(got, rel=1e-3)
+    assert out["quant/lora/x/rel_err"] == pytest.approx(_ref_rel_err(x, "6"), rel=1e-5)
+
+
 # ------------------------------------------------------------------------ real NVFP4 layers
 @pytest.fixture(scope="module")
 def gpt():
@@ -142,6 +237,42 @@ def test_telemetry_on_tiny_gpt_and_forced_fallback(gpt):
     with pytest.raises(TypeError):
         switch_module_to_bf16(torch.nn.Linear(2, 2))
     layer.fp4_fallback_bf16 = False
+
+
+def test_real_linear_scale_rule_reaches_the_telemetry(gpt):
+    """The NVFP4 parallel linear's own ``scale_rule`` (a ``ScaleRules``) is what the collector
+    reads: x of one layer with 4over6 is measured with 4over6 (summed over the micro-batches,
+    each with its own tensor amax), its W with the 6 rule."""
+    from fullstack_fp4.linear.nvfp4_linear import ScaleRules
+    from fullstack_fp4.nvfp4.reference import quantize_reference
+    from fullstack_fp4.telemetry import module_path
+
+    fc1 = "decoder.layers.0.mlp.linear_fc1"
+    layer = next(m for n, m in gpt.model.named_modules() if module_path(n) == fc1)
+    assert layer.scale_rule == ScaleRules()                 # the config's default, 6 everywhere
+    xs = []
+    h = layer.register_forward_hook(lambda m, a, o: xs.append(a[0].detach().clone()))
+    layer.scale_rule = ScaleRules(x="4over6")
+    try:
+        tel = TelemetryCollector(interval=1, blocks=10**6)
+        tel.begin_step(gpt.model, 1)
+        gpt._run_schedule(gpt.train_ds, 0, forward_only=True)
+        out = tel.end_step()
+    finally:
+        layer.scale_rule = ScaleRules()
+        h.remove()
+    assert len(xs) >= 2                                      # micro-batches
+
+    def err(ts, rule, tile=(1, 16)):
+        e2 = sum(float((t - dequantize(quantize_reference(t, tile=tile, scale_rule=rule))).pow(2).sum())
+                 for t in ts)
+        return (e2 / sum(float(t.pow(2).sum()) for t in ts)) ** 0.5
+
+    assert out[f"quant/{fc1}/x/rel_err"] == pytest.approx(err(xs, "4over6"), rel=1e-5)
+    assert err(xs, "6") != pytest.approx(err(xs, "4over6"), rel=1e-3)
+    w = layer.weight.detach().float()
+    assert out[f"quant/{fc1}/w/rel_err"] == pytest.approx(err([w], "6", (16, 16)), rel=1e-5)
+    assert err([w], "4over6", (16, 16)) != pytest.approx(err([w], "6", (16, 16)), rel=1e-3)
 
 
 def test_policy_warn_mode_and_reset():

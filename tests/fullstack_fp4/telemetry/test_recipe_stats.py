@@ -26,18 +26,25 @@ def _unbiased(draw, full: float, reps: int, scale: float):
 
 
 # ----------------------------------------------------------------------------- NVFP4 wgrad
-def test_wgrad_operand_matches_the_recipes_quantizer():
+@pytest.mark.parametrize("rule", ["6", "4over6"])
+def test_wgrad_operand_matches_the_recipes_quantizer(rule):
     from fullstack_fp4.linear.nvfp4_linear import quantize_wgrad_operand
 
     torch.manual_seed(0)
     x = torch.randn(40, 32) * torch.linspace(0.1, 3, 32)   # 40 tokens: padded to 48
-    e2, x2 = rs.wgrad_operand_sums(x, rounding="nearest", blocks=ALL)
-    q = quantize_wgrad_operand(x, rounding="nearest")       # what fprop saves for wgrad
-    back = inverse_hadamard16(dequantize(q).float(), DEFAULT_SIGNS)
+    e2, x2 = rs.wgrad_operand_sums(x, rounding="nearest", blocks=ALL, scale_rule=rule)
     xt = torch.nn.functional.pad(x, (0, 0, 0, 8)).t()
-    assert _ratio((e2, x2)) == pytest.approx(float((xt - back).norm() / xt.norm()), rel=1e-5)
+
+    def linear_err(r):   # what fprop saves for wgrad under rule r, in the original basis
+        back = inverse_hadamard16(dequantize(quantize_wgrad_operand(x, rounding="nearest",
+                                                                    scale_rule=r)).float(), DEFAULT_SIGNS)
+        return float((xt - back).norm() / xt.norm())
+
+    assert _ratio((e2, x2)) == pytest.approx(linear_err(rule), rel=1e-5)
+    if rule == "4over6":
+        assert linear_err("6") != pytest.approx(linear_err(rule), rel=1e-3)   # the rule matters
     g = torch.Generator().manual_seed(1)
-    r = _ratio(rs.wgrad_operand_sums(x, rounding="stochastic", blocks=ALL, generator=g))
+    r = _ratio(rs.wgrad_operand_sums(x, rounding="stochastic", blocks=ALL, generator=g, scale_rule=rule))
     assert 0.9 * _ratio((e2, x2)) < r < 2.0 * _ratio((e2, x2))   # SR: noisier, same order
 
 
@@ -58,6 +65,20 @@ def test_lora_svd_energy_and_residual_error_exact_and_unbiased():
     for key in ("energy", "w_res"):
         it = iter(draws)
         _unbiased(lambda: next(it)[key][0], float(out[key][0]), reps=150, scale=n_tiles / n)
+
+
+def test_lora_svd_residual_error_under_4over6():
+    """``scale_rule="4over6"``: W_res's error is that of its 4over6 16×16 quantization."""
+    torch.manual_seed(3)
+    w_res, l1, l2 = torch.randn(64, 48) * 0.1, torch.randn(4, 48), torch.randn(64, 4)
+    out = rs.lora_svd_sums(w_res, l1, l2, 0.5, tiles=ALL, scale_rule="4over6")
+
+    def err(rule):
+        wq = dequantize(quantize(w_res, tile=(16, 16), scale_rule=rule)).float()
+        return float((w_res - wq).norm() / w_res.norm())
+
+    assert _ratio(out["w_res"]) == pytest.approx(err("4over6"), rel=1e-5)
+    assert err("6") != pytest.approx(err("4over6"), rel=1e-3)
 
 
 # ----------------------------------------------------------------------------- Q-AdamW

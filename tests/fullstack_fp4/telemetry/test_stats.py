@@ -42,17 +42,47 @@ def test_rel_err_and_snr_direct():
     assert float(rel_err(y, yq)) == pytest.approx(float(d.norm() / y.float().norm()), rel=1e-6)
 
 
+@pytest.mark.parametrize("scale_rule", ["6", "4over6"])
 @pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
-def test_all_blocks_equals_full_tensor_quantization(tile):
-    """n >= N: every block once, quantized alone at the full tensor's amax == full quantization."""
+def test_all_blocks_equals_full_tensor_quantization(tile, scale_rule):
+    """n >= N: every block once, quantized alone at the full tensor's amax == full quantization
+    (under 4over6 too: its 4-or-6 choice is per block / per tile)."""
     x = _x((48, 128))
-    full = rel_err(x, dequantize(quantize(x, tile=tile)))
-    qdq = nvfp4_qdq(global_amax=x.abs().amax(), tile=tile)
+    xq = dequantize(quantize(x, tile=tile, scale_rule=scale_rule))
+    full = rel_err(x, xq)
+    qdq = nvfp4_qdq(global_amax=x.abs().amax(), tile=tile, scale_rule=scale_rule)
     e2, x2, n, n_total = sampled_sums(x, qdq, blocks=10**9, tile=tile)
     assert n == n_total == x.numel() // (tile[0] * tile[1])
-    torch.testing.assert_close(e2, (x - dequantize(quantize(x, tile=tile))).pow(2).sum(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(e2, (x - xq).pow(2).sum(), rtol=1e-5, atol=0)
     torch.testing.assert_close(x2, x.pow(2).sum(), rtol=1e-5, atol=0)
     torch.testing.assert_close(sampled_rel_err(x, qdq, blocks=10**9, tile=tile), full, rtol=1e-5, atol=0)
+    if scale_rule == "4over6":   # the rule changes the error by far more than the tolerance
+        other = rel_err(x, dequantize(quantize(x, tile=tile)))
+        assert abs(float(other / full) - 1) > 1e-3
+
+
+def test_nvfp4_qdq_4over6_is_the_reference_quantizer():
+    """A sample of whole blocks through ``nvfp4_qdq(scale_rule="4over6")`` equals the reference
+    quantize-dequantize of those rows at the same tensor amax, bit for bit (1×16 and 16×16,
+    nearest and stochastic with the same generator draws, with and without the RHT)."""
+    from fullstack_fp4.nvfp4 import DEFAULT_SIGNS, hadamard16
+    from fullstack_fp4.nvfp4.reference import quantize_reference
+    from fullstack_fp4.telemetry.stats import inverse_rht16
+
+    x = _x((32, 64), seed=4)
+    for tile in ((1, 16), (16, 16)):
+        for rounding in ("nearest", "stochastic"):
+            for signs in (None, DEFAULT_SIGNS):
+                src = x if signs is None else hadamard16(x, signs)
+                amax = src.abs().amax() * 1.5
+                got = nvfp4_qdq(global_amax=amax, tile=tile, rounding=rounding, rht_signs=signs,
+                                scale_rule="4over6",
+                                generator=torch.Generator().manual_seed(9))(x)
+                q = quantize_reference(src, global_amax=amax, tile=tile, rounding=rounding,
+                                       scale_rule="4over6", generator=torch.Generator().manual_seed(9))
+                want = dequantize(q).float()
+                want = want if signs is None else inverse_rht16(want, signs)
+                assert torch.equal(got, want), (tile, rounding, signs is None)
 
 
 def test_gather_is_block_exact_on_noncontiguous_3d():

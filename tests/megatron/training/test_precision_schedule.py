@@ -46,12 +46,22 @@ def test_switch_step(value, iters, step):
     (["fp4.linear=nvfp4", "fp4.bf16_from=soon"], "must be an integer or a number"),
     (["fp4.linear=nvfp4", "fp4.bf16_from=true"], "must be an integer or a number"),
     (["fp4.bf16_from=2"], "both are bf16 here"),
-    (["fp4.linear=nvfp4", "fp4.linear_scale_rule=4over6", "logging.quant_stats_interval=10"],
-     "set logging.quant_stats_interval=0"),
 ])
 def test_bad_values_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         _cfg("train.iters=4", *overrides)
+
+
+@pytest.mark.parametrize("overrides, rules", [
+    (["fp4.linear=nvfp4", "fp4.linear_scale_rule=4over6"], {"x": "4over6", "w": "4over6", "dy": "4over6"}),
+    (["fp4.linear=lora_svd", "fp4.linear_scale_rule.w=4over6", "fp4.fallback=bf16"],
+     {"x": "6", "w": "4over6", "dy": "6"}),
+])
+def test_4over6_with_quant_stats_validates(overrides, rules):
+    """The telemetry measures each operand with its own scale rule, so it (and the fallback it
+    drives) goes with 4over6."""
+    cfg = _cfg("train.iters=4", "logging.quant_stats_interval=10", *overrides)
+    assert precision.scale_rules(cfg) == rules and cfg.logging.quant_stats_interval == 10
 
 
 def test_bad_value_is_one_error_line_and_exit_2(tmp_path):
