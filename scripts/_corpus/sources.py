@@ -369,7 +369,8 @@ XL_APT_PACKAGES = ["linux-doc-6.1", "perl-doc", "python3.11-doc", "postgresql-do
                    "sqlite3-doc", "python-django-doc", "python-sqlalchemy-doc", "erlang-doc",
                    "zsh-doc", "debian-handbook", "cmake-doc", "sphinx-doc", "apache2-doc",
                    "octave-doc", "python-pandas-doc"]
-# Not Debian's nodejs-doc: it conflicts with the Node.js this machine has (apt removes it).
+# Not Debian's nodejs-doc: to install it apt removes a Node.js installed otherwise, and the
+# Brown corpus needs npm.
 XL_APT_COMMAND = "apt-get install -y --no-install-recommends " + " ".join(XL_APT_PACKAGES)
 
 
