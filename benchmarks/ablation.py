@@ -45,7 +45,8 @@ of `--jobs`, each in OUT/<corpus>/s<seed>/<arm>/ (<corpus>: the data directory's
 run's gap is taken to the bf16 run of its own corpus and seed (paired: the seed's share of the
 loss cancels), and the table gives, per corpus and arm, the mean and sample standard deviation
 over the seeds of the validation loss and of that gap, with the mean held-out perplexity and
-cloze accuracy. OUT/ablation.json then holds the per-run rows (with their corpus and seed) and
+cloze accuracy, and, where nvfp4_linear is an arm, each arm's mean gap as a share of
+nvfp4_linear's (what a lever or LoRA-SVD leaves of it). OUT/ablation.json then holds the per-run rows (with their corpus and seed) and
 the per-(corpus, arm) `summary`; OUT/ablation.png the seed-mean validation curves per corpus.
 """
 from __future__ import annotations
@@ -559,6 +560,13 @@ def aggregate(rows: list[dict]) -> list[dict]:
                 "wall_s_mean": _mean_std([r["wall_s"] for r in mine])[0],
                 "jobs": max((r["jobs"] for r in mine), default=1),
             })
+    # An arm's gap as a share of the plain NVFP4 linear's on the same corpus (ratio of the seed
+    # means): what a lever or LoRA-SVD leaves of NVFP4's gap (the paper's LoRA-SVD: 0.61/1.40).
+    nv = {a["corpus"]: a["val_gap_pct_mean"] for a in out if a["arm"] == "nvfp4_linear"}
+    for a in out:
+        ref = nv.get(a["corpus"])
+        ok = ref and a["val_gap_pct_mean"] is not None and a["arm"] != "bf16"
+        a["share_of_nvfp4_gap"] = a["val_gap_pct_mean"] / ref if ok else None
     return out
 
 
@@ -621,20 +629,22 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
              f"Device: {header['device']}; commit {header['git_commit'][:10]}; {header['date']}; "
              f"command `{header['command']}`.",
              "Gap: (arm − bf16) / bf16 of the validation loss at the last step, bf16 of the same corpus "
-             "and seed; mean ± sample standard deviation over the seeds (val loss likewise); the other "
+             "and seed; mean ± sample standard deviation over the seeds (val loss likewise); share of "
+             "nvfp4_linear's gap: the arm's mean gap over nvfp4_linear's on that corpus; the other "
              f"columns are seed means. Final train loss: mean of the last {args.last_k} logged losses; "
              "cloze: scripts/evaluate.py (greedy; k-way)."]
     for corpus, c in header["corpora"].items():
         lines += ["", f"### {corpus}", "",
                   f"Data `{c['data']}`: {c['train_tokens'] / 1e6:.2f}M training tokens, "
                   f"{c['epochs']:.2f} epochs a run.", "",
-                  "| arm | seeds | final train loss | val loss | gap vs bf16 (val) | gap per seed | held-out ppl | "
-                  "cloze acc (greedy) | cloze acc (k-way) | wall time |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| arm | seeds | final train loss | val loss | gap vs bf16 (val) | gap per seed | "
+                  "share of nvfp4_linear's gap | held-out ppl | cloze acc (greedy) | cloze acc (k-way) | "
+                  "wall time |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for a in (a for a in summary if a["corpus"] == corpus):
             seeds = f"{a['complete']}" + ("" if a["complete"] == a["runs"] else f" of {a['runs']}")
             if not a["complete"]:
-                lines.append(f"| {a['arm']} | {seeds} |" + " |" * 8)
+                lines.append(f"| {a['arm']} | {seeds} |" + " |" * 9)
                 continue
             gap = ("0 (baseline)" if a["arm"] == "bf16"
                    else _pm(a["val_gap_pct_mean"], a["val_gap_pct_std"], "+.2f", "%"))
@@ -644,6 +654,7 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
                 wall += f" ({a['jobs']} at once)"
             lines.append(f"| {a['arm']} | {seeds} | {_f(a['final_train_loss_mean'], '.4f')} | "
                          f"{_pm(a['val_loss_mean'], a['val_loss_std'], '.4f')} | {gap} | {per_seed} | "
+                         f"{_f(a['share_of_nvfp4_gap'], '.2f')} | "
                          f"{_f(a['heldout_perplexity_mean'], '.2f')} | {_f(a['cloze_greedy_accuracy_mean'], '.3f')} | "
                          f"{_f(a['cloze_choice_accuracy_mean'], '.3f')} | {wall} |")
     return "\n".join(lines) + "\n"

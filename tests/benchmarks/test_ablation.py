@@ -223,3 +223,33 @@ def test_ablation_over_corpora_and_seeds(tmp_path):
                      (["--data", f"{a},{a}"], "two directories named")):
         p = ablation(["--arms", "bf16", "--iters", "2", "--out", str(tmp_path / "bad"), "--data", a, *bad])
         assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_summary_share_of_the_nvfp4_gap():
+    """aggregate(): per corpus and arm, the seed mean / sample std of the paired gaps, the
+    incomplete seed left out of them, and each arm's mean gap over nvfp4_linear's (hand-computed
+    values)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablation_script", ABLATION)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(arm, seed, gap, status="complete"):
+        return {"corpus": "c", "arm": arm, "seed": seed, "status": status,
+                "val_loss": None if gap is None else 4.0 + gap / 100,
+                "val_gap_pct": gap, "final_train_loss": None, "heldout_perplexity": None,
+                "cloze_greedy_accuracy": None, "cloze_choice_accuracy": None, "tokens": 10, "wall_s": 60.0,
+                "jobs": 3}
+
+    rows = ([row("bf16", s, 0.0) for s in (1, 2, 3)] + [row("nvfp4_linear", 1, 1.0), row("nvfp4_linear", 2, 0.6),
+                                                         row("nvfp4_linear", 3, 0.8)]
+            + [row("lever", 1, 0.5), row("lever", 2, 0.1), row("lever", 3, None, status="failed: x")])
+    got = {a["arm"]: a for a in mod.aggregate(rows)}
+    assert got["nvfp4_linear"]["val_gap_pct_mean"] == pytest.approx(0.8)
+    assert got["nvfp4_linear"]["val_gap_pct_std"] == pytest.approx(0.2)          # sd of 1.0, 0.6, 0.8
+    assert got["lever"]["complete"] == 2 and got["lever"]["runs"] == 3 and got["lever"]["seeds"] == [1, 2]
+    assert got["lever"]["val_gap_pct_mean"] == pytest.approx(0.3)
+    assert got["lever"]["share_of_nvfp4_gap"] == pytest.approx(0.3 / 0.8)
+    assert got["nvfp4_linear"]["share_of_nvfp4_gap"] == pytest.approx(1.0)
+    assert got["bf16"]["share_of_nvfp4_gap"] is None
