@@ -46,8 +46,9 @@ run's gap is taken to the bf16 run of its own corpus and seed (paired: the seed'
 loss cancels), and the table gives, per corpus and arm, the mean and sample standard deviation
 over the seeds of the validation loss and of that gap, with the mean held-out perplexity and
 cloze accuracy, and, where nvfp4_linear is an arm, each arm's mean gap as a share of
-nvfp4_linear's (what a lever or LoRA-SVD leaves of it). OUT/ablation.json then holds the per-run rows (with their corpus and seed) and
-the per-(corpus, arm) `summary`; OUT/ablation.png the seed-mean validation curves per corpus.
+nvfp4_linear's (what a lever or LoRA-SVD leaves of it). OUT/ablation.json then holds the
+per-run rows (with their corpus and seed) and the per-(corpus, arm) `summary`; OUT/ablation.png
+the seed-mean validation curves per corpus.
 """
 from __future__ import annotations
 
@@ -207,8 +208,9 @@ class Run:
 
 
 def plan_runs(arms: list[str], corpora: dict[str, str], seeds: list[int]) -> list[Run]:
-    """Every arm on every corpus at every seed, ordered corpus, seed, arm (a group's runs
-    start together, so a spent --time-budget leaves whole groups rather than whole arms)."""
+    """Every arm on every corpus at every seed, ordered corpus, seed, arm: the runs compared with
+    each other (one corpus and seed) start one after another, so a spent --time-budget tends to
+    leave whole groups unstarted rather than one arm of every group."""
     grid = len(corpora) > 1 or len(seeds) > 1
     return [Run(arm, corpus, data, seed, grid)
             for corpus, data in corpora.items() for seed in (seeds or [None]) for arm in arms]
