@@ -219,6 +219,19 @@ def test_ablation_over_corpora_and_seeds(tmp_path):
     md = open(os.path.join(out, "ablation.md")).read()
     assert "### alpha" in md and "### beta" in md and " ± " in md
 
+    # runs copied on without their checkpoints (another machine's results) are tabulated alike
+    import shutil
+
+    kept = str(tmp_path / "kept")
+    shutil.copytree(out, kept, ignore=shutil.ignore_patterns("checkpoints"))
+    p = ablation(["--arms", "bf16,q_adamw", "--data", f"{a},{b}", "--seeds", "11,22", "--iters", "2",
+                  "--out", kept, "--cloze-items", "4", "--last-k", "2", "--report-only", "--set", *TINY])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert p.stdout.count("complete (results kept, no checkpoint)") == 8 and "evaluating" not in p.stdout
+    again = json.load(open(os.path.join(kept, "ablation.json")))["summary"]
+    for key in ("val_loss_mean", "val_gap_pct_mean", "val_gap_pct_std", "heldout_perplexity_mean"):
+        assert [r[key] for r in again] == [r[key] for r in doc["summary"]], key
+
     for bad, msg in ((["--seeds", "1,1"], "twice"), (["--seeds", "1", "--set", "train.seed=3"], "both set the seed"),
                      (["--data", f"{a},{a}"], "two directories named")):
         p = ablation(["--arms", "bf16", "--iters", "2", "--out", str(tmp_path / "bad"), "--data", a, *bad])
