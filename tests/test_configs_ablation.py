@@ -1,6 +1,7 @@
 """configs/ablation/: the second scale (medium.yaml) is base.yaml with a larger model and
 nothing else that could move a loss gap (schedule, optimizer, step size, recipe defaults), and
-its stated sizes are the ones megatron-core builds."""
+its header's parameter counts are the closed-form ones (which `--dry-run` checks against the
+model megatron-core builds)."""
 from __future__ import annotations
 
 import os
