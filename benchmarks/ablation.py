@@ -617,6 +617,15 @@ def pyplot(missing: str):
     return plt
 
 
+def save_figure(plt, fig, title: str, path: str) -> bool:
+    """Title, tight layout, ``path`` at 120 dpi, figure closed; True (the plot functions' result)."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def _pm(m, sd, fmt, unit=""):
     if m is None:
         return "—"
@@ -684,11 +693,7 @@ def plot_grid(rows: list[dict], path: str, tokens_per_step: int, title: str) -> 
         ax.set_title(corpus)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, title, path)
 
 
 def plot(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
@@ -708,11 +713,7 @@ def plot(rows: list[dict], path: str, tokens_per_step: int, title: str) -> bool:
         a.set_ylabel(name)
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, title, path)
 
 
 def train_tokens_of(data: str) -> int | None:

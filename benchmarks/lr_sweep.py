@@ -239,11 +239,7 @@ def plot(rows, path: str, title: str) -> bool:
         ax.set_title(corpus)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(title + "  (★ best)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return A.save_figure(plt, fig, title + "  (★ best)", path)
 
 
 def header_of(args, argv, cfg_iters_tokens: int) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import math
 import os
@@ -35,15 +34,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
+from megatron.training.tokenizer import sha256_file  # noqa: E402
+
 VOCAB_SIZE = 4096
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def indexed_complete(prefix):
@@ -132,7 +125,6 @@ def prepare(out, log=print):
     tok_id = sha256_file(model)
 
     # 3. token files
-    counts = {}
     for name, files in (("train", train_files), ("valid", heldout_files)):
         prefix = os.path.join(out, f"{name}_text_document")
         inputs = {"corpus": corpus_id, "tokenizer": tok_id}

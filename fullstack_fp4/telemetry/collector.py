@@ -64,6 +64,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from fullstack_fp4.linear.nvfp4_linear import scale_rules
+
 from . import recipe_stats as rs
 from .batched_qdq import qdq_rows
 from .stats import sample_blocks, to_device
@@ -104,11 +106,7 @@ def module_scale_rules(m, attr: str = "scale_rule") -> tuple:
     GEMMs) as ``fullstack_fp4.linear.nvfp4_linear.scale_rules`` reads it (a ``ScaleRules``, one
     string for all three, or a mapping); ``("6", "6", "6")`` where the module has none."""
     rule = getattr(m, attr, None)
-    if rule is None:
-        return ("6", "6", "6")
-    from fullstack_fp4.linear.nvfp4_linear import scale_rules
-
-    return tuple(scale_rules(rule))
+    return ("6", "6", "6") if rule is None else tuple(scale_rules(rule))
 
 
 def module_path(name: str) -> str:

@@ -49,7 +49,9 @@ class TokenizerError(DataError):
     """A tokenizer file is missing, unreadable or lacks a required special token."""
 
 
-def _sha256(path: str) -> str:
+def sha256_file(path: str) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks (a tokenizer's identity; the scripts'
+    data and cloze records use it too)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -179,7 +181,7 @@ class LibraryTokenizer(MegatronTokenizerBase):
             raise TokenizerError(f"tokenizer {path} has no end-of-sequence token to use as end of "
                                  "document (set eos_token in its tokenizer_config.json)")
         self.unique_identifiers = OrderedDict([("class", f"{type(self).__name__}:{library}"),
-                                               ("sha256", _sha256(hashed))])
+                                               ("sha256", sha256_file(hashed))])
 
     def tokenize(self, text: str) -> List[int]:
         """Token ids of `text`, no special tokens added (the caller appends `eod` per document)."""

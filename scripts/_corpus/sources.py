@@ -285,7 +285,7 @@ def bible_documents(download_dir: str, versions=BIBLE_VERSIONS,
 
 
 # --- Debian documentation -------------------------------------------------------------------
-def _rst_text(raw: str) -> str:
+def _paragraphs_as_they_are(raw: str) -> str:
     """The kernel's and Python's reStructuredText sources as they are, paragraph by paragraph."""
     return join_paragraphs(paragraphs(raw))
 
@@ -317,10 +317,10 @@ DEBIAN_DOCS_XL = {
     # source id: reStructuredText sources of the Sphinx-built HTML documentation
     "python3.11-doc": DebianDoc("python3.11-doc",
                                 "/usr/share/doc/python3.11/html/_sources/**/*.txt",
-                                "/_sources/", _rst_text),
+                                "/_sources/", _paragraphs_as_they_are),
     # The kernel documentation without its Chinese, Japanese, Korean and Italian translations.
     "linux-doc": DebianDoc("linux-doc-*", "/usr/share/doc/linux-doc*/html/_sources/**/*.txt",
-                           "/_sources/", _rst_text, exclude=("/_sources/translations/",)),
+                           "/_sources/", _paragraphs_as_they_are, exclude=("/_sources/translations/",)),
     # Perl's manuals; perltoc is a generated table of contents (every other page's headings).
     "perl-doc": DebianDoc("perl-doc", "/usr/share/perl/5.*.*/pod/*.pod", "", pod_text,
                           exclude=("/perltoc.pod",), boilerplate=True),

@@ -24,23 +24,16 @@ sorted order, so the same inputs give the same file byte for byte.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import re
 
+from megatron.training.tokenizer import sha256_file  # noqa: F401  (evaluate.py reads it from here)
+
 BUILDER_VERSION = 1
 WORD_RE = re.compile(r"[A-Za-z]+")
 ENDERS = set(".,;:!?\n")
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def answer_positions(text: str) -> list[tuple[int, int]]:
