@@ -94,7 +94,7 @@ def parse_args(argv=None):
                         "list: every arm on each corpus")
     p.add_argument("--seeds", default="", help="comma list of train.seed values, every arm at each "
                                               "(default: the config's seed, one run an arm)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every arm")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE", help="extra overrides for every arm")
     p.add_argument("--family-lr", default="", metavar="FAMILY=LR[/MATRIX_LR],...",
                    help="each arm at its optimizer family's lr (adamw | muon | root), e.g. "
                         "adamw=2e-3,muon=2e-3,root=4e-3/8e-3 (MATRIX_LR: the orthogonal groups')")

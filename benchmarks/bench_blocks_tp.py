@@ -79,7 +79,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default="runs/bench_blocks_tp")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
     a = p.parse_args()
     tp = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

@@ -65,7 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--out", default="runs/lr_sweep")
     p.add_argument("--config", default=os.path.join(REPO, "configs", "ablation", "base.yaml"))
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (one GPU: side by side)")
     p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
     p.add_argument("--report-only", action="store_true", help="train nothing: tabulate the complete runs in --out")

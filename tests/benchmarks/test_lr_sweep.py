@@ -129,3 +129,16 @@ def test_ablation_bad_family_lr_one_error_line(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.strip().startswith("error: --family-lr root") \
         and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+@pytest.mark.parametrize("script", [SWEEP, os.path.join(REPO, "benchmarks", "ablation.py")])
+def test_repeated_set_keeps_every_override(tmp_path, script):
+    """`--set a --set b` and `--set a b` both reach every run (a repeated flag used to keep only
+    its last occurrence, silently dropping the earlier overrides)."""
+    data = make_toy_data(str(tmp_path / "toy"))
+    p = subprocess.run([sys.executable, script, "--arms", "bf16", "--iters", "2", "--data", data, "--dry",
+                        "--out", str(tmp_path / "o"), "--set", *TINY[:2], "--set", "train.log_interval=3"],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cmds = [ln for ln in p.stdout.splitlines() if "pretrain_gpt.py" in ln]
+    assert cmds and all(all(o in c for o in (*TINY[:2], "train.log_interval=3")) for c in cmds)
