@@ -27,7 +27,9 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
 - `--jobs N` trains up to N arms at once: at this scale a step is host-bound, so arms side by
   side on one GPU keep most of their speed (with several GPUs visible, each new arm goes to the
   one running the fewest); their losses do not depend on it, their wall times do (the table
-  says how many ran at once);
+  says how many ran at once). An arm that runs out of GPU memory beside others is queued again
+  and fewer run at once from then on (an arm of configs/ablation/base.yaml holds ~10.4 GiB of
+  an H200, so 14 at once do not fit);
 - a complete arm records that in OUT/<arm>/ablation_run.json, so its folder without
   `checkpoints/` (metrics.jsonl, eval.json, ablation_run.json) still counts as complete: arms
   trained on different machines or sessions are tabulated together by copying those folders
@@ -361,6 +363,15 @@ class ArmRun:
             self.proc.send_signal(signal.SIGTERM)
             self.stopped_at = time.time()
 
+    def out_of_memory(self) -> bool:
+        """Whether this session's log (after its ``====`` header) ends in a CUDA allocation failure."""
+        try:
+            with open(os.path.join(self.rd, "train.log"), errors="replace") as f:
+                text = f.read().rsplit("\n==== ", 1)[-1]
+        except OSError:
+            return False
+        return any(m in text for m in OOM_MARKERS)
+
     def finish(self) -> str:
         """Record the session; 'complete', 'interrupted' or 'failed: ...'."""
         self.log.close()
@@ -381,6 +392,11 @@ class ArmRun:
         if self.rc == 0 or self.stopped_at is not None:
             return "interrupted"
         return f"failed: exit code {self.rc}, see {os.path.join(self.rd, 'train.log')}"
+
+
+# what a run that could not get GPU memory leaves in its log: PyTorch's allocator, and NCCL's
+# own allocations (its error when the card is full while it sets up a collective)
+OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "Failed to CUDA calloc")
 
 
 def visible_gpus() -> list[str]:
@@ -409,12 +425,18 @@ def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, 
     run). Fills ``status``. With several GPUs visible, each new arm goes to the GPU running the
     fewest (CUDA_VISIBLE_DEVICES). ``more(arm)``, if given, is called when an arm ends and
     returns further ``(arm, meta)`` to train (lr_sweep.py: a point's extra seeds once its
-    grid is done), queued behind the others."""
+    grid is done), queued behind the others.
+
+    An arm that fails for want of GPU memory while others ran beside it is not a failed arm but
+    too many at once: it goes back to the front of the queue, and from then on at most as many
+    arms run at once as were left running when it failed (printed once per lowering). Alone on
+    its GPU, such a failure is the arm's own."""
     pending, running = list(todo), []
+    jobs = args.jobs
     gpus = visible_gpus() if args.jobs > 1 and todo else []   # several GPUs: spread the arms
     while pending or running:
         budget_spent = deadline is not None and time.time() >= deadline
-        while pending and len(running) < args.jobs and not budget_spent:
+        while pending and len(running) < jobs and not budget_spent:
             arm, meta = pending.pop(0)
             what = f"resuming at step {meta['iteration']}" if meta else "starting"
             print(f"[ablation] {arm}: {what} -> {args.iters} steps", flush=True)
@@ -431,6 +453,12 @@ def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, 
         for r in [r for r in running if r.poll()]:
             running.remove(r)
             st = r.finish()
+            if st.startswith("failed") and r.peers > 1 and r.out_of_memory() and not budget_spent:
+                jobs = max(1, min(jobs, len(running)))
+                print(f"[ablation] {r.arm}: out of GPU memory beside {r.peers - 1} other run(s); "
+                      f"queued again, at most {jobs} at once from now on", flush=True)
+                pending.insert(0, (r.arm, checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))))
+                continue
             if st == "interrupted":
                 m = checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))
                 st = f"interrupted at step {m['iteration'] if m else 0}: run again to resume"

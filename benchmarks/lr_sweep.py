@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Learning-rate sweep: train optimizer arms over an lr grid side by side, tabulate, plot.
 
-    python benchmarks/lr_sweep.py [--arms bf16,muon,root] [--lr-grid 5e-4,1e-3,2e-3,4e-3,8e-3]
+    python benchmarks/lr_sweep.py [--arms bf16,muon,root] [--lr-grid 1e-3,2e-3,4e-3,8e-3,1.6e-2,3.2e-2]
         [--matrix-lr-grid 2e-3,2e-2] [--seeds 1234] [--confirm-seeds 4321,777]
-        [--data data/quickstart,data/large] [--iters 300] [--jobs 12] [--out runs/lr_sweep]
+        [--data data/quickstart,data/large] [--iters 300] [--jobs 9] [--out runs/lr_sweep]
         [--config configs/ablation/base.yaml] [--time-budget SECONDS] [--report-only] [--dry]
         [--set key=value ...]
 
@@ -17,8 +17,10 @@ data order, subprocess per run, resume from its checkpoint, `--jobs` runs at onc
   orthogonalised matrices separately (`optimizer.orthogonal.lr_scale = matrix lr / lr`) over
   every pair (lr, matrix lr); without it the matrices take the lr (lr_scale 1);
 - `--seeds`: the seeds every grid point is trained at; the best point of an (arm, corpus) is the
-  argmin of the mean validation loss at --iters over these seeds;
-- `--confirm-seeds`: once the grid of an (arm, corpus) is done, its best point is trained again
+  argmin of the mean validation loss at --iters over these seeds, chosen only once every point
+  of that grid is complete (a failed or unrun point leaves it without one), and flagged when it
+  is the grid's smallest or largest lr (the optimum may lie outside: widen the grid);
+- `--confirm-seeds`: once the grid of an (arm, corpus) is complete, its best point is trained again
   at these seeds (queued behind the grid runs still waiting, so they fill the GPU's free
   slots); the table gives the mean and standard deviation over all its seeds.
 
@@ -50,7 +52,7 @@ sys.path.insert(1, REPO)
 import ablation as A  # noqa: E402  (the run machinery and the lr overrides)
 from bench_blocks import ARMS  # noqa: E402
 
-DEFAULT_GRID = "5e-4,1e-3,2e-3,4e-3,8e-3"
+DEFAULT_GRID = "1e-3,2e-3,4e-3,8e-3,1.6e-2,3.2e-2"   # past Muon's best so far (BENCHMARKS.md, "Optimizer learning-rate sweep")
 
 
 def parse_args(argv=None):
@@ -146,7 +148,9 @@ def val_at(args, name: str) -> float | None:
 
 def summarize(points: list[Point], seeds, confirm, args, status) -> list[dict]:
     """One row per point: the validation loss at each seed, the mean over --seeds, the best of
-    its (corpus, arm) marked, and at the best point the mean / std over every seed run."""
+    its (corpus, arm) marked (only where every point of that grid is complete; `at_edge` when it
+    is the smallest or largest lr swept, i.e. the optimum may lie outside the grid), and at the
+    best point the mean / std over every seed run."""
     rows = []
     for pt in points:
         vals = {s: (val_at(args, pt.run(s)) if status.get(pt.run(s)) == "complete" else None)
@@ -157,13 +161,19 @@ def summarize(points: list[Point], seeds, confirm, args, status) -> list[dict]:
                      else (pt.lr if pt.family in A.ORTHOGONAL_FAMILIES else None),
                      "val_loss_by_seed": {str(s): v for s, v in vals.items() if v is not None},
                      "val_loss": statistics.fmean(grid) if all(v is not None for v in grid) else None,
-                     "best": False, "seeds_mean": None, "seeds_std": None, "seeds_n": 0})
+                     "best": False, "at_edge": False, "grid_complete": False,
+                     "seeds_mean": None, "seeds_std": None, "seeds_n": 0})
     for key in {(r["corpus"], r["arm"]) for r in rows}:
-        mine = [r for r in rows if (r["corpus"], r["arm"]) == key and r["val_loss"] is not None]
-        if not mine:
-            continue
-        best = min(mine, key=lambda r: r["val_loss"])
+        group = [r for r in rows if (r["corpus"], r["arm"]) == key]
+        if any(r["val_loss"] is None for r in group):
+            continue        # a grid with a point missing (failed, not run) has no best point
+        for r in group:
+            r["grid_complete"] = True
+        best = min(group, key=lambda r: r["val_loss"])
         best["best"] = True
+        lrs, mlrs = sorted({r["lr"] for r in group}), sorted({r["matrix_lr"] for r in group if r["matrix_lr"]})
+        best["at_edge"] = ((len(lrs) > 1 and best["lr"] in (lrs[0], lrs[-1]))
+                           or (len(mlrs) > 1 and best["matrix_lr"] in (mlrs[0], mlrs[-1])))
         allv = list(best["val_loss_by_seed"].values())
         best["seeds_mean"], best["seeds_n"] = statistics.fmean(allv), len(allv)
         best["seeds_std"] = statistics.stdev(allv) if len(allv) > 1 else None
@@ -206,7 +216,12 @@ def markdown(rows, seeds, confirm, header) -> str:
             seeds_col = ""
             if r["best"] and r["seeds_n"] > 1:
                 seeds_col = f"{r['seeds_mean']:.4f} ± {r['seeds_std']:.4f} (n={r['seeds_n']})"
+            if r["at_edge"]:
+                seeds_col = (seeds_col + "; " if seeds_col else "") + "edge of the grid: widen it"
             out.append(f"| {r['arm']} | {r['lr']:g} | {_f(r['matrix_lr'], 'g')} | {v} | {seeds_col} |")
+        partial = list(dict.fromkeys(r["arm"] for r in rows if r["corpus"] == corpus and not r["grid_complete"]))
+        if partial:
+            out += ["", f"Grid incomplete (a point failed or was not run), so no best point: {', '.join(partial)}."]
     return "\n".join(out) + "\n"
 
 
@@ -313,6 +328,9 @@ def main(argv=None) -> int:
             if key in confirmed or not all(pt.run(s) in status for pt in pts for s in seeds):
                 continue
             confirmed.add(key)
+            if not all(status[pt.run(s)] == "complete" for pt in pts for s in seeds):
+                print(f"[lr_sweep] {'/'.join(key)}: grid incomplete, no best point to confirm", flush=True)
+                continue
             best = best_points(pts, summarize(pts, seeds, [], args, status))
             out += split_todo([pt.run(s) for pt in best for s in confirm], args, status)
         return out

@@ -11,10 +11,12 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -266,3 +268,36 @@ def test_summary_share_of_the_nvfp4_gap():
     assert got["lever"]["share_of_nvfp4_gap"] == pytest.approx(0.3 / 0.8)
     assert got["nvfp4_linear"]["share_of_nvfp4_gap"] == pytest.approx(1.0)
     assert got["bf16"]["share_of_nvfp4_gap"] is None
+
+
+def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, monkeypatch, capsys):
+    """A fake trainer: arm `a` fails once with PyTorch's out-of-memory message while `b` runs;
+    run_arms queues `a` again, lowers the arms at once to 1 and so starts it only after `b` has
+    ended; a second out-of-memory failure of an arm running alone is its own failure."""
+    spec = importlib.util.spec_from_file_location("ablation_oom", ABLATION)
+    A = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(A)
+    marker = tmp_path / "a_failed_once"
+    fake = {"a": f"import os,sys\nif not os.path.exists({str(marker)!r}):\n"
+                 f"    open({str(marker)!r},'w').close()\n"
+                 "    print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB'); sys.exit(1)\n",
+            "b": "import time; time.sleep(2)\n",
+            "c": "print('torch.OutOfMemoryError: CUDA out of memory.'); raise SystemExit(1)\n"}
+    monkeypatch.setattr(A, "train_cmd", lambda arm, args: [sys.executable, "-c", fake[arm]])
+
+    class Args:
+        jobs, iters, out = 2, 2, str(tmp_path / "out")
+    status = {}
+    A.run_arms([("a", None), ("b", None)], Args, None, status)
+    out = capsys.readouterr().out
+    assert "a: out of GPU memory beside 1 other run(s); queued again, at most 1 at once" in out, out
+    assert not status["a"].startswith("failed") and not status["b"].startswith("failed"), status
+    sa, sb = (A.load_state(Args, arm)["sessions"] for arm in ("a", "b"))
+    assert len(sa) == 2 and len(sb) == 1
+    assert sa[1]["jobs"] == 1                                   # the retry ran alone ...
+    b_end = time.mktime(time.strptime(sb[0]["start"], "%Y-%m-%d %H:%M:%S")) + sb[0]["wall_s"]
+    assert time.mktime(time.strptime(sa[1]["start"], "%Y-%m-%d %H:%M:%S")) >= int(b_end) - 1   # ... after b
+
+    status = {}
+    A.run_arms([("c", None)], Args, None, status)              # alone: no retry
+    assert status["c"].startswith("failed") and len(A.load_state(Args, "c")["sessions"]) == 1

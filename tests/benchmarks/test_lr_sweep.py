@@ -142,3 +142,65 @@ def test_repeated_set_keeps_every_override(tmp_path, script):
     assert p.returncode == 0, p.stderr[-2000:]
     cmds = [ln for ln in p.stdout.splitlines() if "pretrain_gpt.py" in ln]
     assert cmds and all(all(o in c for o in (*TINY[:2], "train.log_interval=3")) for c in cmds)
+
+
+def _sweep_module():
+    spec = importlib.util.spec_from_file_location("lr_sweep_script", SWEEP)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_best_point_only_on_a_complete_grid_and_edges_flagged(tmp_path):
+    """summarize() on hand-written metrics: a grid with a failed point gets no best point (its
+    best among the survivors would be a guess); a complete grid whose argmin is its largest lr is
+    flagged as at the edge; one whose argmin is inside is not."""
+    S = _sweep_module()
+    out = str(tmp_path)
+
+    class Args:
+        iters, report_only, data, matrix_lr_grid = 2, True, "", ""
+    Args.out = out
+    pts = [S.Point("c", "d", arm, lr, None) for arm in ("bf16", "root") for lr in (1e-3, 2e-3, 4e-3)]
+    losses = {("bf16", 1e-3): 3.9, ("bf16", 2e-3): 3.8, ("bf16", 4e-3): 3.7,       # best at the edge
+              ("root", 1e-3): 3.9, ("root", 2e-3): None, ("root", 4e-3): 3.5}      # 2e-3 failed
+    status = {}
+    for pt in pts:
+        name, v = pt.run(1), losses[(pt.arm, pt.lr)]
+        os.makedirs(os.path.join(out, name))
+        if v is None:
+            status[name] = "failed: exit code 1"
+            continue
+        with open(os.path.join(out, name, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"iter": 2, "val_loss": v}) + "\n")
+        status[name] = "complete"
+    rows = S.summarize(pts, [1], [], Args, status)
+    by = {(r["arm"], r["lr"]): r for r in rows}
+    assert [k for k, r in by.items() if r["best"]] == [("bf16", 4e-3)]
+    assert by[("bf16", 4e-3)]["at_edge"] and by[("bf16", 4e-3)]["grid_complete"]
+    assert not any(r["best"] or r["grid_complete"] for (arm, _), r in by.items() if arm == "root")
+    md = S.markdown(rows, [1], [], {"title": "t", "hardware": "cpu", "commit": "x", "date": "d",
+                                    "command": "c", "iters": 2})
+    assert "edge of the grid" in md and "no best point: root" in md and "**3.5000**" not in md
+
+    by[("bf16", 4e-3)]["val_loss"] = None                      # the interior minimum: no edge flag
+    losses[("bf16", 4e-3)] = 4.0
+    with open(os.path.join(out, pts[2].run(1), "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"iter": 2, "val_loss": 4.0}) + "\n")
+    rows = S.summarize(pts, [1], [], Args, status)
+    best = [r for r in rows if r["best"]]
+    assert [(r["arm"], r["lr"], r["at_edge"]) for r in best] == [("bf16", 2e-3, False)]
+
+
+def test_incomplete_grid_queues_no_confirmation_seed(tmp_path):
+    """A time budget that ends the grid early: nothing is marked best and no confirmation seed runs
+    (it would train a point chosen from part of the grid)."""
+    data = make_toy_data(str(tmp_path / "toy"))
+    out = str(tmp_path / "sweep")
+    p = sweep(["--arms", "bf16", "--lr-grid", "1e-3,3e-2", "--seeds", "1234", "--confirm-seeds", "7",
+               "--iters", "2", "--jobs", "1", "--time-budget", "0.5", "--data", data, "--out", out,
+               "--set", *TINY])
+    assert "not run: time budget spent" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+    rows = json.load(open(os.path.join(out, "lr_sweep.json")))["rows"]
+    assert not any(r["best"] for r in rows)
+    assert not any(os.path.isdir(os.path.join(out, "toy", "bf16", d, "s7")) for d in ("lr1e-03", "lr3e-02"))
