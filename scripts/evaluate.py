@@ -63,6 +63,7 @@ import warnings  # noqa: E402
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
 
 from _eval import cloze as cloze_task  # noqa: E402
+from megatron.training.tokenizer import sha256_file  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- model loading
@@ -362,7 +363,7 @@ def main(argv=None) -> int:
                     "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                     "valid_prefix": valid_prefix, "text": args.text, "tokenizer": tok_path,
                     "cloze": cloze_path if items else None,
-                    "cloze_sha256": cloze_task.sha256_file(cloze_path) if items else None},
+                    "cloze_sha256": sha256_file(cloze_path) if items else None},
            "results": results}
     text = json.dumps(out, indent=1)
     if args.out:

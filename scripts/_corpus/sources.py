@@ -400,22 +400,28 @@ def _doc_files(spec: DebianDoc) -> list[str]:
             if not any(part in f for part in spec.exclude)]
 
 
+def _installed_doc_files(source: str, spec: DebianDoc) -> list[str]:
+    """The package's documentation files; SourceError, naming the apt-get command, if none."""
+    files = _doc_files(spec)
+    if not files:
+        raise SourceError(f"{source} is not installed ({spec.pattern} matches no file); "
+                          f"install the documentation the xl corpus needs: {XL_APT_COMMAND}")
+    return files
+
+
 def require_debian_docs(docs_of=DEBIAN_DOCS_XL):
     """SourceError, naming the apt-get command, unless every package of `docs_of` is installed."""
     for source, spec in docs_of.items():
-        if not _doc_files(spec):
-            raise SourceError(f"{source} is not installed ({spec.pattern} matches no file); "
-                              f"install the documentation the xl corpus needs: {XL_APT_COMMAND}")
+        _installed_doc_files(source, spec)
 
 
 def debian_doc_documents(log=print, docs_of=DEBIAN_DOCS_XL) -> list[Document]:
     """One document per documentation file of each package (group = that file). Every package
     is required: a missing one is a SourceError naming the apt-get command (a larger corpus must
     not silently come out smaller)."""
-    require_debian_docs(docs_of)
     docs = []
     for source, spec in docs_of.items():
-        files = _doc_files(spec)
+        files = _installed_doc_files(source, spec)
         these, slugs = [], set()
         for path in files:
             with open(path, encoding="utf-8", errors="replace") as f:

@@ -29,7 +29,7 @@ import os
 import random
 import re
 
-from megatron.training.tokenizer import sha256_file  # noqa: F401  (evaluate.py reads it from here)
+from megatron.training.tokenizer import sha256_file
 
 BUILDER_VERSION = 1
 WORD_RE = re.compile(r"[A-Za-z]+")

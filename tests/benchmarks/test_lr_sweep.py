@@ -159,7 +159,7 @@ def test_best_point_only_on_a_complete_grid_and_edges_flagged(tmp_path):
     out = str(tmp_path)
 
     class Args:
-        iters, report_only, data, matrix_lr_grid = 2, True, "", ""
+        iters = 2
     Args.out = out
     pts = [S.Point("c", "d", arm, lr, None) for arm in ("bf16", "root") for lr in (1e-3, 2e-3, 4e-3)]
     losses = {("bf16", 1e-3): 3.9, ("bf16", 2e-3): 3.8, ("bf16", 4e-3): 3.7,       # best at the edge
@@ -183,24 +183,50 @@ def test_best_point_only_on_a_complete_grid_and_edges_flagged(tmp_path):
                                     "command": "c", "iters": 2})
     assert "edge of the grid" in md and "no best point: root" in md and "**3.5000**" not in md
 
-    by[("bf16", 4e-3)]["val_loss"] = None                      # the interior minimum: no edge flag
-    losses[("bf16", 4e-3)] = 4.0
-    with open(os.path.join(out, pts[2].run(1), "metrics.jsonl"), "w") as f:
+    with open(os.path.join(out, pts[2].run(1), "metrics.jsonl"), "w") as f:   # 4e-3 worse: an interior best
         f.write(json.dumps({"iter": 2, "val_loss": 4.0}) + "\n")
     rows = S.summarize(pts, [1], [], Args, status)
     best = [r for r in rows if r["best"]]
     assert [(r["arm"], r["lr"], r["at_edge"]) for r in best] == [("bf16", 2e-3, False)]
 
 
-def test_incomplete_grid_queues_no_confirmation_seed(tmp_path):
-    """A time budget that ends the grid early: nothing is marked best and no confirmation seed runs
-    (it would train a point chosen from part of the grid)."""
+def test_incomplete_grid_queues_no_confirmation_seed(tmp_path, monkeypatch, capsys):
+    """main() with a fake trainer: of a 2-point grid, 1e-3 completes and 3e-2 fails. No point is
+    marked best and the confirmation seed is not queued (it would retrain 1e-3, chosen from half
+    the grid); a complete grid (second call, 3e-2 now completing) gets its seed."""
+    S = _sweep_module()
     data = make_toy_data(str(tmp_path / "toy"))
     out = str(tmp_path / "sweep")
-    p = sweep(["--arms", "bf16", "--lr-grid", "1e-3,3e-2", "--seeds", "1234", "--confirm-seeds", "7",
-               "--iters", "2", "--jobs", "1", "--time-budget", "0.5", "--data", data, "--out", out,
-               "--set", *TINY])
-    assert "not run: time budget spent" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+    trained, done, failing = [], set(), {"toy/bf16/lr3e-02/s1234"}
+
+    def fake_run_arms(todo, args, deadline, status, more=None):
+        queue = list(todo)
+        while queue:
+            name, _ = queue.pop(0)
+            trained.append(name)
+            if name in failing:
+                status[name] = "failed: exit code 1"
+            else:
+                with open(os.path.join(args.out, name, "metrics.jsonl"), "w") as f:
+                    f.write(json.dumps({"iter": args.iters, "val_loss": 4.0 if "3e-02" in name else 3.0}) + "\n")
+                status[name] = "complete"
+                done.add(name)
+            queue += more(name) if more else []
+    monkeypatch.setattr(S.A, "run_arms", fake_run_arms)
+    monkeypatch.setattr(S.A, "kept_result", lambda args, name: name in done)
+    for name in ("toy/bf16/lr1e-03/s1234", "toy/bf16/lr3e-02/s1234", "toy/bf16/lr1e-03/s7"):
+        os.makedirs(os.path.join(out, name))
+    argv = ["--arms", "bf16", "--lr-grid", "1e-3,3e-2", "--seeds", "1234", "--confirm-seeds", "7",
+            "--iters", "2", "--data", data, "--out", out, "--set", *TINY]
+
+    assert S.main(argv) == 1                                   # a run failed
+    assert "toy/bf16: grid incomplete, no best point to confirm" in capsys.readouterr().out
+    assert trained == ["toy/bf16/lr1e-03/s1234", "toy/bf16/lr3e-02/s1234"]
     rows = json.load(open(os.path.join(out, "lr_sweep.json")))["rows"]
     assert not any(r["best"] for r in rows)
-    assert not any(os.path.isdir(os.path.join(out, "toy", "bf16", d, "s7")) for d in ("lr1e-03", "lr3e-02"))
+
+    failing.clear()                                            # the failed point, run again
+    assert S.main(argv) == 0
+    assert trained[2:] == ["toy/bf16/lr3e-02/s1234", "toy/bf16/lr1e-03/s7"]
+    rows = json.load(open(os.path.join(out, "lr_sweep.json")))["rows"]
+    assert [(r["lr"], r["best"], r["seeds_n"]) for r in rows] == [(1e-3, True, 2), (3e-2, False, 0)]
