@@ -114,6 +114,7 @@ def test_ablation_dry_and_bad_arm(tmp_path):
     assert p.returncode == 2 and "unknown arm" in p.stderr
 
 
+@pytest.mark.long   # several tiny trainings (~20-40 s): make test-all
 def test_ablation_jobs_side_by_side_and_kept_results(tmp_path):
     """--jobs 2 trains two arms at once with the numbers of a one-at-a-time run; a copy of the
     arms' folders without checkpoints is still tabulated by --report-only."""
@@ -179,6 +180,7 @@ def test_jobs_spread_over_visible_gpus(monkeypatch):
     assert mod.visible_gpus() == []
 
 
+@pytest.mark.long   # several tiny trainings (~20-40 s): make test-all
 def test_ablation_over_corpora_and_seeds(tmp_path):
     """--data A,B --seeds s1,s2: every arm on each corpus at each seed, in one pool of --jobs;
     each run's gap is to the bf16 run of its own corpus and seed, and the summary's mean and
