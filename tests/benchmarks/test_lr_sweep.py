@@ -31,6 +31,7 @@ def sweep(args, timeout=900):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.long   # multi-run or multi-process, ~25-50 s: make test-all
 def test_sweep_table_best_and_plot(tmp_path):
     data = make_toy_data(str(tmp_path / "toy"))
     out = str(tmp_path / "sweep")

@@ -155,6 +155,7 @@ def _start(base: str, key: str, nproc: int, extra: list[str]):
         "checkpoint.load=none", *extra], nproc=nproc, log=os.path.join(d, "out.txt"))
 
 
+@pytest.mark.long   # multi-run or multi-process, ~25-50 s: make test-all
 @pytest.mark.slow
 def test_tensor_parallel_orthogonal_matches_one_process(tmp_path):
     base, tp2 = str(tmp_path), ["parallel.tensor_model_parallel_size=2"]

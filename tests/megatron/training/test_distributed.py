@@ -90,6 +90,7 @@ def test_tensor_parallel_matches_one_process(tmp_path, reference):
     _compare(two, reference)
 
 
+@pytest.mark.long   # multi-run or multi-process, ~25-50 s: make test-all
 def test_pipeline_parallel_trains_and_resumes_exactly(tmp_path):
     """PP=2: the last stage logs every step, and stop + resume repeats the straight run exactly.
 
@@ -119,6 +120,7 @@ def test_pipeline_parallel_trains_and_resumes_exactly(tmp_path):
     assert val_second[4] == val_straight[4]
 
 
+@pytest.mark.long   # multi-run or multi-process, ~25-50 s: make test-all
 def test_q_adamw_plain_checkpoint_resumes_at_another_dp_size(tmp_path):
     """A q_adamw checkpoint of 1 process (plain optimizer: 4-bit state replicated over DP)
     resumes with 2 processes (DP=2): steps 3-4 give the losses of the uninterrupted 1-process
