@@ -18,7 +18,8 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
   full_stack_muon at muon's, q_root and full_stack_root at root's). LR sets `optimizer.lr` and
   `optimizer.min_lr` (the config's min/peak ratio kept); MATRIX_LR, for muon and root, the lr of
   the orthogonalised matrices (`optimizer.orthogonal.lr_scale = MATRIX_LR / LR`; without it
-  the matrices take LR too). A family not listed keeps the config's lr;
+  the matrices take LR too). A family not listed keeps the config's lr. `--family-lr-from
+  OUT/lr_sweep.json` takes the value the sweep chose (its lr per family for every corpus);
 - an arm whose newest complete checkpoint is at train.iters is complete and not run again;
 - an interrupted arm (killed, SIGTERM, --time-budget) resumes from its newest checkpoint
   (checkpoint.load=auto): run the same command again; `--time-budget` sends the running arm
@@ -100,6 +101,8 @@ def parse_args(argv=None):
     p.add_argument("--family-lr", default="", metavar="FAMILY=LR[/MATRIX_LR],...",
                    help="each arm at its optimizer family's lr (adamw | muon | root), e.g. "
                         "adamw=2e-3,muon=2e-3,root=4e-3/8e-3 (MATRIX_LR: the orthogonal groups')")
+    p.add_argument("--family-lr-from", default="", metavar="LR_SWEEP_JSON",
+                   help="--family-lr as chosen by benchmarks/lr_sweep.py (its OUT/lr_sweep.json)")
     p.add_argument("--nproc", type=int, default=1, help="GPUs per arm (torchrun when > 1)")
     p.add_argument("--jobs", type=int, default=1,
                    help="arms trained at the same time (small, host-bound models share a GPU; several "
@@ -157,6 +160,22 @@ def parse_family_lr(text: str) -> dict[str, tuple[float, float | None]]:
         (lr_v,) = parse_floats(lr, f"--family-lr {fam}")
         out[fam] = (lr_v, parse_floats(mlr, f"--family-lr {fam} matrix lr")[0] if mlr else None)
     return out
+
+
+def family_lr_from(path: str) -> str:
+    """The ``--family-lr`` value benchmarks/lr_sweep.py chose (``tuned.family_lr`` of its JSON)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--family-lr-from {path}: cannot read it as JSON ({e.__class__.__name__}: {e})") from None
+    value = doc.get("tuned", {}).get("family_lr") if isinstance(doc, dict) and doc.get("table") == "lr_sweep" else None
+    if value is None:
+        raise UsageError(f"--family-lr-from {path}: not the lr_sweep.json of benchmarks/lr_sweep.py")
+    if not value:
+        raise UsageError(f"--family-lr-from {path}: the sweep chose no lr yet (no arm's grid is complete "
+                         "on every corpus: see its lr_sweep.md)")
+    return value
 
 
 def parse_seeds(text: str, what: str) -> list[int]:
@@ -604,13 +623,17 @@ def _f(x, fmt):
     return "—" if x is None else format(x, fmt)
 
 
+def _family_lr_note(header: dict) -> str:
+    return f" (lr per optimizer family: {header['family_lr']})" if header.get("family_lr") else ""
+
+
 def markdown(rows: list[dict], args, header: dict) -> str:
     lines = [f"Ablation: {header['model']}; {header['tokens_per_step']:,} tokens/step x {args.iters} steps "
              f"= {args.iters * header['tokens_per_step'] / 1e6:.1f}M tokens per arm "
              f"({header['epochs']:.1f} epochs of {header['train_tokens'] / 1e6:.2f}M training tokens); "
              f"data `{args.data}`; seed {header['seed']}.",
              f"Device: {header['device']}; commit {header['git_commit'][:10]}; {header['date']}; "
-             f"command `{header['command']}`.",
+             f"command `{header['command']}`{_family_lr_note(header)}.",
              f"Final train loss: mean of the last {args.last_k} logged losses; gap: (arm − bf16) / bf16 of "
              "the validation loss; cloze: greedy = the greedy continuation reproduces the word, "
              "k-way = the word outscores the other candidates (scripts/evaluate.py).", "",
@@ -666,7 +689,7 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
              f"= {args.iters * header['tokens_per_step'] / 1e6:.1f}M tokens per run; seeds "
              f"{', '.join(map(str, header['seeds']))}.",
              f"Device: {header['device']}; commit {header['git_commit'][:10]}; {header['date']}; "
-             f"command `{header['command']}`.",
+             f"command `{header['command']}`{_family_lr_note(header)}.",
              "Gap: (arm − bf16) / bf16 of the validation loss at the last step, bf16 of the same corpus "
              "and seed; mean ± sample standard deviation over the seeds (val loss likewise); share of "
              "nvfp4_linear's gap: the arm's mean gap over nvfp4_linear's on that corpus; the other "
@@ -778,6 +801,10 @@ def main(argv=None) -> int:
             raise UsageError("--iters must be positive")
         if args.jobs < 1 or (args.jobs > 1 and args.nproc > 1):
             raise UsageError("--jobs must be >= 1, and 1 when --nproc > 1 (torchrun arms each take their GPUs)")
+        if args.family_lr_from:
+            if args.family_lr:
+                raise UsageError("give --family-lr or --family-lr-from, not both")
+            args.family_lr = family_lr_from(args.family_lr_from)
         args.family_lrs = parse_family_lr(args.family_lr)
         seeds = parse_seeds(args.seeds, "--seeds")
         if seeds and any(o.startswith("train.seed=") for o in args.set):
@@ -786,6 +813,10 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    untuned = sorted({family_of(ARMS[a]) for a in arms} - set(args.family_lrs)) if args.family_lrs else []
+    if untuned:
+        print(f"[ablation] no lr given for the {', '.join(untuned)} family: its arms train at the config's lr",
+              flush=True)
     runs = plan_runs(arms, corpora, seeds)
     grid = len(corpora) > 1 or len(seeds) > 1
     if not grid:
@@ -869,6 +900,8 @@ def main(argv=None) -> int:
               "git_commit": commit, "date": time.strftime("%Y-%m-%d"),
               "command": shlex.join(["python", "benchmarks/ablation.py",
                                      *(argv if argv is not None else sys.argv[1:])])}
+    if args.family_lr:
+        header["family_lr"] = args.family_lr   # resolved, also when read from --family-lr-from
     title = f"ablation: {header['model']}, {args.iters * tokens_per_step / 1e6:.0f}M tokens per arm"
     if grid:
         header["seeds"] = seeds or [cfg.train.seed]

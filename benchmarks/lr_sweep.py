@@ -25,9 +25,11 @@ data order, subprocess per run, resume from its checkpoint, `--jobs` runs at onc
   slots); the table gives the mean and standard deviation over all its seeds.
 
 Run directories: OUT/<corpus>/<arm>/lr<lr>[_m<matrix lr>]/s<seed>/ (metrics.jsonl, train.log).
-Outputs: OUT/lr_sweep.md (a table per corpus: one row per point, best marked), OUT/lr_sweep.json
-in the benchmarks/results schema ({"table", "title", "hardware", "software", "date", "commit",
-"command", "rows"}), OUT/lr_sweep.png (validation loss against lr, one panel per corpus, one
+Outputs: OUT/lr_sweep.md (a table per corpus: one row per point, best marked; then each arm at
+its best point beside tuned AdamW's, with the gap's error bar over the seeds, and the lr per arm
+that suits every corpus), OUT/lr_sweep.json in the benchmarks/results schema ({"table", "title",
+"hardware", "software", "date", "commit", "command", "rows"}, plus "tuned": tuned()'s dict, whose
+"family_lr" `benchmarks/ablation.py --family-lr-from OUT/lr_sweep.json` reads), OUT/lr_sweep.png (validation loss against lr, one panel per corpus, one
 line per arm, best marked; needs matplotlib: `pip install -e .[plots]`). No held-out
 evaluation: the validation loss is the training run's own (metrics.jsonl).
 
@@ -171,13 +173,83 @@ def summarize(points: list[Point], seeds, confirm, args, status) -> list[dict]:
             r["grid_complete"] = True
         best = min(group, key=lambda r: r["val_loss"])
         best["best"] = True
-        lrs, mlrs = sorted({r["lr"] for r in group}), sorted({r["matrix_lr"] for r in group if r["matrix_lr"]})
-        best["at_edge"] = ((len(lrs) > 1 and best["lr"] in (lrs[0], lrs[-1]))
-                           or (len(mlrs) > 1 and best["matrix_lr"] in (mlrs[0], mlrs[-1])))
+        best["at_edge"] = _edge(best, group)
         allv = list(best["val_loss_by_seed"].values())
         best["seeds_mean"], best["seeds_n"] = statistics.fmean(allv), len(allv)
         best["seeds_std"] = statistics.stdev(allv) if len(allv) > 1 else None
     return rows
+
+
+def _edge(best: dict, group: list[dict]) -> bool:
+    """Is ``best`` the smallest or largest lr (or matrix lr) of ``group``'s grid?"""
+    lrs, mlrs = sorted({r["lr"] for r in group}), sorted({r["matrix_lr"] for r in group if r["matrix_lr"]})
+    return ((len(lrs) > 1 and best["lr"] in (lrs[0], lrs[-1]))
+            or (len(mlrs) > 1 and best["matrix_lr"] in (mlrs[0], mlrs[-1])))
+
+
+def tuned(rows: list[dict]) -> dict:
+    """What the sweep chose, from summarize()'s rows (arms in --arms order).
+
+    - ``by_corpus``: each arm at its best point on each corpus (mean, std and count over every
+      seed run there) and, where the sweep has an AdamW arm (the first listed), its gap to that
+      arm's best on the same corpus: ``gap_pct = 100 (mean - mean_adamw) / mean_adamw`` and
+      ``gap_2se_pct``, twice its standard error (``sqrt(sd^2/n + sd_adamw^2/n_adamw)``, in % of
+      mean_adamw; None unless both have >= 2 seeds). Each corpus's own best is used: a gap at a
+      point tuned on that corpus.
+    - ``across_corpora``: one lr (and matrix lr) per arm for every corpus: the point whose
+      validation loss exceeds each corpus's best by the least on average (the relative excess
+      ``val / best - 1`` is scale-free, so a corpus with higher losses does not dominate). Only
+      for an arm whose grid is complete on every corpus; flagged at the grid's edge.
+    - ``family_lr``: ``benchmarks/ablation.py --family-lr``'s value, from the first arm of each
+      optimizer family that has an across-corpora point (``FAMILY=LR`` or ``FAMILY=LR/MATRIX_LR``
+      when an orthogonal family's matrices were swept apart).
+    """
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    corpora = list(dict.fromkeys(r["corpus"] for r in rows))
+    fam = {r["arm"]: r["family"] for r in rows}
+    best = {(r["corpus"], r["arm"]): r for r in rows if r["best"]}
+    ref = next((a for a in arms if fam[a] == "adamw"), None)
+    by_corpus = []
+    for c in corpora:
+        a_row = best.get((c, ref))
+        for arm in arms:
+            r = best.get((c, arm))
+            if r is None:
+                continue
+            e = {"corpus": c, "arm": arm, "family": fam[arm], "lr": r["lr"], "matrix_lr": r["matrix_lr"],
+                 "mean": r["seeds_mean"], "std": r["seeds_std"], "n": r["seeds_n"], "at_edge": r["at_edge"],
+                 "vs": ref if a_row is not None and arm != ref else None, "gap_pct": None, "gap_2se_pct": None}
+            if e["vs"]:
+                ma = a_row["seeds_mean"]
+                e["gap_pct"] = 100.0 * (r["seeds_mean"] - ma) / ma
+                if r["seeds_n"] > 1 and a_row["seeds_n"] > 1:
+                    se = (r["seeds_std"] ** 2 / r["seeds_n"] + a_row["seeds_std"] ** 2 / a_row["seeds_n"]) ** 0.5
+                    e["gap_2se_pct"] = 200.0 * se / ma
+            by_corpus.append(e)
+    across = []
+    for arm in arms:
+        groups = [[r for r in rows if r["arm"] == arm and r["corpus"] == c] for c in corpora]
+        if not all(g and all(r["grid_complete"] for r in g) for g in groups):
+            continue
+        excess: dict = {}
+        for g in groups:
+            low = min(r["val_loss"] for r in g)
+            for r in g:
+                excess.setdefault((r["lr"], r["matrix_lr"]), []).append(r["val_loss"] / low - 1.0)
+        full = {k: statistics.fmean(v) for k, v in excess.items() if len(v) == len(corpora)}
+        if not full:
+            continue
+        (lr, mlr) = min(full, key=full.get)
+        across.append({"arm": arm, "family": fam[arm], "lr": lr, "matrix_lr": mlr,
+                       "mean_excess_pct": 100.0 * full[(lr, mlr)],
+                       "at_edge": _edge({"lr": lr, "matrix_lr": mlr}, groups[0])})
+    family_lr = {}
+    for e in across:
+        if e["family"] in family_lr:
+            continue
+        split = e["matrix_lr"] is not None and e["matrix_lr"] != e["lr"]
+        family_lr[e["family"]] = f"{e['family']}={e['lr']:g}" + (f"/{e['matrix_lr']:g}" if split else "")
+    return {"by_corpus": by_corpus, "across_corpora": across, "family_lr": ",".join(family_lr.values())}
 
 
 def best_points(points, rows) -> list[Point]:
@@ -222,7 +294,38 @@ def markdown(rows, seeds, confirm, header) -> str:
         partial = list(dict.fromkeys(r["arm"] for r in rows if r["corpus"] == corpus and not r["grid_complete"]))
         if partial:
             out += ["", f"Grid incomplete (a point failed or was not run), so no best point: {', '.join(partial)}."]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + tuned_markdown(tuned(rows))) + "\n"
+
+
+def _lrs(e: dict) -> str:
+    split = e["matrix_lr"] is not None and e["matrix_lr"] != e["lr"]
+    return f"{e['lr']:g}" + (f" (matrices {e['matrix_lr']:g})" if split else "")
+
+
+def tuned_markdown(t: dict) -> list[str]:
+    """The 'Tuned' section of lr_sweep.md: each arm at its best point beside the AdamW arm's, and
+    the lrs to train at (empty when no grid is complete)."""
+    if not t["by_corpus"]:
+        return []
+    out = ["", "## Tuned: each arm at its best point", "",
+           "| corpus | arm | lr | val loss (mean ± std over its seeds) | vs tuned AdamW |", "|---|---|---|---|---|"]
+    for e in t["by_corpus"]:
+        v = f"{e['mean']:.4f}" + (f" ± {e['std']:.4f}" if e["std"] is not None else "") + f" (n={e['n']})"
+        gap = "" if e["gap_pct"] is None else f"{e['gap_pct']:+.2f}%"
+        if gap and e["gap_2se_pct"] is not None:
+            gap += f" ± {e['gap_2se_pct']:.2f} (2 s.e.)"
+        elif gap:
+            gap += " (a side at one seed: no error bar)"
+        out.append(f"| {e['corpus']} | {e['arm']} | {_lrs(e)}{' (edge)' if e['at_edge'] else ''} | {v} | {gap} |")
+    if t["across_corpora"]:
+        out += ["", "One lr per arm for every corpus (least mean excess over each corpus's best): "
+                + "; ".join(f"{e['arm']} {_lrs(e)} (+{e['mean_excess_pct']:.2f}%"
+                            + (", edge of the grid" if e["at_edge"] else "") + ")" for e in t["across_corpora"])
+                + "."]
+    if t["family_lr"]:
+        out += ["", f"Train every arm at its family's lr: `python benchmarks/ablation.py --family-lr {t['family_lr']}` "
+                "(or `--family-lr-from` this sweep's lr_sweep.json)."]
+    return out
 
 
 def plot(rows, path: str, title: str) -> bool:
@@ -345,7 +448,7 @@ def main(argv=None) -> int:
         f.write(markdown(rows, seeds, confirm, header))
     doc = {"table": "lr_sweep", "title": header["title"], "hardware": header["hardware"],
            "software": header["software"], "date": header["date"], "commit": header["commit"],
-           "command": header["command"], "rows": rows}
+           "command": header["command"], "rows": rows, "tuned": tuned(rows)}
     with open(os.path.join(args.out, "lr_sweep.json"), "w") as f:
         json.dump(doc, f, indent=1)
     plot(rows, os.path.join(args.out, "lr_sweep.png"), header["title"])

@@ -6,7 +6,9 @@ row's validation loss is the loss logged at the last step; the best point of eac
 argmin of those losses; the confirmation seed ran only at the best point and the mean over the
 seeds is the mean of the logged losses; the JSON has the benchmarks/results schema; the plot
 exists; bad grids are refused with one `error:` line (exit 2). ablation.py's --family-lr puts
-each arm at its family's lr (q_root at root's, full_stack at adamw's).
+each arm at its family's lr (q_root at root's, full_stack at adamw's). The 'tuned' summary (each
+arm's gap to tuned AdamW with its error bar, one lr per arm for every corpus) is checked against
+figures worked out by hand, and ablation.py's --family-lr-from against a sweep JSON.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def test_sweep_table_best_and_plot(tmp_path):
                "--iters", "2", "--jobs", "2", "--data", data, "--out", out, "--set", *TINY])
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     doc = json.load(open(os.path.join(out, "lr_sweep.json")))
-    assert set(doc) == {"table", "title", "hardware", "software", "date", "commit", "command", "rows"}
+    assert set(doc) == {"table", "title", "hardware", "software", "date", "commit", "command", "rows", "tuned"}
     assert doc["table"] == "lr_sweep" and "lr_sweep.py" in doc["command"]
     rows = doc["rows"]
     assert sorted((r["arm"], r["lr"]) for r in rows) == [("bf16", 1e-3), ("bf16", 3e-2),
@@ -65,6 +67,9 @@ def test_sweep_table_best_and_plot(tmp_path):
         other = next(r for r in mine if r is not best)
         assert not os.path.exists(os.path.join(other["_dir"], "s7")) and other["seeds_n"] == 0
     assert len({r["val_loss"] for r in rows}) == 4          # the lrs did change the runs
+    # one corpus: the lr chosen for every corpus is the best point, and ablation.py's value names it
+    best_lr = {r["arm"]: r["lr"] for r in rows if r["best"]}
+    assert doc["tuned"]["family_lr"] == f"adamw={best_lr['bf16']:g},root={best_lr['root']:g}"
     md = open(os.path.join(out, "lr_sweep.md")).read()
     bold = [ln for ln in md.splitlines() if ln.startswith("|") and "**" in ln]
     assert len(bold) == 2 and {ln.split("|")[1].strip() for ln in bold} == {"bf16", "root"}
@@ -231,3 +236,102 @@ def test_incomplete_grid_queues_no_confirmation_seed(tmp_path, monkeypatch, caps
     assert trained[2:] == ["toy/bf16/lr3e-02/s1234", "toy/bf16/lr1e-03/s7"]
     rows = json.load(open(os.path.join(out, "lr_sweep.json")))["rows"]
     assert [(r["lr"], r["best"], r["seeds_n"]) for r in rows] == [(1e-3, True, 2), (3e-2, False, 0)]
+
+
+def _row(corpus, arm, family, lr, val, matrix_lr=None, best=None):
+    """A summarize() row by hand; ``best``: (mean, std, n) over the seeds at the best point."""
+    r = {"corpus": corpus, "data": f"data/{corpus}", "arm": arm, "family": family, "lr": lr,
+         "matrix_lr": matrix_lr if matrix_lr is not None else (lr if family != "adamw" else None),
+         "val_loss": val, "best": best is not None, "at_edge": False, "grid_complete": True,
+         "seeds_mean": None, "seeds_std": None, "seeds_n": 0}
+    if best:
+        r["seeds_mean"], r["seeds_std"], r["seeds_n"] = best
+    return r
+
+
+def test_tuned_gaps_and_one_lr_for_every_corpus():
+    """tuned() on hand-written rows, every figure worked out by hand.
+
+    Corpus A's losses (~8) are four times corpus B's (~1.9). For root, the point with the lowest
+    mean *absolute* loss over the corpora is 8e-3 ((7.98 + 1.95) / 2 = 4.965 against 5.05 and
+    4.975), but the one with the lowest mean *relative* excess over each corpus's best is 2e-3:
+    (8.30/7.98 - 1 + 0) / 2 = 2.005% against (8.10/7.98 - 1 + 1.85/1.80 - 1) / 2 = 2.141% and
+    (0 + 1.95/1.80 - 1) / 2 = 4.167%. The scale-free choice must win. Muon's matrices were swept
+    apart (lr 2e-3; matrix lr 8e-3 / 1.6e-2): 8e-3 (mean excess (8.05/8 - 1 + 0)/2 = 0.3125%)."""
+    S = _sweep_module()
+    rows = []
+    for c, vals in (("A", {2e-3: 8.30, 4e-3: 8.20, 8e-3: 8.40}), ("B", {2e-3: 1.95, 4e-3: 1.90, 8e-3: 2.00})):
+        for lr, v in vals.items():
+            rows.append(_row(c, "bf16", "adamw", lr, v,
+                             best={("A", 4e-3): (8.20, 0.02, 3), ("B", 4e-3): (1.90, None, 1)}.get((c, lr))))
+    for c, vals in (("A", {2e-3: 8.30, 4e-3: 8.10, 8e-3: 7.98}), ("B", {2e-3: 1.80, 4e-3: 1.85, 8e-3: 1.95})):
+        for lr, v in vals.items():
+            rows.append(_row(c, "root", "root", lr, v,
+                             best={("A", 8e-3): (7.99, 0.03, 3), ("B", 2e-3): (1.81, 0.01, 3)}.get((c, lr))))
+    for c, vals in (("A", {8e-3: 8.05, 1.6e-2: 8.00}), ("B", {8e-3: 1.84, 1.6e-2: 1.86})):
+        for mlr, v in vals.items():
+            rows.append(_row(c, "muon", "muon", 2e-3, v, matrix_lr=mlr,
+                             best={("A", 1.6e-2): (8.00, 0.02, 2), ("B", 8e-3): (1.84, 0.02, 2)}.get((c, mlr))))
+    rows.append(_row("B", "q_root", "root", 2e-3, None))          # a grid with a point missing
+    rows[-1]["grid_complete"] = False
+    rows.append(_row("A", "q_root", "root", 2e-3, 8.0, best=(8.0, None, 1)))
+    rows[-1]["at_edge"] = True
+    t = S.tuned(rows)
+
+    by = {(e["corpus"], e["arm"]): e for e in t["by_corpus"]}
+    assert by[("A", "bf16")]["vs"] is None and by[("A", "bf16")]["gap_pct"] is None
+    root_a = by[("A", "root")]
+    assert root_a["lr"] == 8e-3 and root_a["vs"] == "bf16"
+    assert root_a["gap_pct"] == pytest.approx(100 * (7.99 - 8.20) / 8.20)            # -2.5610%
+    assert root_a["gap_2se_pct"] == pytest.approx(200 * ((0.03**2 + 0.02**2) / 3) ** 0.5 / 8.20)  # 0.5077
+    root_b = by[("B", "root")]
+    assert root_b["gap_pct"] == pytest.approx(100 * (1.81 - 1.90) / 1.90)            # -4.7368%
+    assert root_b["gap_2se_pct"] is None                                                # bf16 at one seed
+    assert by[("A", "q_root")]["at_edge"] and ("B", "q_root") not in by
+
+    across = {e["arm"]: e for e in t["across_corpora"]}
+    assert set(across) == {"bf16", "root", "muon"}                      # q_root: incomplete on B
+    assert (across["bf16"]["lr"], across["bf16"]["mean_excess_pct"]) == (4e-3, pytest.approx(0.0))
+    assert across["root"]["lr"] == 2e-3 and across["root"]["at_edge"]
+    assert across["root"]["mean_excess_pct"] == pytest.approx(100 * (8.30 / 7.98 - 1) / 2)   # 2.005%
+    assert (across["muon"]["lr"], across["muon"]["matrix_lr"]) == (2e-3, 8e-3)
+    assert across["muon"]["mean_excess_pct"] == pytest.approx(100 * (8.05 / 8.00 - 1) / 2)   # 0.3125%
+    assert t["family_lr"] == "adamw=0.004,root=0.002,muon=0.002/0.008"   # root's, not q_root's
+
+    md = "\n".join(S.tuned_markdown(t))
+    assert "| A | root | 0.008 | 7.9900 ± 0.0300 (n=3) | -2.56% ± 0.51 (2 s.e.) |" in md
+    assert "| B | root | 0.002 | 1.8100 ± 0.0100 (n=3) | -4.74% (a side at one seed: no error bar) |" in md
+    assert "--family-lr adamw=0.004,root=0.002,muon=0.002/0.008" in md
+    incomplete = _row("A", "bf16", "adamw", 1e-3, None)
+    incomplete["grid_complete"] = False
+    assert S.tuned_markdown(S.tuned([incomplete])) == []          # nothing chosen: no section
+
+
+def test_ablation_family_lr_from_a_sweep(tmp_path, capsys):
+    """ablation.py --family-lr-from trains each arm at the lr the sweep chose (its JSON's
+    tuned.family_lr), says which families it has no lr for, and refuses a file that is not a
+    sweep, a sweep that chose nothing, or both flags, with one `error:` line."""
+    A = _ablation()
+    data = make_toy_data(str(tmp_path / "toy"))
+    sweep_json = tmp_path / "lr_sweep.json"
+    sweep_json.write_text(json.dumps({"table": "lr_sweep", "rows": [],
+                                      "tuned": {"family_lr": "adamw=0.004,root=0.002/0.008"}}))
+    base = ["--dry", "--data", data, "--out", str(tmp_path / "o"), "--iters", "2"]
+    assert A.main([*base, "--arms", "q_adamw,q_root,muon", "--family-lr-from", str(sweep_json)]) == 0
+    out = capsys.readouterr().out
+    cmds = {ln.split("logging.dir=")[1].split()[0].rsplit("/", 1)[1]: ln
+            for ln in out.splitlines() if "pretrain_gpt.py" in ln}
+    assert "optimizer.lr=0.004" in cmds["q_adamw"] and "optimizer.lr=0.002" in cmds["q_root"]
+    assert "optimizer.orthogonal.lr_scale=4" in cmds["q_root"] and "optimizer.lr=" not in cmds["muon"]
+    assert "no lr given for the muon family" in out
+
+    sweep_json.write_text(json.dumps({"table": "lr_sweep", "rows": [], "tuned": {"family_lr": ""}}))
+    not_a_sweep = tmp_path / "ablation.json"
+    not_a_sweep.write_text(json.dumps({"meta": {}, "rows": []}))
+    for extra, msg in ((["--family-lr-from", str(sweep_json)], "the sweep chose no lr yet"),
+                       (["--family-lr-from", str(not_a_sweep)], "not the lr_sweep.json"),
+                       (["--family-lr-from", str(tmp_path / "missing.json")], "cannot read it as JSON"),
+                       (["--family-lr-from", str(not_a_sweep), "--family-lr", "adamw=1e-3"], "not both")):
+        assert A.main([*base, "--arms", "bf16", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and msg in err and len(err.splitlines()) == 1, err
