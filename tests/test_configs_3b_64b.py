@@ -90,9 +90,12 @@ def test_base_is_the_64b_token_run():
 
 
 def test_dry_run_bf16_arm_is_3b():
+    """As docs/reproduction.md checks a layout: WORLD_SIZE=64 and no launcher (no RANK, no
+    rendezvous). The dry run builds in a world of one and reports the 64-GPU layout."""
     e = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         e.pop(k, None)
+    e["WORLD_SIZE"] = "64"
     p = subprocess.run([sys.executable, os.path.join(REPO, "pretrain_gpt.py"), "--config",
                         "configs/3b_64b/bf16.yaml", "--dry-run", "data.mock=true"],
                        cwd=REPO, env=e, capture_output=True, text=True, timeout=300)
@@ -105,6 +108,7 @@ def test_dry_run_bf16_arm_is_3b():
     assert n == L * per_layer + h + 2 * v * h
     assert 2.9e9 < n < 3.2e9
     assert "tokens per step: 2,097,152" in p.stdout
+    assert "layout at WORLD_SIZE=64: TP 1 x PP 1 x DP 64; 4 micro-batch(es) of 2" in p.stdout  # 512 / (2 x 64)
 
 
 LAUNCH = os.path.join(REPO, "scripts", "launch_multinode.sh")
