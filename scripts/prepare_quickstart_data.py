@@ -14,7 +14,8 @@ interrupted run is detected and redone:
    (4096 suits ~10 MB of text: ~2.6M tokens, and the embedding table stays small for a tiny
    model); every training line is used, no sampling, even for the xl corpus (~1.2M lines,
    133 MB: seconds and well under 1 GB of memory);
-3. OUT/train_text_document.{bin,idx} and OUT/valid_text_document.{bin,idx} (held-out side);
+3. OUT/train_text_document.{bin,idx} and OUT/valid_text_document.{bin,idx} (held-out side),
+   each with the .tokenizer.json record of the tokenizer that made it (preprocess_data.py);
 4. OUT/stats.json: token/document counts and the unigram entropy (nats/token) of the valid
    tokens, the loss of a model that knows only token frequencies, which the quickstart's
    validation loss must beat.
@@ -128,7 +129,9 @@ def prepare(out, log=print):
     for name, files in (("train", train_files), ("valid", heldout_files)):
         prefix = os.path.join(out, f"{name}_text_document")
         inputs = {"corpus": corpus_id, "tokenizer": tok_id}
-        if indexed_complete(prefix) and steps.fresh(name, inputs):
+        # token files without their tokenizer record (PREFIX.tokenizer.json) are made again
+        recorded = os.path.isfile(prefix + ".tokenizer.json")
+        if indexed_complete(prefix) and recorded and steps.fresh(name, inputs):
             log(f"[3/4] {name}: {prefix}.bin/.idx is complete, skipping")
             continue
         log(f"[3/4] {name}: tokenizing {len(files)} documents into {prefix}.bin/.idx")

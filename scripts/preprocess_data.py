@@ -22,6 +22,11 @@ reads: a SentencePiece `.model`, a Hugging Face `tokenizer.json` (or a folder wi
 TikToken vocabulary. Bad input is one `error:` line and exit code 2. Tokens are stored as uint16 when the vocabulary has fewer than 65500
 entries, else int32. Output is written under temporary names and renamed when complete (.bin
 first, .idx last), so an interrupted run never leaves a pair that looks finished.
+
+PREFIX.tokenizer.json, written last, records the tokenizer that made the tokens (its file,
+sha256, vocabulary size and end-of-document id; megatron-core's readers ignore it): training
+refuses a prefix made with a tokenizer other than `data.tokenizer`
+(megatron.training.data.check_tokenizer).
 """
 
 from __future__ import annotations
@@ -144,11 +149,13 @@ def token_dtype(vocab_size):
 
 def write_indexed_dataset(documents, model_path, output_prefix, append_eod=True, workers=1,
                           total=None, desc="tokenizing"):
-    """Tokenize `documents` into OUTPUT_PREFIX.{bin,idx}; returns (n_docs, n_tokens)."""
+    """Tokenize `documents` into OUTPUT_PREFIX.{bin,idx} and record the tokenizer in
+    OUTPUT_PREFIX.tokenizer.json; returns (n_docs, n_tokens)."""
     import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     from tqdm import tqdm
 
+    from megatron.training.data import TOKENIZER_RECORD, write_tokenizer_record
     from megatron.training.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
@@ -182,8 +189,13 @@ def write_indexed_dataset(documents, model_path, output_prefix, append_eod=True,
         if n_docs == 0:
             raise InputError("the input contains no documents (empty corpus)")
         builder.finalize(tmp_prefix + ".idx")
+        # a record left by an earlier run goes first: interrupted from here on, the new tokens
+        # have no record (checked on their ids in training), never a record of another tokenizer
+        if os.path.exists(output_prefix + TOKENIZER_RECORD):
+            os.unlink(output_prefix + TOKENIZER_RECORD)
         os.replace(tmp_prefix + ".bin", output_prefix + ".bin")
         os.replace(tmp_prefix + ".idx", output_prefix + ".idx")
+        write_tokenizer_record(output_prefix, tokenizer)
     finally:
         for ext in (".bin", ".idx"):
             if os.path.exists(tmp_prefix + ext):
@@ -235,7 +247,7 @@ def main(argv=None):
     except (InputError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.output_prefix}.bin/.idx: {n_docs} documents, {n_tokens} tokens")
+    print(f"wrote {args.output_prefix}.bin/.idx/.tokenizer.json: {n_docs} documents, {n_tokens} tokens")
     return 0
 
 

@@ -12,17 +12,30 @@
 
 torch.distributed must be initialised (gloo on CPU is fine); every rank builds its own index
 (`is_built_on_rank` is always True), cached under `cache_dir` when given.
+
+Every prefix must have been tokenized with `data.tokenizer` (token ids mean nothing under
+another tokenizer): `scripts/preprocess_data.py` writes `PREFIX.tokenizer.json` (the tokenizer's
+sha256, vocabulary size and end-of-document id; megatron-core reads only PREFIX.bin/.idx and
+never looks at it), and a prefix whose record names another tokenizer is one `DataError`.
+Prefixes without a record (Megatron-LM's own tools, older data) are checked on their ids alone:
+a bounded sample at start-up, then every sample as it is read (`check_tokenizer`, `IdGuard`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Sequence
 
+import numpy as np
 import torch
 
+from megatron.training.errors import DataError
+
 _DATASET_LOGGERS = ("megatron.core.datasets",)
+
+TOKENIZER_RECORD = ".tokenizer.json"  # PREFIX + this: which tokenizer made PREFIX.bin/.idx
 
 
 def _check_prefixes(prefixes: Sequence[str], what: str) -> None:
@@ -73,6 +86,160 @@ def check_bin_matches_idx(prefix: str, what: str = "path") -> None:
         raise ValueError(f"data.{what}: {binf} has {bin_size} bytes but {idx} ends its last document "
                          f"at byte {end}: the two files do not belong together (truncated or "
                          f"mismatched); {fix}")
+
+
+# --- which tokenizer made the tokens -----------------------------------------------------------
+def tokenizer_record(tokenizer) -> dict:
+    """What `PREFIX.tokenizer.json` holds: the tokenizer file (absolute path, for messages), the
+    sha256 of its bytes (its identity: `unique_identifiers["sha256"]` of load_tokenizer's
+    tokenizers, i.e. `sha256_file` of the .model / tokenizer.json / TikToken file), vocabulary
+    size and end-of-document id."""
+    return {"tokenizer": os.path.abspath(tokenizer.path), "sha256": tokenizer.unique_identifiers["sha256"],
+            "vocab_size": int(tokenizer.vocab_size), "eod": int(tokenizer.eod)}
+
+
+def write_tokenizer_record(prefix: str, tokenizer) -> str:
+    """Write PREFIX.tokenizer.json (under a temporary name, then renamed); returns its path."""
+    path = prefix + TOKENIZER_RECORD
+    with open(path + ".tmp", "w") as f:
+        json.dump(tokenizer_record(tokenizer), f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_tokenizer_record(prefix: str, what: str = "path") -> dict | None:
+    """PREFIX.tokenizer.json as a dict, None when there is none; DataError when unreadable."""
+    path = prefix + TOKENIZER_RECORD
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+            raise ValueError("no sha256")
+    except (OSError, ValueError) as exc:  # JSON and Unicode decode errors are ValueErrors
+        raise DataError(f"data.{what}: {path} is not a readable tokenizer record ({exc}); make the "
+                        f"data again with scripts/preprocess_data.py --output-prefix {prefix}") from None
+    return record
+
+
+def _shown(path: str, like: str) -> str:
+    """The absolute `path` as the user writes paths: relative to the working directory when
+    `like` (a path from the config) is relative and `path` lies below it, else absolute."""
+    rel = os.path.relpath(path)
+    return path if os.path.isabs(like) or rel.startswith("..") else rel
+
+
+def _retokenize(configured: str) -> str:
+    return f"tokenize its text again with scripts/preprocess_data.py --tokenizer {configured}"
+
+
+def _out_of_range(what: str, prefix: str, token: int, configured: str, vocab_size: int) -> DataError:
+    return DataError(f"data.{what}: {prefix} holds token id {token}, outside the vocabulary of "
+                     f"data.tokenizer={configured} ({vocab_size} ids): it was made with another "
+                     f"tokenizer; set data.tokenizer to that one, or {_retokenize(configured)}")
+
+
+# Prefixes without a record are checked on their ids, in two stages. Reading every token at
+# start-up is no option (64B tokens are 128 GB of uint16, read again on every rank of every
+# run), so:
+# 1. start-up: SCAN_WINDOWS evenly spaced windows of SCAN_TOKENS tokens of each such .bin
+#    (1M tokens, at most 4 MB read: milliseconds). Data made with another, larger tokenizer has
+#    out-of-range ids nearly everywhere, so the usual mistake (data.tokenizer forgotten) stops
+#    before the model is built, and for data.valid_path before the first evaluation, which may
+#    come hours into the run. Every rank reads the same windows, so every rank stops.
+# 2. every sample as it is read (IdGuard): the guarantee that no id reaches the embedding
+#    out of range. One min and max over seq_length+1 ids in host memory, microseconds beside
+#    the step's forward and backward. An id found there stops only the rank that read it (the
+#    others wait in a collective until torchrun ends them), as any error mid-run does.
+SCAN_WINDOWS, SCAN_TOKENS = 8, 1 << 17
+
+
+def _token_dtype(prefix: str):
+    from megatron.core.datasets.indexed_dataset import DType
+
+    with open(prefix + ".idx", "rb") as f:
+        header = f.read(18)  # check_bin_matches_idx has checked it
+    return DType.dtype_from_code(header[17])
+
+
+def scan_token_ids(prefix: str) -> tuple[int, int] | None:
+    """(min, max) token id over SCAN_WINDOWS evenly spaced windows of SCAN_TOKENS tokens of
+    PREFIX.bin (all of it when it is smaller), None when it holds no token."""
+    dtype = np.dtype(_token_dtype(prefix))
+    n = os.path.getsize(prefix + ".bin") // dtype.itemsize
+    if n == 0:
+        return None
+    tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r", shape=(n,))
+    lo, hi = None, None
+    for start in sorted({int(s) for s in np.linspace(0, max(0, n - SCAN_TOKENS), SCAN_WINDOWS)}):
+        window = tokens[start:start + SCAN_TOKENS]
+        lo = int(window.min()) if lo is None else min(lo, int(window.min()))
+        hi = int(window.max()) if hi is None else max(hi, int(window.max()))
+    del tokens
+    return lo, hi
+
+
+def check_tokenizer(data_cfg, tokenizer) -> None:
+    """Every prefix of data.path and data.valid_path was made with `tokenizer`: its
+    PREFIX.tokenizer.json names the same sha256, or, without a record, the sampled ids
+    (scan_token_ids) lie inside its vocabulary. Raises DataError naming the prefix."""
+    configured = getattr(data_cfg, "tokenizer", None) or tokenizer.path
+    sha = tokenizer.unique_identifiers["sha256"]
+    prefixes = [("path", p) for p in data_cfg.path]
+    prefixes += [("valid_path", p) for p in (getattr(data_cfg, "valid_path", None) or [])]
+    records = [(what, prefix, read_tokenizer_record(prefix, what)) for what, prefix in prefixes]
+    for what, prefix, record in records:  # data.path first: its tokenizer is the one meant
+        if record is None or record["sha256"] == sha:
+            continue
+        made_with = record.get("tokenizer", "?")
+        same_file = os.path.abspath(configured) == made_with
+        if what == "path":
+            fix = f"set data.tokenizer={_shown(made_with, configured)}, or {_retokenize(configured)}"
+        else:
+            fix = (f"validation data must be made with the training tokenizer: {_retokenize(configured)} "
+                   "into a new --output-prefix and name that in data.valid_path")
+        raise DataError(
+            f"data.{what}: {prefix} was tokenized with {_shown(made_with, configured)} (vocabulary "
+            f"{record.get('vocab_size', '?')}, sha256 {record['sha256'][:12]}), but data.tokenizer is "
+            f"{configured} (vocabulary {tokenizer.vocab_size}, sha256 {sha[:12]}"
+            f"{'; the file has changed since' if same_file else ''}): {fix}")
+    for what, prefix, record in records:
+        ids = scan_token_ids(prefix) if record is None else None
+        if ids is not None and (ids[0] < 0 or ids[1] >= tokenizer.vocab_size):
+            bad = ids[0] if ids[0] < 0 else ids[1]
+            raise _out_of_range(what, prefix, bad, configured, tokenizer.vocab_size)
+
+
+class IdGuard(torch.utils.data.Dataset):
+    """A dataset whose samples are checked to hold only ids of the tokenizer's vocabulary
+    (see the comment above SCAN_WINDOWS): an id outside is a DataError naming the prefix, where
+    the embedding would fail with an IndexError deep in the forward. Indexing and len() are the
+    wrapped dataset's; other attributes are read through to it."""
+
+    def __init__(self, dataset, *, vocab_size: int, what: str, configured: str):
+        self.dataset, self.vocab_size, self.what, self.configured = dataset, vocab_size, what, configured
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx):
+        sample = self.dataset[idx]
+        tokens, labels = sample["tokens"], sample["labels"]
+        lo, hi = min(int(tokens.min()), int(labels.min())), max(int(tokens.max()), int(labels.max()))
+        if lo < 0 or hi >= self.vocab_size:
+            source = self.dataset
+            if "dataset_id" in sample:  # a BlendedDataset: the sample came from one of its datasets
+                source = source.datasets[int(sample["dataset_id"])]
+            raise _out_of_range(self.what, getattr(source, "dataset_path", "?"), lo if lo < 0 else hi,
+                                self.configured, self.vocab_size)
+        return sample
+
+    def __getattr__(self, name):
+        if name == "dataset":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 def _num_documents(prefix: str) -> int:
@@ -154,7 +321,10 @@ def build_datasets(data_cfg, *, tokenizer, seq_length: int, seed: int, train_sam
     """(train, valid, test) datasets with at least the requested samples each (None if 0).
 
     Raises ValueError naming the file when a prefix's .bin/.idx is missing or the two do not
-    match (check_bin_matches_idx), and when a split that was asked for samples has no documents.
+    match (check_bin_matches_idx), when a prefix was made with another tokenizer
+    (check_tokenizer: a DataError), and when a split that was asked for samples has no
+    documents. Each dataset comes wrapped in IdGuard: reading a sample that holds an id outside
+    the tokenizer's vocabulary is a DataError naming its prefix.
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
@@ -166,6 +336,7 @@ def build_datasets(data_cfg, *, tokenizer, seq_length: int, seed: int, train_sam
     if getattr(data_cfg, "valid_path", None) and test_samples:
         raise ValueError("data.valid_path is set, so there is no test split: use test_samples=0")
     config = build_gpt_config(data_cfg, tokenizer=tokenizer, seq_length=seq_length, seed=seed)
+    check_tokenizer(data_cfg, tokenizer)
     sizes = [train_samples, valid_samples, test_samples]
     _check_split_nonempty(config, sizes)
     for name in _DATASET_LOGGERS:  # megatron logs every index build at INFO; keep warnings
@@ -173,11 +344,14 @@ def build_datasets(data_cfg, *, tokenizer, seq_length: int, seed: int, train_sam
     builder = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config)
     datasets = builder.build()
     out = []
+    configured = getattr(data_cfg, "tokenizer", None) or tokenizer.path
     for split_name, wanted, ds in zip(("train", "valid", "test"), sizes, datasets):
         if wanted and (ds is None or len(ds) == 0):
             raise ValueError(f"the {split_name} split is empty: check data.split "
                              f"({data_cfg.split!r}) and the dataset sizes")
-        out.append(ds if wanted else None)
+        what = "valid_path" if split_name == "valid" and config.blend_per_split is not None else "path"
+        out.append(IdGuard(ds, vocab_size=tokenizer.vocab_size, what=what, configured=configured)
+                   if wanted else None)
     return tuple(out)
 
 
