@@ -57,6 +57,12 @@ Face's GQA lets query head i read kv head i // r: the same pairing. RoPE: both r
 (megatron's non-interleaved rotary, HF's `rotate_half`) with `inv_freq = base^(-2j/d)`. The
 vocabulary is the padded one of the checkpoint (`config.json` `vocab_size` = embedding rows).
 
+`--out` (both directions) must be a new or an empty folder: one that exists as a file or holds
+anything is refused before any work, in one `error:` line (exit 2). The result is written into a
+folder of its own beside it (`OUT.partial-PID`) and renamed to OUT once complete; any failure on
+the way (bad input found late, a full disk, Ctrl-C) removes that folder, so OUT is either whole
+or absent (tests/scripts/test_convert_hf.py::test_failed_export_leaves_nothing_behind).
+
 `--check` runs both sides on one batch of random tokens (FP32, the Hugging Face model in a fresh
 process) and prints the max |logit difference|; it exits 1 above `--tolerance`. Our side is the
 checkpoint's model in FP32 with its recipe's unquantized forward: BF16 spec as is, LoRA-SVD with
@@ -67,9 +73,9 @@ has). Export also compares the exported tokenizer's ids with ours on a sample te
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -314,6 +320,64 @@ def _check_tokens(vocab: int, seq: int, seed: int = 0):
     return torch.randint(0, vocab, (2, min(seq, 64)), generator=g)
 
 
+# ----------------------------------------------------------------------------- the --out folder
+def check_out(out: str) -> None:
+    """Refuse an --out that cannot take the result, before any work: one that exists and is not an
+    empty directory (a file, a link to one, a folder with anything in it), or whose nearest
+    existing parent is not a directory."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ConvertError(f"--out {out} exists and is not a directory: give the path of a new folder")
+    if os.path.isdir(out) and os.listdir(out):   # never prune or overwrite another run's files
+        raise ConvertError(f"--out {out} exists and is not empty: choose another folder or remove it")
+    d = os.path.dirname(os.path.abspath(out))
+    while not os.path.lexists(d):
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        raise ConvertError(f"--out {out}: {d} is not a directory")
+
+
+@contextlib.contextmanager
+def staged_out(out: str):
+    """Yield a fresh folder beside --out to write into; renamed to --out once the body completes.
+    On any failure (bad input found on the way, a full disk, an interrupt) the folder, and any
+    parent folder made for it, is removed: --out is either complete or absent. A file-system
+    error becomes a ConvertError (one `error:` line)."""
+    final = os.path.abspath(out)
+    made, d = [], os.path.dirname(final)
+    while not os.path.lexists(d):
+        made.append(d)
+        d = os.path.dirname(d)
+    tmp = None
+    try:
+        try:
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            for n in range(1000):   # a name of its own: never one holding someone's files
+                try:
+                    tmp = f"{final}.partial-{os.getpid()}" + (f"-{n}" if n else "")
+                    os.mkdir(tmp)
+                    break
+                except FileExistsError:
+                    tmp = None
+            if tmp is None:
+                raise ConvertError(f"--out {out}: no free name for its temporary folder beside it")
+            yield tmp
+            check_out(out)   # still free: nothing appeared there while we worked
+            if os.path.isdir(final):
+                os.rmdir(final)
+            os.replace(tmp, final)
+            tmp = None
+        except OSError as e:
+            raise ConvertError(f"could not write --out {out}: {e}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            for d in made:   # deepest first; only while empty
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    break
+
+
 # ----------------------------------------------------------------------------- export
 def _dtype(name: str, cfg):
     import torch
@@ -373,18 +437,24 @@ def _write_tokenizer(cfg, tokenizer_path: str | None, out: str, seq: int) -> dic
 
 
 def export(src: str, out: str, *, dtype: str = "auto", tokenizer: str | None = None) -> dict:
-    import torch
-    from safetensors.torch import save_file
-
+    check_out(out)   # before any work
     gpt, cfg, saved, meta, path, vocab = read_our_checkpoint(src)
     s = _shape(cfg)
     target = _dtype(dtype, cfg)
     hf = {k: v.to(target) for k, v in to_hf(dense_state(gpt, cfg), s).items()}
-    if os.path.isdir(out) and os.listdir(out):
-        raise ConvertError(f"--out {out} exists and is not empty: choose another folder or remove it")
-    tmp = out.rstrip("/") + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    with staged_out(out) as tmp:
+        tok = _write_files(tmp, hf, cfg, s, vocab, target, tokenizer)
+    print(f"[convert] exported {path} (iteration {meta['iteration']}, fp4.linear={saved.fp4.linear}"
+          f"{', merged' if saved.fp4.linear == 'lora_svd' else ''}) to {out} "
+          f"({sum(v.numel() for v in hf.values()):,} parameters, {str(target).replace('torch.', '')})", flush=True)
+    return {"gpt": gpt, "cfg": cfg, "vocab": vocab, "out": out, "tokenizer_ids": tok.get("ours"),
+            "iteration": meta["iteration"], "linear": saved.fp4.linear}
+
+
+def _write_files(tmp: str, hf: dict, cfg, s: dict, vocab: int, target, tokenizer: str | None) -> dict:
+    """The Hugging Face folder's files, into tmp; returns the tokenizer's ids (_write_tokenizer)."""
+    from safetensors.torch import save_file
+
     save_file(hf, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     tok = _write_tokenizer(cfg, tokenizer, tmp, cfg.model.seq_length)
     m = cfg.model
@@ -406,14 +476,7 @@ def export(src: str, out: str, *, dtype: str = "auto", tokenizer: str | None = N
     with open(os.path.join(tmp, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": tok.get("bos"), "eos_token_id": tok.get("eos"),
                    "pad_token_id": tok.get("pad"), "do_sample": False}, f, indent=1)
-    if os.path.isdir(out):
-        os.rmdir(out)
-    os.replace(tmp, out)
-    print(f"[convert] exported {path} (iteration {meta['iteration']}, fp4.linear={saved.fp4.linear}"
-          f"{', merged' if saved.fp4.linear == 'lora_svd' else ''}) to {out} "
-          f"({sum(v.numel() for v in hf.values()):,} parameters, {str(target).replace('torch.', '')})", flush=True)
-    return {"gpt": gpt, "cfg": cfg, "vocab": vocab, "out": out, "tokenizer_ids": tok.get("ours"),
-            "iteration": meta["iteration"], "linear": saved.fp4.linear}
+    return tok
 
 
 def check_export(res: dict, tolerance: float) -> dict:
@@ -506,8 +569,8 @@ def _vocab_multiple(vocab: int) -> int:
 
 
 def import_hf(src: str, out: str, *, precision: str = "auto", seq_length: int | None = None) -> dict:
-    import torch
-
+    out = os.path.abspath(out)
+    check_out(out)   # before any work
     c = _read_hf_config(src)
     hf = _read_hf_weights(src)
     groups = c.get("num_key_value_heads") or c["num_attention_heads"]
@@ -525,12 +588,11 @@ def import_hf(src: str, out: str, *, precision: str = "auto", seq_length: int | 
                            + (f" (+{len(bad) - 4} more)" if len(bad) > 4 else ""))
     state = from_hf(hf, s)
 
-    from megatron.training import checkpointing, cpu_compat
+    from megatron.training import cpu_compat
 
     cpu_compat.import_megatron_core()
     from megatron.training.config import dump_yaml, from_dict
     from megatron.training.config_schema import RunConfig
-    from megatron.training.trainer import Trainer
 
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "float32")
     prec = precision if precision != "auto" else ("fp32" if dtype == "float32" else "bf16")
@@ -543,18 +605,11 @@ def import_hf(src: str, out: str, *, precision: str = "auto", seq_length: int | 
         print("[convert] FP16 weights are stored as BF16 (train.precision=bf16): 3 mantissa bits fewer",
               flush=True)
     theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 10000.0))
-    out = os.path.abspath(out)
-    if os.path.isdir(out) and os.listdir(out):   # never prune or overwrite another run's checkpoints
-        raise ConvertError(f"--out {out} exists and is not empty: choose another folder or remove it")
-    os.makedirs(out, exist_ok=True)
     tok_dir = None
     tok_names = [n for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                              "special_tokens_map.json") if os.path.isfile(os.path.join(src, n))]
     if any(n in tok_names for n in ("tokenizer.json", "tokenizer.model")):
-        tok_dir = os.path.join(out, "tokenizer")
-        os.makedirs(tok_dir, exist_ok=True)
-        for n in tok_names:
-            shutil.copyfile(os.path.join(src, n), os.path.join(tok_dir, n))
+        tok_dir = os.path.join(out, "tokenizer")   # where it will be: the config names the final paths
     else:
         print(f"[convert] {src} has no tokenizer.json or tokenizer.model: set data.tokenizer yourself", flush=True)
     cfg = from_dict(RunConfig, {
@@ -567,6 +622,28 @@ def import_hf(src: str, out: str, *, precision: str = "auto", seq_length: int | 
         "data": {"tokenizer": tok_dir},
         "checkpoint": {"load": out, "load_mode": "weights_only"},
     }, prefix="")
+    with staged_out(out) as tmp:   # written beside --out, renamed to it when complete
+        if tok_dir:
+            os.makedirs(os.path.join(tmp, "tokenizer"))
+            for n in tok_names:
+                shutil.copyfile(os.path.join(src, n), os.path.join(tmp, "tokenizer", n))
+        saved = _save_imported(tmp, cfg, state)
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            f.write(dump_yaml(cfg))
+    saved = os.path.join(out, os.path.basename(saved))
+    print(f"[convert] imported {src} ({sum(v.numel() for v in state.values()):,} parameters, "
+          f"train.precision={prec}) to {saved}; config: {os.path.join(out, 'config.yaml')}", flush=True)
+    return {"out": out, "checkpoint": saved, "cfg": cfg, "src": src, "vocab": c["vocab_size"]}
+
+
+def _save_imported(save_dir: str, cfg, state: dict) -> str:
+    """Build the model of cfg, load `state` into it and save it as iteration 0 into save_dir with
+    the trainer's own save function; returns the checkpoint's directory."""
+    import torch
+
+    from megatron.training import checkpointing
+    from megatron.training.trainer import Trainer
+
     build = copy.deepcopy(cfg)
     build.data.mock, build.data.tokenizer = True, None
     build.checkpoint.load, build.checkpoint.save_dir = "none", None
@@ -587,13 +664,8 @@ def import_hf(src: str, out: str, *, precision: str = "auto", seq_length: int | 
         sub.init_state_fn(sub.optimizer, sub.config)
         for st in sub.optimizer.state.values():
             st["step"] = torch.tensor(1.0)
-    saved = checkpointing.save_checkpoint(out, 0, model=gpt, optimizer=trainer.optimizer, cfg=cfg, keep_last=1,
-                                          train_state={"consumed_samples": 0})
-    with open(os.path.join(out, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
-    print(f"[convert] imported {src} ({sum(v.numel() for v in state.values()):,} parameters, "
-          f"train.precision={prec}) to {saved}; config: {os.path.join(out, 'config.yaml')}", flush=True)
-    return {"out": out, "checkpoint": saved, "cfg": cfg, "src": src, "vocab": c["vocab_size"]}
+    return checkpointing.save_checkpoint(save_dir, 0, model=gpt, optimizer=trainer.optimizer, cfg=cfg,
+                                         keep_last=1, train_state={"consumed_samples": 0})
 
 
 def check_import(res: dict, tolerance: float) -> dict:

@@ -21,10 +21,21 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import sys
 import tempfile
 
 MAX_LINE_BYTES = 1 << 16  # SentencePiece skips longer lines; paragraphs are far shorter
+MIN_VOCAB = 300  # 256 byte pieces + 4 specials + a few merges
+
+
+class InputError(SystemExit):
+    """Bad input: main() prints it as one `error:` line on stderr and exits 2. A SystemExit whose
+    code is that line, so a caller of train() that catches SystemExit (prepare_quickstart_data.py)
+    still gets the message."""
+
+    def __init__(self, message: str):
+        super().__init__(f"error: {message}")
 
 
 def expand_inputs(patterns):
@@ -33,35 +44,87 @@ def expand_inputs(patterns):
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
-            raise SystemExit(f"error: no file matches {pattern!r}")
+            raise InputError(f"no file matches {pattern!r}")
         for path in matches:
             if not os.path.isfile(path):
-                raise SystemExit(f"error: input file not found: {path}")
+                raise InputError(f"input file not found: {path}")
             files.append(path)
     return files
 
 
+def _plain(message: str, vocab_size: int) -> str:
+    """SentencePiece's failure in plain words (its text is `INTERNAL: src/....cc(744) [check] ...`)."""
+    m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
+    if m:
+        most = int(m.group(2))
+        hint = (f"try --vocab-size {most} or less, or give more text" if most >= MIN_VOCAB
+                else f"give more text (--vocab-size cannot go below {MIN_VOCAB})")
+        return (f"the text has only {most} distinct pieces (bytes, special tokens and merges): "
+                f"--vocab-size {vocab_size} is too large; {hint}")
+    m = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message)
+    if m:
+        return (f"--vocab-size {vocab_size} is too small: the text needs at least {m.group(2)} pieces "
+                "for its characters alone")
+    detail = re.sub(r"^\w+: \S+\(\d+\) (\[[^\]]*\] )?", "", " ".join(message.split()))
+    return f"SentencePiece could not train on this text: {detail}"
+
+
 def train(files, vocab_size, output_prefix, seed=1234, threads=2):
-    """Train the model; returns the path of the written .model file."""
+    """Train the model; returns the path of the written .model file. Bad input raises InputError
+    (a SystemExit), and leaves nothing behind: no temporary file, no folder this call created."""
+    out_dir = os.path.dirname(os.path.abspath(output_prefix))
+    made = _make_dirs(out_dir)
+    try:
+        return _train(files, vocab_size, output_prefix, out_dir, seed, threads)
+    except BaseException:
+        for d in made:   # a failed run leaves no folder it created (deepest first; only if empty)
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+        raise
+
+
+def _make_dirs(out_dir: str) -> list:
+    """Create out_dir and its missing parents; returns those it created, deepest first."""
+    made, d = [], out_dir
+    while not os.path.exists(d):
+        made.append(d)
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        raise InputError(f"--output: {d} is not a directory")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--output: cannot create {out_dir} ({e.strerror})") from None
+    return made
+
+
+def _train(files, vocab_size, output_prefix, out_dir, seed, threads):
     import sentencepiece as spm
 
-    out_dir = os.path.dirname(os.path.abspath(output_prefix))
-    os.makedirs(out_dir, exist_ok=True)
     # One concatenated training file, one sentence per non-empty line, so order is fixed.
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", dir=out_dir,
-                                     delete=False) as tmp:
-        n_lines = 0
-        for path in files:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    line = line.rstrip("\n")
-                    if line.strip():
-                        tmp.write(line)
-                        tmp.write("\n")
-                        n_lines += 1
     try:
+        tmp = tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", dir=out_dir, delete=False)
+    except OSError as e:
+        raise InputError(f"--output: cannot write in {out_dir} ({e.strerror})") from None
+    try:
+        with tmp:
+            n_lines = 0
+            for path in files:
+                try:
+                    f = open(path, encoding="utf-8", errors="replace")
+                except OSError as e:
+                    raise InputError(f"cannot read input file {path} ({e.strerror})") from None
+                with f:
+                    for line in f:
+                        line = line.rstrip("\n")
+                        if line.strip():
+                            tmp.write(line)
+                            tmp.write("\n")
+                            n_lines += 1
         if n_lines == 0:
-            raise SystemExit("error: the input files contain no text")
+            raise InputError("the input files contain no text")
         spm.set_random_generator_seed(seed)
         try:
             spm.SentencePieceTrainer.train(
@@ -84,8 +147,8 @@ def train(files, vocab_size, output_prefix, seed=1234, threads=2):
                 minloglevel=2,
             )
         except RuntimeError as exc:
-            # e.g. "Vocabulary size is too high" for a tiny corpus: one clear line.
-            raise SystemExit(f"error: SentencePiece training failed: {exc}") from None
+            # e.g. "Vocabulary size too high" for a tiny corpus: one line in plain words.
+            raise InputError(_plain(str(exc), vocab_size)) from None
     finally:
         os.unlink(tmp.name)
     return output_prefix + ".model"
@@ -100,10 +163,14 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2,
                    help="training threads (the result does not depend on it)")
     args = p.parse_args(argv)
-    if args.vocab_size < 300:
-        p.error("--vocab-size must be at least 300 (256 byte pieces + specials + merges)")
-    files = expand_inputs(args.input)
-    model = train(files, args.vocab_size, args.output, seed=args.seed, threads=args.threads)
+    try:
+        if args.vocab_size < MIN_VOCAB:
+            raise InputError(f"--vocab-size must be at least {MIN_VOCAB} (256 byte pieces + specials + merges)")
+        files = expand_inputs(args.input)
+        model = train(files, args.vocab_size, args.output, seed=args.seed, threads=args.threads)
+    except InputError as e:
+        print(e.code, file=sys.stderr, flush=True)
+        return 2
     print(f"wrote {model} (vocab {args.vocab_size}, {len(files)} input files)")
     return 0
 

@@ -6,7 +6,10 @@ overrides `section.key=value` come last; the value is parsed as YAML (`3`, `1e-3
 `[a, b]`, `null`).
 
 Every problem is a `ConfigError` with one message that names the key; the entry point turns
-it into exit code 2. Unknown keys name the closest valid one.
+it into exit code 2. Unknown keys name the valid key they most likely meant: the same name in
+another section when there is one (`train.warmup_iters` -> `optimizer.warmup_iters`), else the
+closest name in their own section. A key given twice in one mapping of a YAML file is an error
+naming both lines (a file's `base:` is not that: its keys are meant to be overridden).
 """
 from __future__ import annotations
 
@@ -44,7 +47,9 @@ def load_yaml_tree(path: str, _seen: tuple = ()) -> dict:
         raise ConfigError(f"config file not found: {path}")
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f)
+            doc = yaml.load(f, Loader=UniqueKeyLoader)
+    except DuplicateKeyError as e:
+        raise ConfigError(f"config {path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(e).split())}") from None
     doc = {} if doc is None else doc
@@ -55,6 +60,55 @@ def load_yaml_tree(path: str, _seen: tuple = ()) -> dict:
     for b in [bases] if isinstance(bases, str) else bases:
         merged = deep_merge(merged, load_yaml_tree(os.path.join(os.path.dirname(path), b), _seen + (path,)))
     return deep_merge(merged, doc)
+
+
+class DuplicateKeyError(Exception):
+    """A key given twice in one YAML mapping (not a yaml.YAMLError: callers tell it apart).
+    `key` is its dotted path in the document, `lines` the two (1-based) lines."""
+
+    def __init__(self, key: str, lines: tuple[int, int]):
+        super().__init__(f"key '{key}' is given twice, on lines {lines[0]} and {lines[1]}: "
+                         "keep one (YAML would silently use the last)")
+        self.key, self.lines = key, lines
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently). Keys brought in by a `<<: *anchor` merge may be overridden: that is what a merge is for."""
+
+    def construct_document(self, node):
+        self._paths = {}
+        self._name_paths(node, "")
+        return super().construct_document(node)
+
+    def _name_paths(self, node, path: str) -> None:
+        """The dotted path of every mapping node, for the error message."""
+        if isinstance(node, yaml.MappingNode) and id(node) not in self._paths:
+            self._paths[id(node)] = path
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    self._name_paths(v, f"{path}{k.value}.")
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                self._name_paths(v, f"{path.rstrip('.')}[{i}].")
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:   # an unhashable key: SafeLoader's own error says so
+                    continue
+                if first is not None:
+                    prefix = getattr(self, "_paths", {}).get(id(node), "")
+                    raise DuplicateKeyError(f"{prefix}{key}", (first, line))
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def deep_merge(base: dict, top: dict) -> dict:
@@ -69,7 +123,9 @@ def apply_override(raw: dict, item: str) -> None:
         raise ConfigError(f"override {item!r} must look like section.key=value")
     key, text = item.split("=", 1)
     try:
-        value = yaml.safe_load(text) if text != "" else None
+        value = yaml.load(text, Loader=UniqueKeyLoader) if text != "" else None
+    except DuplicateKeyError as e:
+        raise ConfigError(f"override {item!r}: key '{key.strip()}.{e.key}' is given twice: keep one") from None
     except yaml.YAMLError:
         value = text
     parts = key.strip().split(".")
@@ -92,13 +148,35 @@ def from_dict(cls, data: Any, prefix: str):
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(fields)}"
-            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+            raise ConfigError(f"unknown config key '{prefix}{key}'{_suggest(cls, prefix, str(key), fields)}")
     kwargs = {}
     for name, value in data.items():
         kwargs[name] = coerce(hints[name], value, f"{prefix}{name}")
     return cls(**kwargs)
+
+
+def _schema_keys(cls=RunConfig, prefix: str = "") -> dict[str, type | None]:
+    """Every dotted key of the schema under `cls`: section -> its dataclass, value -> None."""
+    out: dict = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        out[prefix + f.name] = tp if dataclasses.is_dataclass(tp) else None
+        if dataclasses.is_dataclass(tp):
+            out.update(_schema_keys(tp, f"{prefix}{f.name}."))
+    return out
+
+
+def _suggest(cls, prefix: str, key: str, fields) -> str:
+    """The hint of an unknown key: the same name where it lives in another section (the key
+    was put in the wrong one), else the closest name in this section, else the valid keys."""
+    keys = _schema_keys()
+    if (cls is RunConfig and prefix == "") or keys.get(prefix.rstrip(".")) is cls:
+        elsewhere = [k for k in keys if k.rsplit(".", 1)[-1] == key and k != prefix + key]
+        if elsewhere:
+            return "; did you mean " + " or ".join(f"'{k}'" for k in elsewhere) + "?"
+    close = difflib.get_close_matches(key, list(fields), n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(fields)}"
 
 
 def coerce(tp, value, key: str):

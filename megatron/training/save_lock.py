@@ -8,8 +8,11 @@
     the process dies, SIGKILL included), so a second run on the same save_dir gets one `error:`
     line naming the holder instead of resuming from, and overwriting, the first run's
     checkpoints (tests/megatron/training/test_reliability.py::test_second_run_on_same_save_dir_is_refused).
-    A lock file left by a process that is gone is simply taken over (flock is free), with a
-    line saying whose it was;
+    A clean release (`release_all`, also run at interpreter exit) empties the holder record
+    while it still holds the flock, then unlocks: the next run finds an empty file and says
+    nothing. A record left behind by a process that died without releasing (SIGKILL, OOM,
+    os._exit, a crashed host) is simply taken over (flock is free), with a line saying whose it
+    was (tests/megatron/training/test_save_lock.py);
   - removes `iter_N.tmp/` leftovers of interrupted saves (only the lock holder may).
 The verdict is broadcast, so every rank raises the same `CheckpointError` (exit 2) together.
 flock is advisory and per host: two runs on different hosts sharing a save_dir over NFS
@@ -17,6 +20,7 @@ are detected only where the file system implements flock across clients (NFSv4, 
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -30,6 +34,8 @@ from megatron.training.errors import CheckpointError, ConfigError
 
 LOCK_NAME = ".lock"
 _HELD: list = []  # open lock files of this process (closing one releases its lock)
+_OWNER: dict = {}  # id(lock file) -> pid that took it: a forked child must not clear its parent's record
+_ATEXIT = False
 
 
 def _holder_text(path: str) -> str:
@@ -61,7 +67,7 @@ def acquire(save_dir: str) -> str | None:
         prev = json.loads(f.read() or "null")
     except ValueError:
         prev = None
-    if prev and prev.get("pid") != os.getpid():
+    if isinstance(prev, dict) and prev and prev.get("pid") != os.getpid():
         note = (f"[checkpoint] {save_dir}: taking over the lock of a run that is gone "
                 f"(host {prev.get('host')}, pid {prev.get('pid')}, started {prev.get('started')})")
     f.seek(0)
@@ -70,12 +76,30 @@ def acquire(save_dir: str) -> str | None:
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f)
     f.flush()
     _HELD.append(f)
+    _OWNER[id(f)] = os.getpid()
+    global _ATEXIT
+    if not _ATEXIT:   # a normal exit (return, sys.exit, an exception) releases cleanly; SIGKILL cannot
+        atexit.register(release_all)
+        _ATEXIT = True
     return note
 
 
 def release_all() -> None:
+    """Release every lock this process holds, marking each as released: the holder record is
+    emptied while the flock is still held, then the flock is dropped. The next run then takes
+    the lock without a note; a record is left behind only by a holder that died."""
     while _HELD:
-        _HELD.pop().close()
+        f = _HELD.pop()
+        try:
+            if _OWNER.pop(id(f), None) == os.getpid():   # not in a forked child: the record is the parent's
+                f.seek(0)
+                f.truncate()
+                f.flush()
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        except (OSError, ValueError):   # a full or vanished file system: closing still drops the flock
+            pass
+        finally:
+            f.close()
 
 
 def _check_dirs(cfg) -> list[str]:

@@ -151,7 +151,10 @@ def compare_export(tmp_path, cfg, overrides, ckpt, out, tokenizer):
     toks = tokens_file(str(tmp_path / "tokens.pt"), 400, 32)
     text = "The king, the queen and 1603 gentle lords.\n\nSilent river gold."
     script(HF, dir=out, tokens=toks, out=str(tmp_path / "hf.pt"), text=text)
-    script(OURS, config=cfg, overrides=overrides + [f"checkpoint.load={ckpt}", "checkpoint.save_dir=null"],
+    # a full resume of the finished 3-step run, stated as an extension (one that trained nothing
+    # more would be refused: megatron/training/continuation.py); only the weights are used
+    script(OURS, config=cfg, overrides=overrides + [f"checkpoint.load={ckpt}", "checkpoint.save_dir=null",
+                                                    "train.iters=6", "train.continue_with=[extend]"],
            iteration=3, tokens=toks, out=str(tmp_path / "ours.pt"))
     hf, ours = torch.load(str(tmp_path / "hf.pt")), torch.load(str(tmp_path / "ours.pt"))
     assert hf.shape == ours.shape == (2, 32, 512)  # the padded vocabulary of the checkpoint
@@ -167,8 +170,15 @@ def compare_export(tmp_path, cfg, overrides, ckpt, out, tokenizer):
     return conf
 
 
-def test_export_bf16_run_matches_transformers(tmp_path, tokenizer):
-    cfg, overrides, ckpt, out = train_and_export(tmp_path, tokenizer, ["train.precision=bf16"])
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory, tokenizer):
+    """A tiny BF16 run, trained and exported once for the tests of this module:
+    (config, overrides, checkpoint save_dir, exported folder)."""
+    return train_and_export(tmp_path_factory.mktemp("bf16"), tokenizer, ["train.precision=bf16"])
+
+
+def test_export_bf16_run_matches_transformers(tmp_path, tokenizer, bf16_run):
+    cfg, overrides, ckpt, out = bf16_run
     conf = compare_export(tmp_path, cfg, overrides, ckpt, out, tokenizer)
     assert conf["torch_dtype"] == "bfloat16"  # a BF16 run's weights, losslessly
 
@@ -282,3 +292,103 @@ def test_name_map_round_trip():
     assert {k: tuple(v.shape) for k, v in hf.items()} == convert_hf.expected_hf_shapes(s, 10)
     back = convert_hf.from_hf(hf, s)
     assert back.keys() == ours.keys() and all(torch.equal(back[k], ours[k]) for k in ours)
+
+
+# ----------------------------------------------------------------------------- the --out folder
+def _one_error(p, *parts):
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and len(errors) == 1, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+    assert all(x in errors[0] for x in parts), errors[0]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    return errors[0]
+
+
+def _listing(root) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs)
+
+
+def test_export_out_that_is_a_file_or_not_empty_is_refused_before_any_work(tmp_path, bf16_run):
+    ckpt = bf16_run[2]
+    readme = tmp_path / "README.md"
+    readme.write_text("# my notes\n")
+    busy = tmp_path / "busy"
+    (busy / "iter_0000500").mkdir(parents=True)
+    before = _listing(tmp_path)
+    for out, message in ((readme, "exists and is not a directory"), (busy, "exists and is not empty"),
+                         (readme / "hf", f"{readme} is not a directory")):
+        _one_error(run([CONVERT, "export", "--src", ckpt, "--out", str(out)], timeout=120), f"--out {out}", message)
+        assert _listing(tmp_path) == before, out       # no README.md.partial/, nothing else either
+        # before any work: the checkpoint is not even looked at
+        _one_error(run([CONVERT, "export", "--src", str(tmp_path / "nockpt"), "--out", str(out)], timeout=120),
+                   f"--out {out}", message)
+    assert readme.read_text() == "# my notes\n"
+
+
+EXPORT_FAILING = r"""
+import errno, sys
+sys.path.insert(0, sys.argv[1])
+import convert_hf
+def full_disk(cfg, tokenizer, out, seq):   # after model.safetensors is written: a failure mid-export
+    assert sorted(__import__("os").listdir(out)) == ["model.safetensors"]
+    raise OSError(errno.ENOSPC, "No space left on device")
+convert_hf._write_tokenizer = full_disk
+sys.exit(convert_hf.main(sys.argv[2:]))
+"""
+
+
+def test_failed_export_leaves_nothing_behind(tmp_path, bf16_run):
+    ckpt = bf16_run[2]
+    bad_tok = tmp_path / "bad.model"
+    bad_tok.write_bytes(b"not a sentencepiece model")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    before = _listing(tmp_path)
+    # bad input found mid-export (a --tokenizer that does not load): one line, no hf/ nor hf.partial*
+    p = run([CONVERT, "export", "--src", ckpt, "--out", str(tmp_path / "new" / "hf"), "--tokenizer", str(bad_tok)])
+    _one_error(p)
+    assert _listing(tmp_path) == before
+    # a full disk mid-export, into an existing empty folder: it stays as it was
+    p = run(["-c", EXPORT_FAILING, os.path.join(REPO, "scripts"), "export", "--src", ckpt, "--out", str(empty)])
+    _one_error(p, f"could not write --out {empty}", "No space left on device")
+    assert _listing(tmp_path) == before
+    # and the same export, undisturbed, fills the empty folder
+    p = run([CONVERT, "export", "--src", ckpt, "--out", str(empty)])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert {"model.safetensors", "config.json", "tokenizer.model"} <= set(os.listdir(empty))
+    assert _listing(tmp_path) == sorted(before + [os.path.join("empty", n) for n in os.listdir(empty)])
+
+
+IMPORT_FAILING = r"""
+import errno, os, sys
+sys.path.insert(0, sys.argv[1])
+import convert_hf
+def full_disk(save_dir, cfg, state):   # the tokenizer is copied, the checkpoint half written
+    assert os.listdir(os.path.join(save_dir, "tokenizer")) == ["tokenizer.json"]
+    os.makedirs(os.path.join(save_dir, "iter_0000000.tmp"))
+    raise OSError(errno.ENOSPC, "No space left on device")
+convert_hf._save_imported = full_disk
+sys.exit(convert_hf.main(sys.argv[2:]))
+"""
+
+
+def test_import_out_is_checked_first_and_a_failed_import_leaves_nothing_behind(tmp_path):
+    import convert_hf
+
+    llama = dict(model_type="llama", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1, vocab_size=8, tie_word_embeddings=False,
+                 max_position_embeddings=32)
+    s = {"layers": 1, "hidden": 16, "ffn": 32, "heads": 2, "groups": 1, "head_dim": 8}
+    src = _bad_hf(tmp_path, "good", llama, convert_hf.expected_hf_shapes(s, 8))
+    (tmp_path / "good" / "tokenizer.json").write_text("{}")
+    readme = tmp_path / "README.md"
+    readme.write_text("# my notes\n")
+    before = _listing(tmp_path)
+    _one_error(run([CONVERT, "import", "--src", src, "--out", str(readme)], timeout=120),
+               f"--out {readme} exists and is not a directory")
+    # before any work: the source is not even looked at
+    _one_error(run([CONVERT, "import", "--src", str(tmp_path / "missing"), "--out", str(readme)], timeout=120),
+               f"--out {readme} exists and is not a directory")
+    p = run(["-c", IMPORT_FAILING, os.path.join(REPO, "scripts"), "import", "--src", src,
+             "--out", str(tmp_path / "new" / "imported")], timeout=120)
+    _one_error(p, "could not write --out", "No space left on device")
+    assert _listing(tmp_path) == before and readme.read_text() == "# my notes\n"

@@ -56,6 +56,92 @@ def test_unknown_key_in_yaml_file(tmp_path):
     assert "'model.hidden_sise'" in msg and "'model.hidden_size'" in msg, msg
 
 
+@pytest.mark.parametrize("override, bad, suggestion", [
+    ("train.warmup_iters=5", "train.warmup_iters", "optimizer.warmup_iters"),   # not train.eval_iters
+    ("optimizer.save_interval=5", "optimizer.save_interval", "checkpoint.save_interval"),
+    ("optimizer.min_numel=8", "optimizer.min_numel", "optimizer.q_adamw.min_numel"),
+    ("train.q_adamw.min_numel=8", "train.q_adamw", "optimizer.q_adamw"),          # a section misplaced
+    ("warmup_iters=5", "warmup_iters", "optimizer.warmup_iters"),                 # no section at all
+])
+def test_key_in_the_wrong_section_names_where_it_lives(override, bad, suggestion):
+    msg = config_error(overrides=OK + [override])
+    assert msg == f"unknown config key '{bad}'; did you mean '{suggestion}'?", msg
+
+
+def test_key_in_the_wrong_section_of_a_yaml_file(tmp_path):
+    path = write(tmp_path / "c.yaml", "train:\n  iters: 50\n  warmup_iters: 5\n")
+    msg = config_error(path, OK)
+    assert msg == "unknown config key 'train.warmup_iters'; did you mean 'optimizer.warmup_iters'?", msg
+
+
+def _cli(tmp_path, config, *overrides):
+    """pretrain_gpt.py --dry-run: (exit code, the stderr lines that start with `error:`, stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    env = dict(os.environ, PYTHONPATH=repo, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, os.path.join(repo, "pretrain_gpt.py"), "--config", config, "--dry-run",
+                        *overrides], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
+    return p.returncode, [ln for ln in p.stderr.splitlines() if ln.startswith("error:")], p.stderr
+
+
+def test_cli_key_in_the_wrong_section_is_one_error_line(tmp_path):
+    config = write(tmp_path / "c.yaml", "model: {preset: tiny, vocab_size: 256}\ndata: {mock: true}\n")
+    rc, errors, err = _cli(tmp_path, config, "train.warmup_iters=5")
+    assert rc == 2 and errors == ["error: unknown config key 'train.warmup_iters'; "
+                                  "did you mean 'optimizer.warmup_iters'?"], err
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------------- duplicate keys
+def test_duplicate_key_in_a_yaml_file_names_the_file_the_key_and_both_lines(tmp_path):
+    path = write(tmp_path / "c.yaml", "model:\n  preset: tiny\ntrain:\n  iters: 50\n  seed: 3\n  iters: 60\n")
+    msg = config_error(path, OK)
+    assert msg.startswith(f"config {path}: ") and "'train.iters'" in msg and "lines 4 and 6" in msg, msg
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("train: {iters: 50}\ntrain: {seed: 3}\n", "train", "lines 1 and 2"),              # a whole section
+    ("optimizer:\n  q_adamw: {min_numel: 8, min_numel: 9}\n", "optimizer.q_adamw.min_numel", "lines 2 and 2"),
+    ("fp4:\n  keep_bf16:\n    - {a: 1, a: 2}\n", "fp4.keep_bf16[0].a", "lines 3 and 3"),
+])
+def test_duplicate_keys_anywhere_in_the_file(tmp_path, text, key, lines):
+    msg = config_error(write(tmp_path / "c.yaml", text), OK)
+    assert f"'{key}' is given twice" in msg and lines in msg, msg
+
+
+def test_base_keys_overridden_by_the_child_and_merge_keys_are_not_duplicates(tmp_path):
+    import yaml
+
+    from megatron.training.config import UniqueKeyLoader
+
+    write(tmp_path / "base.yaml", "train:\n  iters: 50\n  seed: 3\n")
+    child = write(tmp_path / "child.yaml", "base: base.yaml\ntrain:\n  iters: 60\n")
+    cfg = load_config(child, OK)
+    assert cfg.train.iters == 60 and cfg.train.seed == 3
+    # a key brought in by a `<<: *anchor` merge is meant to be overridden
+    doc = yaml.load("a: &c {iters: 10, seed: 4}\nb:\n  <<: *c\n  iters: 20\n", Loader=UniqueKeyLoader)
+    assert doc["b"] == {"iters": 20, "seed": 4}
+
+
+def test_duplicate_key_in_an_override_value():
+    msg = config_error(overrides=OK + ["train={iters: 5, iters: 6}"])
+    assert "'train.iters' is given twice" in msg, msg
+    assert load_config(None, OK + ["train.iters=5", "train.iters=6"]).train.iters == 6  # the CLI: last one wins
+
+
+def test_cli_duplicate_key_is_one_error_line(tmp_path):
+    config = write(tmp_path / "c.yaml", "model: {preset: tiny, vocab_size: 256}\ndata: {mock: true}\n"
+                                        "train:\n  iters: 50\n  iters: 60\n")
+    rc, errors, err = _cli(tmp_path, config)
+    assert rc == 2 and len(errors) == 1, err
+    assert errors[0] == (f"error: config {config}: key 'train.iters' is given twice, on lines 4 and 5: "
+                         "keep one (YAML would silently use the last)"), err
+    assert "Traceback" not in err
+
+
 # ------------------------------------------------------------------------- wrong types
 @pytest.mark.parametrize("override, key", [
     ("train.iters=abc", "train.iters"),
