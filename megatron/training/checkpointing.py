@@ -23,8 +23,9 @@ the newest checkpoint older than the last applied optimizer step (the newest one
 to be good: the step after it was applied), so a divergence can never leave only diverged
 checkpoints. A damaged `iter_N/` the run reaches again is renamed `iter_N.damaged`, not deleted.
 
-Loading checks the manifest and the model shape recorded in `meta.json` against the config
-before touching any tensor, so a damaged or incompatible checkpoint gives one `CheckpointError`
+Loading checks the manifest and the model shape recorded in `meta.json` (and `train.precision`,
+whose optimizer-state form the direct load cannot convert) against the config before touching
+any tensor, so a damaged or incompatible checkpoint gives one `CheckpointError`
 naming the problem. If reading a shard still fails, the error is raised at start-up: the run
 exits and nothing trains on a partly loaded model; the checkpoint on disk is never modified.
 A save that fails (a full disk: ENOSPC) removes its own `iter_N.tmp/` and raises one
@@ -193,8 +194,16 @@ def effective_shape_value(section: str, key: str, value, tokenizer: dict | None)
     return value
 
 
+def _converted_at_load(meta: dict, cfg) -> bool:
+    """Will load_checkpoint convert this checkpoint through the layout-free form
+    (reshard.needs_reshard) instead of reading its optimizer state as saved? Outside a run
+    (no parallel state) the answer is no: the direct load is the one checked."""
+    return ps.model_parallel_is_initialized() and reshard.needs_reshard(meta, cfg)
+
+
 def check_compatible(meta: dict, cfg, path: str, tokenizer: dict | None = None) -> None:
-    """Refuse a checkpoint whose shapes or tokenizer differ from this run's. `tokenizer`: this
+    """Refuse a checkpoint whose shapes, tokenizer or (on a direct load) train.precision differ
+    from this run's. `tokenizer`: this
     run's {"vocab_size", "crc32"} (of the tokenizer file; None for mock data), compared with the
     one saved in meta.json when both exist."""
     saved = meta.get("config", {})
@@ -213,8 +222,22 @@ def check_compatible(meta: dict, cfg, path: str, tokenizer: dict | None = None) 
         for k in ("vocab_size", "crc32"):
             if tok_saved.get(k) != tok_now.get(k):
                 diffs.append(f"tokenizer {k}: checkpoint {tok_saved.get(k)!r}, this run {tok_now.get(k)!r}")
+    hint = ""
+    precision = _lookup(saved, "train").get("precision")
+    if precision is not None and precision != cfg.train.precision and not _converted_at_load(meta, cfg):
+        # The direct load reads the optimizer state in the form it was saved, and that form
+        # depends on the precision: bf16 params come with megatron-core's FP32 master copies
+        # (Float16OptimizerWithFloat16Params, or the distributed optimizer's bf16 buckets), fp32
+        # params are their own masters (FP32Optimizer). Neither is read into the other (a
+        # KeyError on optimizer.state.fp32_param..., or the FP4 optimizers' wrapper check), so
+        # refuse before a tensor is read. A checkpoint resharded at load (reshard.py) goes through
+        # FP32 masters, which either precision takes.
+        diffs.append(f"train.precision: checkpoint {precision!r}, config {cfg.train.precision!r}")
+        hint = (f" (a full resume keeps the optimizer state, whose form depends on train.precision: resume with "
+                f"train.precision={precision}, or start a new run from its weights with checkpoint.load={path} "
+                "checkpoint.load_mode=weights_only, which takes another precision, and its own checkpoint.save_dir)")
     if diffs:
-        raise CheckpointError(f"checkpoint {path} does not match this config: " + "; ".join(diffs))
+        raise CheckpointError(f"checkpoint {path} does not match this config: " + "; ".join(diffs) + hint)
 
 
 def tokenizer_identity(path: str, vocab_size: int) -> dict:

@@ -21,11 +21,22 @@ old → new, and what to add to continue. Stating it:
   `reset_attention_mask`, `eod_mask_loss`, `model.seq_length`, `train.seed`:
   `train.continue_with: [new_data]`. The new data are read from the consumed sample count on.
 
-The model shape, the FP4 recipes, the optimizer and the tokenizer (vocabulary size and file
-checksum) are checked by `checkpointing.check_compatible` and cannot be overridden on a full
-resume. megatron-core's `OptimizerParamScheduler` makes the same check (it saves max/min lr,
-warmup, decay steps and style, and asserts they match unless told to override or to use the
-checkpoint's); this one also covers the run's length, batch and data, and says how to go on.
+The model shape, the FP4 recipes, the optimizer, `train.precision` (unless the checkpoint is
+resharded at load) and the tokenizer (vocabulary size and file checksum) are checked by
+`checkpointing.check_compatible` and cannot be overridden on a full resume. megatron-core's
+`OptimizerParamScheduler` makes the same check (it saves max/min lr, warmup, decay steps and
+style, and asserts they match unless told to override or to use the checkpoint's); this one
+also covers the run's length, batch and data, and says how to go on.
+
+A checkpoint already at or past `train.iters` is refused first (`nothing_to_train`): nothing
+would be trained, and the run's config.yaml would be rewritten to describe a run that never
+happened. The one exception is a complete run started again exactly as it was (a requeued job):
+it trains nothing and exits 0, as Megatron-LM does. The line names a `train.iters` that trains on from it, with the statements that
+length and the config's other changes need, checked by planning that resume (so the advice is
+never one that fails next or trains nothing). A Trainer that writes nothing (no save_dir, no
+logging.dir: a tool reading the checkpoint through this path) may load it. The lines that
+report stated changes are printed once the checkpoint has loaded (`check_resume` returns them),
+so a resume refused at load time is not announced first.
 
 Why `extend` stretches the rest of the decay rather than keeping the saved horizon. Keeping
 the horizon (what Megatron-LM does when `--lr-decay-iters` stays) does not jump either, but
@@ -231,19 +242,17 @@ def saved_schedule(meta: dict, cfg) -> LRSchedule:
     return LRSchedule.fresh(OptimizerConfig(**{k: v for k, v in o.items() if k in known}), int(t["iters"]))
 
 
-def plan_resume(meta: dict, cfg, path: str) -> tuple[RunState, list[str]]:
-    """The run state to continue with and the lines that report the stated changes; or one
-    CheckpointError naming the unstated ones and how to state them."""
+def _unstated(meta: dict, cfg):
+    """The changed keys by kind, whether checkpoint.override_scheduler=true is needed, and the
+    train.continue_with values needed but not given."""
     from megatron.training.config_schema import to_dict
 
     saved_cfg, now_cfg = meta.get("config") or {}, to_dict(cfg)
-    r = int(meta.get("iteration", 0))
     intents, override = set(cfg.train.continue_with), bool(cfg.checkpoint.override_scheduler)
     sched = changed_keys(saved_cfg, now_cfg, SCHEDULE_KEYS)
     horizon = changed_keys(saved_cfg, now_cfg, HORIZON_KEYS)
     batch = changed_keys(saved_cfg, now_cfg, BATCH_KEYS)
     data = changed_keys(saved_cfg, now_cfg, DATA_KEYS)
-
     need_override = bool(sched) and not override   # override also covers a changed horizon
     need = set()
     if horizon and not override and not sched:
@@ -252,7 +261,90 @@ def plan_resume(meta: dict, cfg, path: str) -> tuple[RunState, list[str]]:
         need.add("new_batch_size")
     if data:
         need.add("new_data")
-    missing = need - intents
+    return sched, horizon, batch, data, need_override, need - intents
+
+
+def _with(cfg, *, iters: int, continue_with: list[str], override: bool):
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, iters=iters, continue_with=list(continue_with)),
+        checkpoint=dataclasses.replace(cfg.checkpoint, override_scheduler=override))
+
+
+def train_on_overrides(meta: dict, cfg, path: str) -> list[str] | None:
+    """For a checkpoint at or past this config's train.iters: the overrides that train on from
+    it — a train.iters past its iteration (its own run's length if that run is unfinished, else
+    twice its iteration, as the quickstart's hint) and the statements that this length and the
+    config's other changes need. Checked by planning the resume with them; None if that fails
+    (then no concrete command is suggested)."""
+    r = int(meta.get("iteration", 0))
+    saved_iters = _get(meta.get("config") or {}, "train.iters")
+    targets = ([saved_iters] if isinstance(saved_iters, int) and saved_iters > r else []) + [max(2 * r, r + 1)]
+    for target in targets:
+        intents, override = list(cfg.train.continue_with), bool(cfg.checkpoint.override_scheduler)
+        trial = _with(cfg, iters=target, continue_with=intents, override=override)
+        _, _, _, _, need_override, missing = _unstated(meta, trial)
+        if need_override:   # a changed lr schedule: the new one from R (it covers the length too)
+            override, intents = True, [v for v in intents if v != "extend"]
+            trial = _with(cfg, iters=target, continue_with=intents, override=True)
+            missing = _unstated(meta, trial)[5]
+        intents = [v for v in INTENTS if v in set(intents) | missing]
+        trial = _with(cfg, iters=target, continue_with=intents, override=override)
+        try:
+            check_config(trial)
+            plan_resume(meta, trial, path)
+        except (CheckpointError, ConfigError):
+            continue
+        # every key of how this start continues, given or not: the list stands on its own
+        return ([f"train.iters={target}"] + ([continue_with_override(intents)] if intents else [])
+                + (["checkpoint.override_scheduler=true"] if override else []))
+    return None
+
+
+def nothing_to_train(meta: dict, cfg, path: str, *, train_on: str = "set {overrides}",
+                     start_over: str = "give it its own checkpoint.save_dir and logging.dir (from scratch, or "
+                                       "from this checkpoint's weights with checkpoint.load={path} "
+                                       "checkpoint.load_mode=weights_only)") -> str | None:
+    """The one-line refusal of a full resume from a checkpoint already at or past train.iters,
+    with the ways out; None when there is something to train. Such a run would train nothing
+    and only rewrite config.yaml and run_info.json in its directories, which would then no
+    longer describe the newest checkpoint. A Trainer that writes nothing (checkpoint.save_dir
+    and logging.dir unset) is a tool reading the checkpoint through the resume path
+    (scripts/export_merged_checkpoint.py, the evaluation oracles): not refused. `train_on`
+    (with `{overrides}`) and `start_over` say the ways out in the caller's terms
+    (scripts/quickstart.py: its own command, `make clean-quickstart`)."""
+    r = int(meta.get("iteration", 0))
+    if cfg.train.iters > r or not (cfg.checkpoint.save_dir or cfg.logging.dir):
+        return None
+    saved_iters = _get(meta.get("config") or {}, "train.iters")
+    if cfg.train.iters == r == saved_iters and not any(_unstated(meta, cfg)[:4]):
+        return None   # a complete run started again as it was (a requeued job): done, exit 0
+    overrides = train_on_overrides(meta, cfg, path)
+    run = ("" if not isinstance(saved_iters, int) else f" (its run was planned for {saved_iters} steps)"
+           if saved_iters > r else " (its run is complete)")
+    if overrides:
+        how = train_on.replace("{overrides}", " ".join(overrides))
+        sched, _, batch, data, _, _ = _unstated(meta, cfg)
+        if sched or batch or data:
+            how += f" (it also states this config's other changes: {_changes(sched + batch + data)})"
+    else:   # no single command plans cleanly (e.g. warmup past 2R): the rule, not a command
+        how = (f"set train.iters above {r}, with train.continue_with=extend where it differs from the "
+               "checkpoint's")
+    return (f"checkpoint {path} is already at iteration {r}{run} and train.iters is {cfg.train.iters}: "
+            f"nothing to train. To train on from it, {how}; to start a new run instead, "
+            f"{start_over.replace('{path}', path)}")
+
+
+def plan_resume(meta: dict, cfg, path: str) -> tuple[RunState, list[str]]:
+    """The run state to continue with and the lines that report the stated changes; or one
+    CheckpointError naming the unstated ones and how to state them. A checkpoint at or past
+    train.iters is refused first (nothing_to_train): any statement advised for the other
+    changes would then lead to a run that trains nothing."""
+    r = int(meta.get("iteration", 0))
+    done = nothing_to_train(meta, cfg, path)
+    if done:
+        raise CheckpointError(done)
+    intents, override = set(cfg.train.continue_with), bool(cfg.checkpoint.override_scheduler)
+    sched, horizon, batch, data, need_override, missing = _unstated(meta, cfg)
     if need_override or missing:
         unstated = (sched + horizon if need_override else horizon if "extend" in missing else [])
         unstated += (batch if "new_batch_size" in missing else []) + (data if "new_data" in missing else [])
@@ -268,10 +360,16 @@ def plan_resume(meta: dict, cfg, path: str) -> tuple[RunState, list[str]]:
                      "new_data": f"new_data: the new data read from sample {meta.get('consumed_samples', 0)} on",
                      "new_batch_size": "new_batch_size: the lr schedule stays in steps"}
             why += [texts[v] for v in INTENTS if v in missing]
+        back = "; or put the old values back"
+        saved_iters = _get(meta.get("config") or {}, "train.iters")
+        if isinstance(saved_iters, int) and saved_iters <= r and any(k == "train.iters" for k, _, _ in unstated):
+            # the old length trains nothing more: not a way to go on
+            back = ("; or put the old values back but train.iters (its run is complete)"
+                    if len(unstated) > 1 else "")
         raise CheckpointError(
             f"checkpoint {path} (iteration {r}) was trained with other settings: {_changes(unstated)}. To "
-            f"continue it, set {' '.join(add)} ({'; '.join(why)}); or put the old values back; or start a new "
-            "run from its weights with checkpoint.load_mode=weights_only")
+            f"continue it, set {' '.join(add)} ({'; '.join(why)}){back}; or start a new run from its weights "
+            "with checkpoint.load_mode=weights_only and its own checkpoint.save_dir")
 
     schedule = saved_schedule(meta, cfg)
     new = Setting.from_config(cfg.optimizer, cfg.train.iters)
@@ -322,9 +420,11 @@ def _changes(items) -> str:
     return ", ".join(f"{k} {_fmt(a)} → {_fmt(b)}" for k, a, b in items)
 
 
-def check_resume(path: str, cfg, fresh: RunState) -> RunState:
+def check_resume(path: str, cfg, fresh: RunState) -> tuple[RunState, list[str]]:
     """Compare checkpoint `path` with this run's config before any tensor is read (see the
-    module docstring); returns the run state to continue with. Every rank reads the same
+    module docstring); returns the run state to continue with and the lines that report the
+    stated changes, for the caller to print once the checkpoint has loaded (`print_notes`): a
+    resume refused at load time is then not announced first. Every rank reads the same
     meta.json and takes the same decision."""
     from megatron.training import checkpointing
 
@@ -337,9 +437,13 @@ def check_resume(path: str, cfg, fresh: RunState) -> RunState:
     state, lines = plan_resume(meta, cfg, path)
     if state.wandb_run_id is None:
         state.wandb_run_id = fresh.wandb_run_id
+    return state, lines
+
+
+def print_notes(lines: list[str]) -> None:
+    """Print check_resume's lines (rank 0)."""
     for line in lines:
         _print(line)
-    return state
 
 
 # ------------------------------------------------------------------------- weights only

@@ -69,7 +69,6 @@ class Trainer:
         self.model = self._wrap(self.gpt)
         self.optimizer = build_optimizer(cfg, [self.model])
         self.flops_per_token = flops_per_token(cfg, self.vocab_size)
-        self.metrics = MetricsLogger(cfg, enabled=self.is_logger)
         t = cfg.train
         self.guard = StepGuard(skip_nonfinite=t.skip_nonfinite, max_consecutive_skips=t.max_consecutive_skips,
                                loss_spike_factor=t.loss_spike_factor)
@@ -92,6 +91,8 @@ class Trainer:
         # the lr schedule (segments) and wandb run id; a resume replaces it (continuation.py)
         self.run_state = continuation.RunState.fresh(cfg)
         self._load_checkpoint()
+        # opened once the checkpoint has loaded: a refused resume leaves no new file behind
+        self.metrics = MetricsLogger(cfg, enabled=self.is_logger)
         self.metrics.start_wandb(self.run_state.wandb_run_id)
         self._write_run_info()
 
@@ -150,9 +151,10 @@ class Trainer:
                                       tokenizer=self.tokenizer_identity)
             return
         # a changed schedule, length, batch or data must be stated (one error line otherwise)
-        self.run_state = continuation.check_resume(path, self.cfg, self.run_state)
+        self.run_state, notes = continuation.check_resume(path, self.cfg, self.run_state)
         meta = checkpointing.load_checkpoint(path, model=self.gpt, optimizer=self.optimizer, cfg=self.cfg,
                                              tokenizer=self.tokenizer_identity, verified=True)
+        continuation.print_notes(notes)   # the stated changes, once the resume really happens
         self.iteration, self.consumed_samples = meta["iteration"], meta["consumed_samples"]
         extra = meta["extra"]
         self.guard.load_state_dict(extra.get("guard", {}))
@@ -371,7 +373,9 @@ class Trainer:
                     self.metrics.log({"iter": self.iteration, "val_loss": last_val},
                                      stdout=f" validation loss at iteration {self.iteration}: {last_val:.6E} |")
             stop = self._should_stop()
-            exit_now = t.exit_interval is not None and self.iteration >= t.exit_interval
+            # Megatron-LM's --exit-interval: stop after a step that is a multiple of it (a run
+            # resumed at 90 with exit_interval=60 stops at 120, not after its first step)
+            exit_now = t.exit_interval is not None and self.iteration % t.exit_interval == 0
             periodic = cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0
             if periodic or ((stop or exit_now) and cfg.checkpoint.save_on_exit):
                 collector.checkpoint()

@@ -10,9 +10,13 @@ warmup 2): `base` trains 6 steps and saves at 3 and 6; the resumes start from th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -170,6 +174,83 @@ def test_extend_to_a_horizon_before_the_resume_step_is_refused():
                                  _cfg("train.iters=20", "optimizer.decay_iters=8", "train.continue_with=extend"), "ck")
 
 
+WRITES = ["checkpoint.save_dir=ck", "logging.dir=log"]   # a training run: it would rewrite its config files
+
+
+@pytest.mark.parametrize("iteration, overrides, advice", [
+    (6, ["train.iters=3"], ["train.iters=12", "train.continue_with=extend"]),  # `make quickstart` after extending
+    (6, ["train.iters=3", "train.continue_with=extend"],                   # the old advice, followed
+     ["train.iters=12", "train.continue_with=extend"]),
+    (3, ["train.iters=2"], ["train.iters=6"]),                             # unfinished: its own length
+    (6, ["optimizer.lr=1e-3"], ["train.iters=12", "checkpoint.override_scheduler=true"]),
+    (6, ["train.seed=7", "train.global_batch_size=8"],
+     ["train.iters=12", "'train.continue_with=[extend,new_data,new_batch_size]'"]),
+])
+def test_a_checkpoint_at_or_past_train_iters_is_refused_naming_a_resume_that_trains(iteration, overrides, advice):
+    """train.iters <= the checkpoint's iteration: one line, whatever else changed, and its
+    advice, followed, plans a resume that trains (never one refused next, or a no-op)."""
+    meta = _meta(_cfg(), iteration=iteration)
+    with pytest.raises(CheckpointError) as e:
+        continuation.plan_resume(meta, _cfg(*WRITES, *overrides), "ck/iter")
+    msg = str(e.value)
+    assert "\n" not in msg and f"checkpoint ck/iter is already at iteration {iteration}" in msg, msg
+    assert "nothing to train" in msg and re.search(rf"To train on from it, set {re.escape(' '.join(advice))}( \(it "
+                                                   r"also states this config's other changes: [^)]*\))?; ", msg), msg
+    assert "its own checkpoint.save_dir" in msg and "checkpoint.load=ck/iter checkpoint.load_mode=weights_only" in msg
+    followed = _cfg(*WRITES, *overrides, *[a.strip("'") for a in advice])
+    state, _ = continuation.plan_resume(meta, followed, "ck/iter")
+    assert followed.train.iters > iteration
+
+
+def test_a_complete_run_started_again_as_it_was_is_not_refused():
+    """A requeued job of a finished run: nothing to train, exit 0 (Megatron-LM's behaviour). The
+    same length with anything else changed is refused (it would record a run that never was)."""
+    meta = _meta(_cfg(), iteration=6)
+    state, lines = continuation.plan_resume(meta, _cfg(*WRITES), "ck")
+    assert lines == []
+    with pytest.raises(CheckpointError, match="nothing to train"):
+        continuation.plan_resume(meta, _cfg(*WRITES, "train.seed=7", "train.continue_with=new_data"), "ck")
+    with pytest.raises(CheckpointError, match="nothing to train"):      # unfinished run, cut to its step
+        continuation.plan_resume(_meta(_cfg(), iteration=3), _cfg(*WRITES, "train.iters=3"), "ck")
+
+
+def test_a_finished_checkpoint_read_by_a_trainer_that_writes_nothing_is_not_refused():
+    # scripts/export_merged_checkpoint.py, the evaluation oracles: no save_dir, no logging.dir
+    state, lines = continuation.plan_resume(_meta(_cfg(), iteration=6), _cfg(), "ck")
+    assert lines == []
+
+
+def test_the_old_length_of_a_complete_run_is_not_offered_as_a_way_on():
+    # 6 of 6 done, asked for 10: "put the old values back" would be train.iters=6, a no-op
+    with pytest.raises(CheckpointError) as e:
+        continuation.plan_resume(_meta(_cfg(), iteration=6), _cfg(*WRITES, "train.iters=10"), "ck")
+    assert "put the old values back" not in str(e.value) and "train.continue_with=extend" in str(e.value)
+    with pytest.raises(CheckpointError) as e:
+        continuation.plan_resume(_meta(_cfg(), iteration=6), _cfg(*WRITES, "train.iters=10", "train.seed=3"), "ck")
+    assert "or put the old values back but train.iters (its run is complete)" in str(e.value)
+    # an unfinished run's old values are a way on
+    with pytest.raises(CheckpointError, match="; or put the old values back;"):
+        continuation.plan_resume(_meta(_cfg(), iteration=3), _cfg(*WRITES, "train.iters=10"), "ck")
+
+
+def test_another_precision_is_refused_before_a_tensor_is_read_unless_resharded(monkeypatch):
+    from megatron.training import checkpointing
+
+    meta = _meta(_cfg())
+    with pytest.raises(CheckpointError) as e:
+        checkpointing.check_compatible(meta, _cfg("train.precision=bf16"), "ck")
+    msg = str(e.value)
+    assert "\n" not in msg and "train.precision: checkpoint 'fp32', config 'bf16'" in msg, msg
+    assert "resume with train.precision=fp32" in msg and "checkpoint.load_mode=weights_only" in msg
+    checkpointing.check_compatible(meta, _cfg(), "ck")
+    # a checkpoint converted at load (another TP size with FP4 optimizer state) goes through
+    # FP32 masters, which either precision takes (measured: q_adamw TP=2 bf16 -> TP=1 fp32 and
+    # fp32 -> bf16 resume with the losses of a same-precision resume)
+    monkeypatch.setattr(checkpointing.ps, "model_parallel_is_initialized", lambda: True)
+    monkeypatch.setattr(checkpointing.reshard, "needs_reshard", lambda meta, cfg: True)
+    checkpointing.check_compatible(meta, _cfg("train.precision=bf16"), "ck")
+
+
 @pytest.mark.parametrize("overrides, text", [
     (["checkpoint.override_scheduler=true", "train.continue_with=extend"], "keep one"),
     (["train.continue_with=longer"], "train.continue_with takes distinct values"),
@@ -214,7 +295,7 @@ def test_resume_refusals_exit_2_with_one_line_and_write_nothing(base):
     cfg = helpers.base_config(base)
     procs = {}
     for name, ov in (("warmup", ["optimizer.warmup_iters=3"]), ("iters", ["train.iters=10"])):
-        procs[name] = helpers.start(cfg, COMMON + ov + [f"checkpoint.load={base}/ck/iter_0000006",
+        procs[name] = helpers.start(cfg, COMMON + ov + [f"checkpoint.load={base}/ck/iter_0000003",
                                                         f"checkpoint.save_dir={base}/refused_{name}",
                                                         f"logging.dir={base}/refused_{name}_log"],
                                     log=os.path.join(base, f"refused_{name}.txt"))
@@ -271,6 +352,124 @@ def test_override_scheduler_ramps_over_the_new_warmup(base):
     assert "checkpoint.override_scheduler=true: optimizer.lr 0.003 → 0.001" in out
 
 
+def _copy_run(base, dst):
+    """A run directory of its own: the base run's checkpoints and logging dir, copied."""
+    shutil.copytree(os.path.join(base, "ck"), os.path.join(dst, "ck"), ignore=shutil.ignore_patterns(".lock"))
+    shutil.copytree(os.path.join(base, "log"), os.path.join(dst, "log"))
+    helpers.base_config(dst)   # the run's (almost empty) YAML, written before any snapshot
+    return [f"checkpoint.save_dir={dst}/ck", f"logging.dir={dst}/log"]
+
+
+def snapshot(root: str) -> dict:
+    """Every file (content hash) and directory under root, but the save_dir lock: its holder
+    record is save_lock.py's bookkeeping of who runs, rewritten by every start."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs:
+            out[os.path.relpath(os.path.join(d, n), root) + "/"] = None
+        for n in files:
+            if n != ".lock":
+                with open(os.path.join(d, n), "rb") as f:
+                    out[os.path.relpath(os.path.join(d, n), root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _start_split(name, d, overrides):
+    """A run with stdout and stderr kept apart (stderr must be the one error line)."""
+    out, err = open(os.path.join(d, f"{name}.out"), "w"), open(os.path.join(d, f"{name}.err"), "w")
+    p = subprocess.Popen(helpers.pretrain_cmd(helpers.base_config(d), COMMON + overrides), cwd=helpers.REPO,
+                         env=helpers.env(), stdout=out, stderr=err)
+    p.name, p.dir = name, d
+    return p
+
+
+def _finish_split(p, timeout=300):
+    rc = p.wait(timeout=timeout)
+    read = lambda ext: open(os.path.join(p.dir, f"{p.name}.{ext}")).read()  # noqa: E731
+    return rc, read("out"), read("err")
+
+
+def _one_error_line(rc, out, err):
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), (rc, out[-2000:], err[-3000:])
+    assert "Traceback" not in out + err
+    return err.strip()
+
+
+def test_a_finished_run_started_again_is_refused_and_the_advice_trains(base, tmp_path):
+    """The quickstart walk-through on the 6-step run: started again with a shorter train.iters
+    (`make quickstart` after extending), or with the advice the old refusal gave (a shorter
+    train.iters with extend), it used to exit 0 after training nothing and rewrite config.yaml;
+    now one line, nothing written, and the command it names trains steps 7..12. Started again
+    exactly as it was, it trains nothing and exits 0."""
+    runs = {}
+    for name, ov in (("shorter", ["train.iters=3"]), ("shorter_extend", ["train.iters=3", "train.continue_with=extend"])):
+        d = str(tmp_path / name)
+        os.makedirs(d)
+        dirs = _copy_run(base, d)
+        runs[name] = (d, dirs, snapshot(d), _start_split(name, d, dirs + ov))
+    advice = {}
+    for name, (d, dirs, before, p) in runs.items():
+        line = _one_error_line(*_finish_split(p))
+        assert f"{d}/ck/iter_0000006 is already at iteration 6 (its run is complete) and train.iters is" in line, line
+        assert "[checkpoint] resumed" not in open(os.path.join(d, f"{name}.out")).read()
+        os.remove(os.path.join(d, f"{name}.out")), os.remove(os.path.join(d, f"{name}.err"))
+        assert snapshot(d) == before, name
+        advice[name] = re.search(r"To train on from it, set (.*?); to start", line).group(1).split()
+    assert advice["shorter"] == advice["shorter_extend"] == ["train.iters=12", "train.continue_with=extend"]
+    d, dirs, _, _ = runs["shorter"]
+    rc, out, err = _finish_split(_start_split("again", d, dirs))          # as it was: done, exit 0
+    assert rc == 0 and "Traceback" not in err, out[-2000:] + err[-3000:]
+    assert not os.path.exists(f"{d}/ck/iter_0000007") and sorted(helpers.read_metrics(f"{d}/log")[0]) == list(range(1, 7))
+    rc, out, err = _finish_split(_start_split("followed", d, dirs + advice["shorter"]))
+    assert rc == 0, out[-2000:] + err[-3000:]
+    assert "[checkpoint] train.continue_with=extend: train.iters 6 → 12" in out
+    train, _ = helpers.read_metrics(f"{d}/log")
+    assert sorted(train) == list(range(1, 13))
+    assert os.path.isdir(f"{d}/ck/iter_0000012")
+
+
+def test_resumes_refused_at_load_print_one_line_and_no_extend_note(base, tmp_path):
+    """Another train.precision (it used to be a KeyError from inside torch.distributed.checkpoint,
+    after the extend note) and another distributed-optimizer setting (refused at load, after the
+    extend note): one line each, no note, nothing written (no TensorBoard file either: the
+    metrics logger opens once the checkpoint has loaded)."""
+    runs = {}
+    for name, ov in (("bf16", ["train.precision=bf16"]), ("distopt", ["parallel.use_distributed_optimizer=true",
+                                                                        "logging.tensorboard=true"])):
+        d = str(tmp_path / name)
+        os.makedirs(d)
+        dirs = _copy_run(base, d)
+        runs[name] = (d, snapshot(d), _start_split(name, d, dirs + ov + ["train.iters=8", "train.continue_with=extend"]))
+    for name, (d, before, p) in runs.items():
+        rc, out, err = _finish_split(p)
+        line = _one_error_line(rc, out, err)
+        assert "[checkpoint] train.continue_with=extend" not in out, out[-2000:]
+        if name == "bf16":
+            assert line == (f"error: checkpoint {d}/ck/iter_0000006 does not match this config: train.precision: "
+                            "checkpoint 'fp32', config 'bf16' (a full resume keeps the optimizer state, whose form "
+                            "depends on train.precision: resume with train.precision=fp32, or start a new run from "
+                            f"its weights with checkpoint.load={d}/ck/iter_0000006 checkpoint.load_mode=weights_only, "
+                            "which takes another precision, and its own checkpoint.save_dir)"), line
+        else:
+            assert "parallel.use_distributed_optimizer=false and this run has true" in line, line
+        os.remove(os.path.join(d, f"{name}.out")), os.remove(os.path.join(d, f"{name}.err"))
+        assert snapshot(d) == before, name
+
+
+def test_exit_interval_on_a_resumed_run_stops_at_its_next_multiple(base, tmp_path):
+    """Megatron-LM's --exit-interval: stop after a step that is a multiple of it. Resumed at 6
+    with exit_interval=4 the run stops at 8 (it used to stop at 7, after one step)."""
+    d = str(tmp_path)
+    dirs = _copy_run(base, d)
+    rc, out, err = _finish_split(_start_split("exit", d, dirs + ["train.iters=12", "train.continue_with=extend",
+                                                                 "train.exit_interval=4"]))
+    assert rc == 0, out[-2000:] + err[-3000:]
+    assert "[train] stopping at iteration 8 (train.exit_interval=4)" in out, out[-2000:]
+    train, _ = helpers.read_metrics(f"{d}/log")
+    assert sorted(train) == list(range(1, 9))
+    assert sorted(n for n in os.listdir(f"{d}/ck") if n.startswith("iter_"))[-1] == "iter_0000008"
+
+
 # ------------------------------------------------------------------------- weights only
 _dist = pytest.fixture(scope="module")(helpers.in_process_megatron)
 
@@ -303,9 +502,11 @@ def test_weights_only_loads_the_weights_and_nothing_else(base, tmp_path, _dist):
     assert all(not o.optimizer.state for o in ft.optimizer.chained_optimizers)   # fresh optimizer state
     assert ft.run_state.lr(0) == pytest.approx(LR / WARMUP, rel=1e-15)          # fresh schedule
     ft.train()
-    # restarted, the fine-tune resumes its own checkpoint in full, not the source weights
+    # restarted (to train on: a restart with nothing left to train is refused), the fine-tune
+    # resumes its own checkpoint in full, not the source weights
     again = _trainer(f"checkpoint.load={base}/ck/iter_0000006", "checkpoint.load_mode=weights_only",
-                     f"checkpoint.save_dir={tmp_path}/ft", "logging.dir=null", "train.iters=2")
+                     f"checkpoint.save_dir={tmp_path}/ft", "logging.dir=null", "train.iters=3",
+                     "train.continue_with=extend")
     assert again.iteration == 2
     for k, v in ft.gpt.state_dict().items():
         if v is not None:
@@ -384,7 +585,7 @@ def test_wandb_resumes_the_run_id_kept_in_the_checkpoint(tmp_path, monkeypatch, 
     assert run_id and fake.inits[0]["resume"] == "allow" and fake.inits[0]["mode"] == "offline"
     meta = json.load(open(os.path.join(tmp_path, "ck", "iter_0000002", "meta.json")))
     assert meta["wandb_run_id"] == run_id
-    _trainer(*common, "checkpoint.load=auto")
+    _trainer(*common, "checkpoint.load=auto", "train.iters=3", "train.continue_with=extend")
     assert fake.inits[1]["id"] == run_id and fake.inits[1]["resume"] == "allow"
     _trainer(*common, "checkpoint.load=none", f"checkpoint.save_dir={tmp_path}/other")
     assert fake.inits[2]["id"] != run_id   # a new run, a new id
