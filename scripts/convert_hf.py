@@ -456,6 +456,9 @@ def _write_files(tmp: str, hf: dict, cfg, s: dict, vocab: int, target, tokenizer
     from safetensors.torch import save_file
 
     save_file(hf, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    mask = os.umask(0)
+    os.umask(mask)   # safetensors writes 0600; the folder's other files follow the umask: so does it
+    os.chmod(os.path.join(tmp, "model.safetensors"), 0o666 & ~mask)
     tok = _write_tokenizer(cfg, tokenizer, tmp, cfg.model.seq_length)
     m = cfg.model
     config = {

@@ -274,6 +274,23 @@ def _checkpoint_tokenizer(spec: str) -> str | None:
     return (checkpointing.check_complete(ckpt).get("config", {}).get("data") or {}).get("tokenizer")
 
 
+def _check_heldout_tokenizer(valid_prefix: str, tok_path: str | None, tok) -> None:
+    """The held-out tokens were made with the tokenizer the model is scored with, where
+    preprocess_data.py recorded theirs (PREFIX.tokenizer.json): ids of another tokenizer give a
+    perplexity that means nothing. UserError otherwise."""
+    from megatron.training.data import read_tokenizer_record
+    from megatron.training.errors import UserError
+    from megatron.training.tokenizer import load_tokenizer
+
+    record = read_tokenizer_record(valid_prefix, "valid_path")
+    if record is None or tok_path is None:
+        return
+    if record["sha256"] != (tok or load_tokenizer(tok_path)).unique_identifiers["sha256"]:
+        raise UserError(f"--valid-prefix {valid_prefix} was tokenized with {record.get('tokenizer', '?')}, "
+                        f"not with {tok_path}, the tokenizer the model is scored with: tokenize the held-out "
+                        f"text again with scripts/preprocess_data.py --tokenizer {tok_path}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     d = args.data
@@ -328,6 +345,7 @@ def main(argv=None) -> int:
                 if not os.path.isfile(valid_prefix + ext):
                     raise UserError(f"held-out split not found: {valid_prefix + ext} (--valid-prefix names "
                                     "an indexed dataset, --text scores text files)")
+            _check_heldout_tokenizer(valid_prefix, tok_path, tok)
             stream = heldout_stream(valid_prefix)
         results = {}
         for spec in args.checkpoint:

@@ -181,6 +181,10 @@ def test_export_bf16_run_matches_transformers(tmp_path, tokenizer, bf16_run):
     cfg, overrides, ckpt, out = bf16_run
     conf = compare_export(tmp_path, cfg, overrides, ckpt, out, tokenizer)
     assert conf["torch_dtype"] == "bfloat16"  # a BF16 run's weights, losslessly
+    mask = os.umask(0)
+    os.umask(mask)   # readable as the user's other files are (safetensors alone writes 0600)
+    for name in ("model.safetensors", "config.json"):
+        assert os.stat(os.path.join(out, name)).st_mode & 0o777 == 0o666 & ~mask, name
 
 
 def test_export_lora_svd_merged_matches_transformers(tmp_path, tokenizer):

@@ -328,6 +328,13 @@ def test_hugging_face_tokenizer_json_preprocess_train_evaluate(toy, tmp_path):
         assert out["meta"]["tokenizer"] == tok_json  # the checkpoint's own tokenizer
         results.append(next(iter(out["results"].values()))["heldout"])
     assert results[0] == results[1] and 1.0 < results[0]["perplexity"] < 420
+    # held-out tokens made with another tokenizer (the toy corpus's SentencePiece, recorded by
+    # preprocess_data beside them): one error line, no perplexity of meaningless ids
+    p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "evaluate.py"), "--checkpoint", ckpt,
+                        "--valid-prefix", f"{toy}/valid_text_document", "--cloze-items", "0"],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and len(errors) == 1 and "was tokenized with" in errors[0], p.stderr[-2000:]
 
 
 def test_bad_tokenizer_is_one_error_line_in_every_mode(toy, tmp_path):
