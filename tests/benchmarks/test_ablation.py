@@ -43,6 +43,7 @@ def metrics(rd):
     return train, val
 
 
+@pytest.mark.long   # several training runs end to end (make test-all)
 def test_ablation_resumes_skips_and_tabulates(tmp_path):
     data = make_toy_data(str(tmp_path / "data"))
     out = str(tmp_path / "abl")

@@ -187,6 +187,7 @@ def test_export_bf16_run_matches_transformers(tmp_path, tokenizer, bf16_run):
         assert os.stat(os.path.join(out, name)).st_mode & 0o777 == 0o666 & ~mask, name
 
 
+@pytest.mark.long   # several training runs end to end (make test-all)
 def test_export_lora_svd_merged_matches_transformers(tmp_path, tokenizer):
     cfg, overrides, ckpt, out = train_and_export(
         tmp_path, tokenizer, ["train.precision=bf16", "fp4.linear=lora_svd", "fp4.lora_svd.rank=8"])
@@ -340,6 +341,7 @@ sys.exit(convert_hf.main(sys.argv[2:]))
 """
 
 
+@pytest.mark.long   # several exports end to end (make test-all)
 def test_failed_export_leaves_nothing_behind(tmp_path, bf16_run):
     ckpt = bf16_run[2]
     bad_tok = tmp_path / "bad.model"

@@ -71,6 +71,7 @@ def _copy(finished: str, dst: str) -> str:
     return dst
 
 
+@pytest.mark.long   # several training runs end to end (make test-all)
 def test_started_again_when_complete_it_refuses_in_one_line_before_anything_runs(finished, tmp_path):
     """`make quickstart` (300 steps) after the run was extended to 600 by the closing hint used to
     be refused with advice (a shorter train.iters with extend) that then trained nothing, exited

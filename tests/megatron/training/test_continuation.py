@@ -395,6 +395,7 @@ def _one_error_line(rc, out, err):
     return err.strip()
 
 
+@pytest.mark.long   # several training runs end to end (make test-all)
 def test_a_finished_run_started_again_is_refused_and_the_advice_trains(base, tmp_path):
     """The quickstart walk-through on the 6-step run: started again with a shorter train.iters
     (`make quickstart` after extending), or with the advice the old refusal gave (a shorter
