@@ -169,9 +169,12 @@ def family_lr_from(path: str) -> str:
             doc = json.load(f)
     except (OSError, ValueError) as e:
         raise UsageError(f"--family-lr-from {path}: cannot read it as JSON ({e.__class__.__name__}: {e})") from None
-    value = doc.get("tuned", {}).get("family_lr") if isinstance(doc, dict) and doc.get("table") == "lr_sweep" else None
-    if value is None:
+    if not isinstance(doc, dict) or doc.get("table") != "lr_sweep":
         raise UsageError(f"--family-lr-from {path}: not the lr_sweep.json of benchmarks/lr_sweep.py")
+    value = (doc.get("tuned") or {}).get("family_lr")
+    if value is None:
+        raise UsageError(f"--family-lr-from {path}: a sweep tabulated without its choice (an older "
+                         "lr_sweep.py): run lr_sweep.py again with the same arguments and --report-only")
     if not value:
         raise UsageError(f"--family-lr-from {path}: the sweep chose no lr yet (no arm's grid is complete "
                          "on every corpus: see its lr_sweep.md)")

@@ -328,8 +328,11 @@ def test_ablation_family_lr_from_a_sweep(tmp_path, capsys):
     sweep_json.write_text(json.dumps({"table": "lr_sweep", "rows": [], "tuned": {"family_lr": ""}}))
     not_a_sweep = tmp_path / "ablation.json"
     not_a_sweep.write_text(json.dumps({"meta": {}, "rows": []}))
+    older = tmp_path / "older_sweep.json"
+    older.write_text(json.dumps({"table": "lr_sweep", "rows": []}))
     for extra, msg in ((["--family-lr-from", str(sweep_json)], "the sweep chose no lr yet"),
                        (["--family-lr-from", str(not_a_sweep)], "not the lr_sweep.json"),
+                       (["--family-lr-from", str(older)], "--report-only"),
                        (["--family-lr-from", str(tmp_path / "missing.json")], "cannot read it as JSON"),
                        (["--family-lr-from", str(not_a_sweep), "--family-lr", "adamw=1e-3"], "not both")):
         assert A.main([*base, "--arms", "bf16", *extra]) == 2
