@@ -25,7 +25,7 @@ import torch
 
 from tests.megatron.training import helpers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]   # multi-process runs, ~40 s a module: make test-all
 STEPS = 2
 MATRICES = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")
 LR, WD = 2e-3, 0.1

@@ -36,7 +36,7 @@ import torch
 
 from tests.megatron.training import helpers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]   # multi-process runs, ~40 s a module: make test-all
 N = 2
 FIRST_RTOL, NEXT_RTOL = 2e-3, 1.5e-3
 COMMON = ["model.num_layers=2", "fp4.linear=lora_svd", "optimizer.name=q_adamw",
