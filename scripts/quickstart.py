@@ -4,9 +4,10 @@ A tiny Llama-style model (4 layers, width 128) on Shakespeare + Milton, a few hu
 a few minutes on 2 CPU cores (or seconds on a GPU). It resumes if a previous quickstart left
 a checkpoint, and ends by comparing the validation loss with the unigram entropy of the
 held-out text: a model that learned nothing beyond token frequencies sits at that entropy.
-Run again once complete, it stops at once with one `error:` line (nothing to train) that
-gives the command to train on and `make clean-quickstart` (deletes runs/quickstart and
-data/quickstart) to start over. Any arguments are config overrides, passed on to
+Run again once complete, it trains nothing and prints its summary again; asked for fewer
+steps than its checkpoint already has (after the 600-step hint, say), it stops at once with
+one `error:` line that gives the command to train on and `make clean-quickstart` (deletes
+runs/quickstart and data/quickstart) to start over. Any arguments are config overrides, passed on to
 pretrain_gpt.py (e.g. `train.precision=bf16` on a GPU).
 """
 from __future__ import annotations
