@@ -18,7 +18,9 @@ from megatron.training.guards import DivergenceError
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="YAML run config")
     p.add_argument("--dry-run", action="store_true", help="validate, build the model on the meta device, print, exit")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.iters=100")

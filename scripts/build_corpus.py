@@ -30,7 +30,6 @@ Sizes (train side after the split; tokens with a 4096-piece SentencePiece model 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -175,7 +174,9 @@ def is_complete(out):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--size", choices=["small", "large", "xl"], default=None)
     src.add_argument("--from-dir", help="your own text: every *.txt below it is a document; "

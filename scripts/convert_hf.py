@@ -685,7 +685,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_hf_logits"]:  # internal: the Hugging Face side of --check (hf_logits)
         return _hf_logits_child(*argv[1:3])
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="our checkpoint -> Hugging Face Llama folder")
     e.add_argument("--src", required=True, help="checkpoint dir (iter_N) or save_dir (its newest)")

@@ -237,7 +237,9 @@ def _git_commit() -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", action="append", default=[], metavar="[NAME=]PATH",
                    help="checkpoint dir or save_dir; repeat for several (one process, one cloze file)")
     p.add_argument("--data", default="data/quickstart",

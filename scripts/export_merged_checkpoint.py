@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import os
 import sys
 
@@ -97,7 +96,9 @@ def export(src: str, out: str, *, check: bool = False) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", required=True, help="a lora_svd checkpoint dir (iter_N) or its save_dir")
     p.add_argument("--out", default=None, help="save_dir of the export (default: <src save_dir>/merged)")
     p.add_argument("--check", action="store_true", help="evaluate lora (NVFP4 / exact) and merged losses")

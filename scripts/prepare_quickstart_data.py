@@ -23,7 +23,6 @@ interrupted run is detected and redone:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import math
@@ -176,7 +175,9 @@ def prepare(out, log=print):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="data/quickstart")
     args = p.parse_args(argv)
     from _corpus.sources import SourceError

@@ -31,7 +31,6 @@ refuses a prefix made with a tokenizer other than `data.tokenizer`
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -204,7 +203,9 @@ def write_indexed_dataset(documents, model_path, output_prefix, append_eod=True,
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", nargs="+", help="text/JSONL files or globs")
     src.add_argument("--hf-dataset", help="Hugging Face dataset name (needs `datasets`)")

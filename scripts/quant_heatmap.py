@@ -18,7 +18,6 @@ or an NS matrix not sampled at that interval). ``--tensor`` keeps only that tens
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -107,7 +106,9 @@ def plot(rows, iters, matrix, out: str, title: str = "quantization telemetry") -
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("metrics", help="metrics.jsonl of a run")
     ap.add_argument("-o", "--out", default="quant_heatmap.png")
     ap.add_argument("--tensor", default=None,

@@ -18,7 +18,6 @@ Choices and why:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import re
@@ -155,7 +154,9 @@ def _train(files, vocab_size, output_prefix, out_dir, seed, threads):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from megatron.training.errors import ArgumentParser  # one `error:` line, exit 2
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", nargs="+", required=True, help="text files or globs")
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--output", required=True, help="output prefix: writes PREFIX.model/.vocab")

@@ -65,3 +65,16 @@ def test_dry_run_3b_parameter_count():
     assert "DIFFERS" not in p.stdout
     assert re.search(r"hidden_size: 3072\b", p.stdout)  # the resolved config is printed
     assert re.search(r"num_layers: 28\b", p.stdout)
+
+
+def test_command_line_errors_are_one_error_line():
+    """argparse's own errors (a missing --config, an option it does not know, as a user types
+    `--train.iters=5` for `train.iters=5`) printed a usage block and `pretrain_gpt.py: error: ...`:
+    now the one `error:` line of every other bad input. --help still prints the usage."""
+    for args, needle in (([], "--config"), (["--config", "configs/quickstart.yaml", "--train.iters=5"],
+                                            "unrecognized arguments: --train.iters=5")):
+        p = run(args)
+        assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr
+        assert_one_error(p, needle, "--help")
+    p = run(["--help"])
+    assert p.returncode == 0 and p.stdout.startswith("usage: pretrain_gpt.py")

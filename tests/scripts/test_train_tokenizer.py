@@ -73,11 +73,13 @@ def test_other_bad_input_is_exit_2(tmp_path):
         (["--input", "empty.txt", "--vocab-size", "400", "--output", "tok/t"], "error: the input files contain no text"),
         (["--input", text, "--vocab-size", "400", "--output", "afile/sub/t"], "error: --output: "),
         (["--input", "cjk.txt", "--vocab-size", "400", "--output", "tok/t"], "error: --vocab-size 400 is too small"),
+        (["--vocab-size", "400", "--output", "tok/t"], "error: the following arguments are required: --input"),
     ]
     before = tree(tmp_path)
     for args, start in cases:
         p, errors = run(*args, cwd=tmp_path)
         assert p.returncode == 2 and len(errors) == 1 and errors[0].startswith(start), (args, p.stderr)
+        assert len(p.stderr.splitlines()) == 1, (args, p.stderr)   # no usage block either
         assert "Traceback" not in p.stderr and "INTERNAL" not in p.stderr
         assert tree(tmp_path) == before, args
 
