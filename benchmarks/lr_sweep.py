@@ -444,15 +444,16 @@ def main(argv=None) -> int:
     rows = summarize(points, seeds, confirm, args, status)
 
     header = header_of(args, argv, cfg.train.global_batch_size * cfg.model.seq_length)
+    md = markdown(rows, seeds, confirm, header)
     with open(os.path.join(args.out, "lr_sweep.md"), "w") as f:
-        f.write(markdown(rows, seeds, confirm, header))
+        f.write(md)
     doc = {"table": "lr_sweep", "title": header["title"], "hardware": header["hardware"],
            "software": header["software"], "date": header["date"], "commit": header["commit"],
            "command": header["command"], "rows": rows, "tuned": tuned(rows)}
     with open(os.path.join(args.out, "lr_sweep.json"), "w") as f:
         json.dump(doc, f, indent=1)
     plot(rows, os.path.join(args.out, "lr_sweep.png"), header["title"])
-    print(markdown(rows, seeds, confirm, header))
+    print(md)
     failed = [n for n, st in status.items() if st.startswith(("failed", "error"))]
     for n in failed:
         print(f"[lr_sweep] {n}: {status[n]}", flush=True)

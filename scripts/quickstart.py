@@ -63,20 +63,17 @@ def _config(argv: list[str]):
 
 
 def _newest_checkpoint(save_dir: str | None) -> tuple[str, dict] | tuple[None, None]:
-    """(path, meta.json) of the newest `iter_N/` of save_dir with a readable meta.json (the one
-    `checkpoint.load: auto` resumes unless its files are damaged), or (None, None)."""
-    from megatron.training import checkpoint_integrity as integrity
-
+    """(path, meta.json) of the checkpoint `checkpoint.load: auto` resumes (checkpointing.find_latest:
+    the newest complete one of save_dir), or (None, None)."""
     if not save_dir or not os.path.isdir(save_dir):
         return None, None
-    for _, name in integrity.iteration_dirs(save_dir):
-        path = os.path.join(save_dir, name)
-        try:
-            with open(os.path.join(path, "meta.json")) as f:
-                return path, json.load(f)
-        except (OSError, ValueError):
-            continue
-    return None, None
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core()
+    from megatron.training import checkpointing
+
+    path = checkpointing.find_latest(save_dir)
+    return (path, checkpointing.check_complete(path)) if path else (None, None)
 
 
 def refusal(argv: list[str]) -> str | None:
@@ -93,9 +90,6 @@ def refusal(argv: list[str]) -> str | None:
         return None
     # what pretrain_gpt.py would refuse first (another shape or precision), so that the command
     # advised below is one that then trains
-    from megatron.training import cpu_compat
-
-    cpu_compat.import_megatron_core()
     from megatron.training import checkpointing, continuation
     from megatron.training.errors import CheckpointError
 

@@ -31,9 +31,9 @@ also covers the run's length, batch and data, and says how to go on.
 A checkpoint already at or past `train.iters` is refused first (`nothing_to_train`): nothing
 would be trained, and the run's config.yaml would be rewritten to describe a run that never
 happened. The one exception is a complete run started again exactly as it was (a requeued job):
-it trains nothing and exits 0, as Megatron-LM does. The line names a `train.iters` that trains on from it, with the statements that
-length and the config's other changes need, checked by planning that resume (so the advice is
-never one that fails next or trains nothing). A Trainer that writes nothing (no save_dir, no
+it trains nothing and exits 0, as Megatron-LM does. The refusal names a `train.iters` that trains
+on from it, with the statements that length and the config's other changes need, checked by
+planning that resume (so the advice is never one that fails next or trains nothing). A Trainer that writes nothing (no save_dir, no
 logging.dir: a tool reading the checkpoint through this path) may load it. The lines that
 report stated changes are printed once the checkpoint has loaded (`check_resume` returns them),
 so a resume refused at load time is not announced first.
@@ -316,14 +316,14 @@ def nothing_to_train(meta: dict, cfg, path: str, *, train_on: str = "set {overri
     if cfg.train.iters > r or not (cfg.checkpoint.save_dir or cfg.logging.dir):
         return None
     saved_iters = _get(meta.get("config") or {}, "train.iters")
-    if cfg.train.iters == r == saved_iters and not any(_unstated(meta, cfg)[:4]):
+    sched, horizon, batch, data, _, _ = _unstated(meta, cfg)
+    if cfg.train.iters == r == saved_iters and not (sched or horizon or batch or data):
         return None   # a complete run started again as it was (a requeued job): done, exit 0
     overrides = train_on_overrides(meta, cfg, path)
     run = ("" if not isinstance(saved_iters, int) else f" (its run was planned for {saved_iters} steps)"
            if saved_iters > r else " (its run is complete)")
     if overrides:
         how = train_on.replace("{overrides}", " ".join(overrides))
-        sched, _, batch, data, _, _ = _unstated(meta, cfg)
         if sched or batch or data:
             how += f" (it also states this config's other changes: {_changes(sched + batch + data)})"
     else:   # no single command plans cleanly (e.g. warmup past 2R): the rule, not a command

@@ -49,6 +49,24 @@ def _check_prefixes(prefixes: Sequence[str], what: str) -> None:
         check_bin_matches_idx(prefix, what)
 
 
+def _index_header(prefix: str) -> tuple[type, int, int]:
+    """(token dtype, sequences, documents) from the 34-byte header of PREFIX.idx; ValueError when
+    it is not a megatron indexed-dataset index (version 1)."""
+    import struct
+
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
+
+    with open(prefix + ".idx", "rb") as f:
+        header = f.read(34)
+    try:
+        if len(header) < 34 or header[:9] != _INDEX_HEADER or struct.unpack("<Q", header[9:17])[0] != 1:
+            raise ValueError("bad header")
+        n_seq, n_doc = struct.unpack("<QQ", header[18:34])
+        return DType.dtype_from_code(header[17]), n_seq, n_doc
+    except (KeyError, struct.error):
+        raise ValueError("bad header") from None
+
+
 def check_bin_matches_idx(prefix: str, what: str = "path") -> None:
     """The `.idx` must be a well-formed megatron index whose size matches its counts, and the
     `.bin` exactly as long as the index says (end of the last document = its pointer + its
@@ -56,23 +74,16 @@ def check_bin_matches_idx(prefix: str, what: str = "path") -> None:
     foreign `.idx` would train silently on the wrong document map
     (tests/megatron/training/test_reliability.py::test_bin_idx_mismatch_is_one_error_line).
     Reads the header and two numbers of the index; no token is read."""
-    import struct
-
     import numpy as np
-    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
 
     idx, binf = prefix + ".idx", prefix + ".bin"
     fix = f"rebuild both with scripts/preprocess_data.py --output-prefix {prefix}"
     idx_size, bin_size = os.path.getsize(idx), os.path.getsize(binf)
     try:
-        with open(idx, "rb") as f:
-            header = f.read(34)
-        if len(header) < 34 or header[:9] != _INDEX_HEADER or struct.unpack("<Q", header[9:17])[0] != 1:
-            raise ValueError("bad header")
-        token_size = DType.size(DType.dtype_from_code(header[17]))
-        n_seq, n_doc = struct.unpack("<QQ", header[18:34])
-    except (ValueError, KeyError, struct.error):
+        dtype, n_seq, n_doc = _index_header(prefix)
+    except ValueError:
         raise ValueError(f"data.{what}: {idx} is not a megatron indexed-dataset index; {fix}") from None
+    token_size = np.dtype(dtype).itemsize
     expected_idx = 34 + n_seq * (4 + 8) + n_doc * 8
     if idx_size != expected_idx:
         raise ValueError(f"data.{what}: {idx} has {idx_size} bytes but its header describes {n_seq} "
@@ -156,18 +167,10 @@ def _out_of_range(what: str, prefix: str, token: int, configured: str, vocab_siz
 SCAN_WINDOWS, SCAN_TOKENS = 8, 1 << 17
 
 
-def _token_dtype(prefix: str):
-    from megatron.core.datasets.indexed_dataset import DType
-
-    with open(prefix + ".idx", "rb") as f:
-        header = f.read(18)  # check_bin_matches_idx has checked it
-    return DType.dtype_from_code(header[17])
-
-
 def scan_token_ids(prefix: str) -> tuple[int, int] | None:
     """(min, max) token id over SCAN_WINDOWS evenly spaced windows of SCAN_TOKENS tokens of
     PREFIX.bin (all of it when it is smaller), None when it holds no token."""
-    dtype = np.dtype(_token_dtype(prefix))
+    dtype = np.dtype(_index_header(prefix)[0])   # check_bin_matches_idx has checked the header
     n = os.path.getsize(prefix + ".bin") // dtype.itemsize
     if n == 0:
         return None
@@ -227,7 +230,8 @@ class IdGuard(torch.utils.data.Dataset):
     def __getitem__(self, idx):
         sample = self.dataset[idx]
         tokens, labels = sample["tokens"], sample["labels"]
-        lo, hi = min(int(tokens.min()), int(labels.min())), max(int(tokens.max()), int(labels.max()))
+        (lo_t, hi_t), (lo_l, hi_l) = torch.aminmax(tokens), torch.aminmax(labels)   # one pass each
+        lo, hi = min(int(lo_t), int(lo_l)), max(int(hi_t), int(hi_l))
         if lo < 0 or hi >= self.vocab_size:
             source = self.dataset
             if "dataset_id" in sample:  # a BlendedDataset: the sample came from one of its datasets
