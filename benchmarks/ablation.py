@@ -572,13 +572,27 @@ def summarize(runs: list[Run], status: dict, evals: dict, args, cfgs: dict) -> l
             "jobs": max((s.get("jobs", 1) for s in state["sessions"]), default=1) if state else 1,
             "curve": {"train": sorted(train.items()), "val": sorted(val.items())},
         })
-    base = {(run.corpus, run.seed): r for run, r in zip(runs, rows) if run.arm == "bf16"}
+    by_group = {(run.corpus, run.seed, run.arm): r for run, r in zip(runs, rows)}
     for run, r in zip(runs, rows):
-        b = base.get(run.group)
+        b = by_group.get((*run.group, "bf16"))
         for key, gap in (("val_loss", "val_gap_pct"), ("final_train_loss", "train_gap_pct")):
             ok = b and b[key] is not None and r[key] is not None
             r[gap] = 100.0 * (r[key] - b[key]) / b[key] if ok else None
+        # An FP4 arm of an orthogonal optimizer against that optimizer in BF16 (q_muon and
+        # full_stack_muon against muon, same lr, corpus and seed): the cost of its FP4 parts alone.
+        peer = optimizer_peer(run.arm, r["overrides"])
+        p = by_group.get((*run.group, peer)) if peer else None
+        ok = p and p["val_loss"] is not None and r["val_loss"] is not None
+        r["optimizer_peer"] = peer
+        r["val_gap_vs_optimizer_pct"] = 100.0 * (r["val_loss"] - p["val_loss"]) / p["val_loss"] if ok else None
     return rows
+
+
+def optimizer_peer(arm: str, switches: list[str]) -> str | None:
+    """The BF16 arm of ``arm``'s orthogonal optimizer family (``muon``, ``root``), when ``arm`` is
+    another arm of that family; None for the AdamW family, whose BF16 arm is the baseline."""
+    fam = family_of(switches)
+    return fam if fam in ORTHOGONAL_FAMILIES and fam in ARMS and arm != fam else None
 
 
 def _mean_std(values: list) -> tuple[float | None, float | None]:
@@ -597,6 +611,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
             mine = [r for r in all_runs if r["status"] == "complete"]
             val_m, val_s = _mean_std([r["val_loss"] for r in mine])
             gap_m, gap_s = _mean_std([r["val_gap_pct"] for r in mine])
+            peer_m, peer_s = _mean_std([r.get("val_gap_vs_optimizer_pct") for r in mine])
             out.append({
                 "corpus": corpus, "arm": arm, "runs": len(all_runs), "complete": len(mine),
                 "seeds": [r["seed"] for r in mine],
@@ -604,6 +619,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
                 "val_gap_pct_mean": gap_m, "val_gap_pct_std": gap_s,
                 "val_gap_pct_by_seed": {str(r["seed"]): r["val_gap_pct"] for r in mine
                                         if r["val_gap_pct"] is not None},
+                "optimizer_peer": next((r.get("optimizer_peer") for r in all_runs), None),
+                "val_gap_vs_optimizer_pct_mean": peer_m, "val_gap_vs_optimizer_pct_std": peer_s,
                 "final_train_loss_mean": _mean_std([r["final_train_loss"] for r in mine])[0],
                 "heldout_perplexity_mean": _mean_std([r["heldout_perplexity"] for r in mine])[0],
                 "cloze_greedy_accuracy_mean": _mean_std([r["cloze_greedy_accuracy"] for r in mine])[0],
@@ -698,28 +715,37 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
              "nvfp4_linear's gap: the arm's mean gap over nvfp4_linear's on that corpus; the other "
              f"columns are seed means. Final train loss: mean of the last {args.last_k} logged losses; "
              "cloze: scripts/evaluate.py (greedy; k-way)."]
+    peers = any(a["optimizer_peer"] for a in summary)
+    if peers:
+        lines[-1] += (" Gap vs its optimizer: an FP4 arm of Muon or Root against that optimizer's BF16 "
+                      "arm (same lr, corpus and seed), mean ± sd over the seeds.")
     for corpus, c in header["corpora"].items():
         lines += ["", f"### {corpus}", "",
                   f"Data `{c['data']}`: {c['train_tokens'] / 1e6:.2f}M training tokens, "
                   f"{c['epochs']:.2f} epochs a run.", "",
                   "| arm | seeds | final train loss | val loss | gap vs bf16 (val) | gap per seed | "
-                  "share of nvfp4_linear's gap | held-out ppl | cloze acc (greedy) | cloze acc (k-way) | "
+                  + ("gap vs its optimizer (val) | " if peers else "")
+                  + "share of nvfp4_linear's gap | held-out ppl | cloze acc (greedy) | cloze acc (k-way) | "
                   "wall time |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if peers else "")]
         for a in (a for a in summary if a["corpus"] == corpus):
             seeds = f"{a['complete']}" + ("" if a["complete"] == a["runs"] else f" of {a['runs']}")
             if not a["complete"]:
-                lines.append(f"| {a['arm']} | {seeds} |" + " |" * 9)
+                lines.append(f"| {a['arm']} | {seeds} |" + " |" * (10 if peers else 9))
                 continue
             gap = ("0 (baseline)" if a["arm"] == "bf16"
                    else _pm(a["val_gap_pct_mean"], a["val_gap_pct_std"], "+.2f", "%"))
             per_seed = ", ".join(f"{g:+.2f}" for g in a["val_gap_pct_by_seed"].values()) if a["arm"] != "bf16" else ""
+            vs_peer = ("" if not a["optimizer_peer"] else
+                       _pm(a["val_gap_vs_optimizer_pct_mean"], a["val_gap_vs_optimizer_pct_std"], "+.2f", "%")
+                       + f" vs {a['optimizer_peer']}")
             wall = "—" if a["wall_s_mean"] is None else f"{a['wall_s_mean'] / 60:.1f} min"
             if a["wall_s_mean"] is not None and a["jobs"] > 1:
                 wall += f" ({a['jobs']} at once)"
             lines.append(f"| {a['arm']} | {seeds} | {_f(a['final_train_loss_mean'], '.4f')} | "
                          f"{_pm(a['val_loss_mean'], a['val_loss_std'], '.4f')} | {gap} | {per_seed} | "
-                         f"{_f(a['share_of_nvfp4_gap'], '.2f')} | "
+                         + (f"{vs_peer} | " if peers else "")
+                         + f"{_f(a['share_of_nvfp4_gap'], '.2f')} | "
                          f"{_f(a['heldout_perplexity_mean'], '.2f')} | {_f(a['cloze_greedy_accuracy_mean'], '.3f')} | "
                          f"{_f(a['cloze_choice_accuracy_mean'], '.3f')} | {wall} |")
     return "\n".join(lines) + "\n"

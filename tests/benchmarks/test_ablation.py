@@ -273,6 +273,53 @@ def test_summary_share_of_the_nvfp4_gap():
     assert got["bf16"]["share_of_nvfp4_gap"] is None
 
 
+def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
+    """summarize() / aggregate() / markdown_grid(): q_muon and full_stack_muon are compared with
+    muon of the same corpus and seed, q_root with root; AdamW-family arms get no such peer (their
+    BF16 arm is the baseline). Validation losses written as metrics.jsonl, gaps worked by hand."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablation_peer", ABLATION)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    val = {(1, "bf16"): 4.00, (1, "muon"): 3.80, (1, "q_muon"): 3.819, (1, "full_stack_muon"): 3.838,
+           (1, "root"): 3.90, (1, "q_root"): 3.90, (1, "q_adamw"): 4.02,
+           (2, "bf16"): 4.10, (2, "muon"): 3.90, (2, "q_muon"): 3.9039, (2, "full_stack_muon"): 3.939,
+           (2, "root"): 4.00, (2, "q_root"): 4.02, (2, "q_adamw"): 4.10}
+    arms = ["bf16", "muon", "q_muon", "full_stack_muon", "root", "q_root", "q_adamw"]
+    runs = mod.plan_runs(arms, {"c": "data/c"}, [1, 2])
+    args = argparse.Namespace(out=str(tmp_path), iters=4, last_k=1, family_lrs={},
+                              switches={r.name: list(mod.ARMS[r.arm]) for r in runs})
+    for r in runs:
+        os.makedirs(os.path.join(args.out, r.name))
+        with open(os.path.join(args.out, r.name, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"iter": 4, "loss": 3.0}) + "\n")
+            f.write(json.dumps({"iter": 4, "val_loss": val[r.seed, r.arm]}) + "\n")
+    rows = mod.summarize(runs, {r.name: "complete" for r in runs}, {}, args, {})
+    by = {(r["seed"], r["arm"]): r for r in rows}
+    assert by[1, "q_muon"]["optimizer_peer"] == "muon" and by[1, "q_root"]["optimizer_peer"] == "root"
+    assert by[1, "full_stack_muon"]["optimizer_peer"] == "muon"
+    for arm in ("bf16", "muon", "root", "q_adamw"):
+        assert by[1, arm]["optimizer_peer"] is None and by[1, arm]["val_gap_vs_optimizer_pct"] is None
+    assert by[1, "q_muon"]["val_gap_vs_optimizer_pct"] == pytest.approx(0.5)        # 3.819 / 3.80 - 1
+    assert by[2, "q_muon"]["val_gap_vs_optimizer_pct"] == pytest.approx(0.1)        # 3.9039 / 3.90 - 1
+    assert by[1, "full_stack_muon"]["val_gap_vs_optimizer_pct"] == pytest.approx(1.0)
+    assert by[2, "q_root"]["val_gap_vs_optimizer_pct"] == pytest.approx(0.5)        # 4.02 / 4.00 - 1
+    assert by[1, "q_muon"]["val_gap_pct"] == pytest.approx(-4.525)                  # 3.819 / 4.00 - 1
+    summary = {a["arm"]: a for a in mod.aggregate(rows)}
+    assert summary["q_muon"]["val_gap_vs_optimizer_pct_mean"] == pytest.approx(0.3)
+    assert summary["q_muon"]["val_gap_vs_optimizer_pct_std"] == pytest.approx(0.4 / 2 ** 0.5)   # sd of 0.5, 0.1
+    assert summary["q_root"]["val_gap_vs_optimizer_pct_mean"] == pytest.approx(0.25)
+    assert summary["bf16"]["optimizer_peer"] is None
+    header = {"model": "m", "tokens_per_step": 1, "seeds": [1, 2], "device": "d", "git_commit": "0" * 10,
+              "date": "x", "command": "c", "corpora": {"c": {"data": "data/c", "train_tokens": 1e6, "epochs": 1.0}}}
+    md = mod.markdown_grid(mod.aggregate(rows), args, header)
+    q_muon = next(line for line in md.splitlines() if line.startswith("| q_muon |"))
+    assert "+0.30% ± 0.28% vs muon" in q_muon
+    assert len(q_muon.split("|")) == len(next(line for line in md.splitlines() if line.startswith("| arm |")).split("|"))
+
+
 def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, monkeypatch, capsys):
     """A fake trainer: arm `a` fails once with PyTorch's out-of-memory message while `b` runs;
     run_arms queues `a` again, lowers the arms at once to 1 and so starts it only after `b` has
