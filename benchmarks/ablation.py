@@ -49,7 +49,10 @@ run's gap is taken to the bf16 run of its own corpus and seed (paired: the seed'
 loss cancels), and the table gives, per corpus and arm, the mean and sample standard deviation
 over the seeds of the validation loss and of that gap, with the mean held-out perplexity and
 cloze accuracy, and, where nvfp4_linear is an arm, each arm's mean gap as a share of
-nvfp4_linear's (what a lever or LoRA-SVD leaves of it). OUT/ablation.json then holds the
+nvfp4_linear's (what a lever or LoRA-SVD leaves of it). An FP4 arm of Muon or Root (q_muon,
+full_stack_muon, q_root, full_stack_root) is also compared, paired the same way, with its
+optimizer's BF16 arm when that is an arm too (muon, root): the cost of its FP4 parts at the same
+lr. OUT/ablation.json then holds the
 per-run rows (with their corpus and seed) and the per-(corpus, arm) `summary`; OUT/ablation.png
 the seed-mean validation curves per corpus.
 """
