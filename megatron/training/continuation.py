@@ -33,10 +33,10 @@ would be trained, and the run's config.yaml would be rewritten to describe a run
 happened. The one exception is a complete run started again exactly as it was (a requeued job):
 it trains nothing and exits 0, as Megatron-LM does. The refusal names a `train.iters` that trains
 on from it, with the statements that length and the config's other changes need, checked by
-planning that resume (so the advice is never one that fails next or trains nothing). A Trainer that writes nothing (no save_dir, no
-logging.dir: a tool reading the checkpoint through this path) may load it. The lines that
-report stated changes are printed once the checkpoint has loaded (`check_resume` returns them),
-so a resume refused at load time is not announced first.
+planning that resume (so the advice is never one that fails next or trains nothing). A Trainer
+that writes nothing (no save_dir, no logging.dir: a tool reading the checkpoint through this
+path) may load it. The lines that report stated changes are printed once the checkpoint has
+loaded (`check_resume` returns them), so a resume refused at load time is not announced first.
 
 Why `extend` stretches the rest of the decay rather than keeping the saved horizon. Keeping
 the horizon (what Megatron-LM does when `--lr-decay-iters` stays) does not jump either, but

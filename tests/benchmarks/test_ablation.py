@@ -317,7 +317,8 @@ def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
     md = mod.markdown_grid(mod.aggregate(rows), args, header)
     q_muon = next(line for line in md.splitlines() if line.startswith("| q_muon |"))
     assert "+0.30% ± 0.28% vs muon" in q_muon
-    assert len(q_muon.split("|")) == len(next(line for line in md.splitlines() if line.startswith("| arm |")).split("|"))
+    header_row = next(line for line in md.splitlines() if line.startswith("| arm |"))
+    assert len(q_muon.split("|")) == len(header_row.split("|"))
 
 
 def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, monkeypatch, capsys):
