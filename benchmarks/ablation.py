@@ -34,7 +34,8 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
 - a complete arm records that in OUT/<arm>/ablation_run.json, so its folder without
   `checkpoints/` (metrics.jsonl, eval.json, ablation_run.json) still counts as complete: arms
   trained on different machines or sessions are tabulated together by copying those folders
-  into one --out and running `--report-only`;
+  into one --out and running `--report-only` (the table names the hardware each run recorded
+  in its run_info.json, with counts where they differ);
 - complete arms are evaluated by scripts/evaluate.py (held-out perplexity, cloze accuracy;
   one process for all of them; cached in OUT/<arm>/eval.json);
 - OUT/ablation.md and OUT/ablation.json get the table (final train loss = mean of the last
@@ -809,17 +810,23 @@ def train_tokens_of(data: str) -> int | None:
 
 
 def device_name(args, names: list[str]) -> str:
+    """The hardware that trained the runs OUT/<name>, read from their run_info.json, not this
+    machine's: a table made with --report-only from runs copied in names where they ran. Runs
+    trained on different hardware give each name with its count; a run that predates the
+    recorded name gives its torch device ("cuda:0")."""
+    counts: dict = {}
     for n in names:
         try:
-            device = json.load(open(os.path.join(args.out, n, "run_info.json")))["device"]
-        except (OSError, ValueError, KeyError):
+            with open(os.path.join(args.out, n, "run_info.json")) as f:
+                info = json.load(f)
+        except (OSError, ValueError):
             continue
-        if device.startswith("cuda"):
-            import torch
-
-            device = torch.cuda.get_device_name() if torch.cuda.is_available() else device
-        return device
-    return "?"
+        name = info.get("device_name") or info.get("device")
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+    if len(counts) <= 1:
+        return next(iter(counts), "?")
+    return ", ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def main(argv=None) -> int:

@@ -361,17 +361,11 @@ def plot(rows, path: str, title: str) -> bool:
 
 
 def header_of(args, argv, cfg_iters_tokens: int) -> dict:
+    """The table's provenance; "hardware" is filled in from the runs (ablation.device_name)."""
     from run_all import commit, software  # noqa: PLC0415 (one schema for every results JSON)
 
-    hw = None
-    try:
-        import torch
-
-        hw = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    except Exception:
-        pass
     return {"title": f"Learning-rate sweep, {args.iters} steps x {cfg_iters_tokens:,} tokens",
-            "hardware": hw, "software": software(), "commit": os.environ.get("FULLSTACK_COMMIT") or commit(),
+            "hardware": None, "software": software(), "commit": os.environ.get("FULLSTACK_COMMIT") or commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "command": shlex.join(["python", "benchmarks/lr_sweep.py",
                                    *(argv if argv is not None else sys.argv[1:])]),
@@ -444,6 +438,7 @@ def main(argv=None) -> int:
     rows = summarize(points, seeds, confirm, args, status)
 
     header = header_of(args, argv, cfg.train.global_batch_size * cfg.model.seq_length)
+    header["hardware"] = A.device_name(args, [n for n, st in status.items() if st == "complete"])
     md = markdown(rows, seeds, confirm, header)
     with open(os.path.join(args.out, "lr_sweep.md"), "w") as f:
         f.write(md)

@@ -191,8 +191,11 @@ class Trainer:
             except OSError:
                 commit = ""
             with open(os.path.join(self.cfg.logging.dir, "run_info.json"), "w") as f:
+                # device_name: the hardware that trained the run, for tables made elsewhere from
+                # its files (benchmarks/ablation.py --report-only)
+                name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
                 json.dump({"git_commit": commit, "argv": sys.argv, "world_size": dist.get_world_size(),
-                           "torch": torch.__version__, "device": str(self.device)}, f, indent=1)
+                           "torch": torch.__version__, "device": str(self.device), "device_name": name}, f, indent=1)
 
     # ---------------------------------------------------------------- steps
     def _forward_step(self, data_iterator, model):

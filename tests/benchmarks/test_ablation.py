@@ -352,3 +352,28 @@ def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, mon
     status = {}
     A.run_arms([("c", None)], Args, None, status)              # alone: no retry
     assert status["c"].startswith("failed") and len(A.load_state(Args, "c")["sessions"]) == 1
+
+
+def test_table_names_the_hardware_that_trained_its_runs(tmp_path):
+    """device_name() reads each run's run_info.json, not the machine that tabulates: one name when
+    every run agrees, each name with its count (most runs first) when runs were trained on different
+    machines, the torch device for a run that predates the recorded name, "?" without any."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablation_device", ABLATION)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    infos = {"a": {"device": "cuda:0", "device_name": "NVIDIA H200"},
+             "b": {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"},
+             "c": {"device": "cuda:0", "device_name": "NVIDIA H200"},
+             "old": {"device": "cuda:0"}}
+    for name, info in infos.items():
+        os.makedirs(tmp_path / name)
+        (tmp_path / name / "run_info.json").write_text(json.dumps(info))
+    os.makedirs(tmp_path / "no_info")
+    args = argparse.Namespace(out=str(tmp_path))
+    assert mod.device_name(args, ["a", "c"]) == "NVIDIA H200"
+    assert mod.device_name(args, ["b", "a", "c", "no_info"]) == "NVIDIA H200 (2 runs), NVIDIA H100 80GB HBM3 (1 run)"
+    assert mod.device_name(args, ["old"]) == "cuda:0"
+    assert mod.device_name(args, ["no_info"]) == "?"

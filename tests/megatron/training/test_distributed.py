@@ -7,6 +7,7 @@ schedule still follows train.iters=8, so steps 1-4 are the same steps).
 """
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -49,7 +50,9 @@ def reference():
 
 def test_data_parallel_matches_one_process(tmp_path, reference):
     two, out = _two_process_run(tmp_path, [])
-    assert "world_size" in open(os.path.join(tmp_path, "log", "run_info.json")).read()
+    with open(os.path.join(tmp_path, "log", "run_info.json")) as f:
+        info = json.load(f)
+    assert info["world_size"] == 2 and info["device"] == "cpu" and info["device_name"] == "cpu"
     _compare(two, reference)
 
 
