@@ -60,6 +60,7 @@ the seed-mean validation curves per corpus.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import os
@@ -814,7 +815,7 @@ def device_name(args, names: list[str]) -> str:
     machine's: a table made with --report-only from runs copied in names where they ran. Runs
     trained on different hardware give each name with its count; a run that predates the
     recorded name gives its torch device ("cuda:0")."""
-    counts: dict = {}
+    counts: collections.Counter = collections.Counter()
     for n in names:
         try:
             with open(os.path.join(args.out, n, "run_info.json")) as f:
@@ -823,10 +824,10 @@ def device_name(args, names: list[str]) -> str:
             continue
         name = info.get("device_name") or info.get("device")
         if name:
-            counts[name] = counts.get(name, 0) + 1
+            counts[name] += 1
     if len(counts) <= 1:
         return next(iter(counts), "?")
-    return ", ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return ", ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in counts.most_common())
 
 
 def main(argv=None) -> int:

@@ -360,12 +360,12 @@ def plot(rows, path: str, title: str) -> bool:
     return A.save_figure(plt, fig, title + "  (★ best)", path)
 
 
-def header_of(args, argv, cfg_iters_tokens: int) -> dict:
-    """The table's provenance; "hardware" is filled in from the runs (ablation.device_name)."""
+def header_of(args, argv, cfg_iters_tokens: int, hardware: str) -> dict:
+    """The table's provenance; `hardware` is what trained the runs (ablation.device_name)."""
     from run_all import commit, software  # noqa: PLC0415 (one schema for every results JSON)
 
     return {"title": f"Learning-rate sweep, {args.iters} steps x {cfg_iters_tokens:,} tokens",
-            "hardware": None, "software": software(), "commit": os.environ.get("FULLSTACK_COMMIT") or commit(),
+            "hardware": hardware, "software": software(), "commit": os.environ.get("FULLSTACK_COMMIT") or commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "command": shlex.join(["python", "benchmarks/lr_sweep.py",
                                    *(argv if argv is not None else sys.argv[1:])]),
@@ -437,8 +437,8 @@ def main(argv=None) -> int:
     A.run_arms(todo, args, deadline, status, more=confirm_runs if confirm else None)
     rows = summarize(points, seeds, confirm, args, status)
 
-    header = header_of(args, argv, cfg.train.global_batch_size * cfg.model.seq_length)
-    header["hardware"] = A.device_name(args, [n for n, st in status.items() if st == "complete"])
+    header = header_of(args, argv, cfg.train.global_batch_size * cfg.model.seq_length,
+                       A.device_name(args, [n for n, st in status.items() if st == "complete"]))
     md = markdown(rows, seeds, confirm, header)
     with open(os.path.join(args.out, "lr_sweep.md"), "w") as f:
         f.write(md)

@@ -35,6 +35,15 @@ def ablation(args, timeout=600):
     return p
 
 
+def ablation_module():
+    """A fresh import of benchmarks/ablation.py (a script, not a package module): no state shared
+    between tests."""
+    spec = importlib.util.spec_from_file_location("ablation_script", ABLATION)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def metrics(rd):
     train, val = {}, {}
     for line in open(os.path.join(rd, "metrics.jsonl")):
@@ -157,13 +166,9 @@ def test_ablation_jobs_side_by_side_and_kept_results(tmp_path):
 def test_jobs_spread_over_visible_gpus(monkeypatch):
     """With several GPUs, each new arm goes to the GPU running the fewest arms (first on ties),
     named as CUDA_VISIBLE_DEVICES names it; one GPU or none: the environment is left alone."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("ablation_script", ABLATION)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = ablation_module()
     assert mod.pick_gpu([], []) is None and mod.pick_gpu(["0"], ["0", "0"]) is None
     busy = []
     for _ in range(5):
@@ -247,11 +252,7 @@ def test_summary_share_of_the_nvfp4_gap():
     """aggregate(): per corpus and arm, the seed mean / sample std of the paired gaps, the
     incomplete seed left out of them, and each arm's mean gap over nvfp4_linear's (hand-computed
     values)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ablation_script", ABLATION)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = ablation_module()
 
     def row(arm, seed, gap, status="complete"):
         return {"corpus": "c", "arm": arm, "seed": seed, "status": status,
@@ -278,11 +279,8 @@ def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
     muon of the same corpus and seed, q_root with root; AdamW-family arms get no such peer (their
     BF16 arm is the baseline). Validation losses written as metrics.jsonl, gaps worked by hand."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ablation_peer", ABLATION)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = ablation_module()
     val = {(1, "bf16"): 4.00, (1, "muon"): 3.80, (1, "q_muon"): 3.819, (1, "full_stack_muon"): 3.838,
            (1, "root"): 3.90, (1, "q_root"): 3.90, (1, "q_adamw"): 4.02,
            (2, "bf16"): 4.10, (2, "muon"): 3.90, (2, "q_muon"): 3.9039, (2, "full_stack_muon"): 3.939,
@@ -325,9 +323,7 @@ def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, mon
     """A fake trainer: arm `a` fails once with PyTorch's out-of-memory message while `b` runs;
     run_arms queues `a` again, lowers the arms at once to 1 and so starts it only after `b` has
     ended; a second out-of-memory failure of an arm running alone is its own failure."""
-    spec = importlib.util.spec_from_file_location("ablation_oom", ABLATION)
-    A = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(A)
+    A = ablation_module()
     marker = tmp_path / "a_failed_once"
     fake = {"a": f"import os,sys\nif not os.path.exists({str(marker)!r}):\n"
                  f"    open({str(marker)!r},'w').close()\n"
@@ -359,11 +355,8 @@ def test_table_names_the_hardware_that_trained_its_runs(tmp_path):
     every run agrees, each name with its count (most runs first) when runs were trained on different
     machines, the torch device for a run that predates the recorded name, "?" without any."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ablation_device", ABLATION)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = ablation_module()
     infos = {"a": {"device": "cuda:0", "device_name": "NVIDIA H200"},
              "b": {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"},
              "c": {"device": "cuda:0", "device_name": "NVIDIA H200"},
