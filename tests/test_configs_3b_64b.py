@@ -1,6 +1,6 @@
 """configs/3b_64b/: every arm loads and validates (or is skipped with the reason when its
 recipe has not landed), differs from base.yaml only in its recipe switches (plus its own run
-directories), matches benchmarks/bench_blocks.py's ARMS, describes a 64B-token run whose layout is
+directories and, for Root and Muon, the lr their family's rule gives), matches benchmarks/bench_blocks.py's ARMS, describes a 64B-token run whose layout is
 valid for 64 GPUs; one arm dry-runs to the 3B parameter count; the launcher's usage/command."""
 from __future__ import annotations
 
@@ -61,7 +61,19 @@ def test_arm_differs_from_base_only_in_recipe_switches(arm):
     base = flat(to_dict(load_config(os.path.join(DIR, "base.yaml"))))
     mine = flat(to_dict(cfg))
     diff = {k for k in base if base[k] != mine[k]}
-    assert diff - RECIPE_KEYS == {"checkpoint.save_dir", "logging.dir"}, diff
+    family = {"root": "root", "q_root": "root", "muon": "muon", "q_muon": "muon"}.get(mine["optimizer.name"])
+    lr_keys = {"optimizer.lr", "optimizer.min_lr", "optimizer.orthogonal.lr_scale"} if family else set()
+    assert diff - RECIPE_KEYS - lr_keys == {"checkpoint.save_dir", "logging.dir"}, diff
+    if family:
+        # docs/optimizers.md, "From the ablation model to 3B": the family's swept lr relative to
+        # AdamW's (sweep: AdamW 2e-3, Root 4e-3, Muon 3.2e-2, matrices at the rest's lr) times the
+        # AdamW anchor; Muon's matrices sqrt(3072 / 512) higher for its 1/sqrt(fan-in) update RMS
+        ratio = {"root": 4e-3 / 2e-3, "muon": 3.2e-2 / 2e-3}[family]
+        scale = {"root": 1.0, "muon": round((3072 / 512) ** 0.5, 2)}[family]
+        assert mine["optimizer.lr"] == pytest.approx(base["optimizer.lr"] * ratio)
+        assert mine["optimizer.min_lr"] / mine["optimizer.lr"] == pytest.approx(
+            base["optimizer.min_lr"] / base["optimizer.lr"])
+        assert mine["optimizer.orthogonal.lr_scale"] == pytest.approx(scale)
     assert mine["checkpoint.save_dir"] == f"runs/3b_64b/{arm}/checkpoints"
     assert mine["logging.dir"] == f"runs/3b_64b/{arm}"
     # the switches are exactly bench_blocks.py's arm of the same name (bf16 = all defaults)
