@@ -3,7 +3,7 @@
 
     python benchmarks/ablation.py [--arms bf16,q_adamw,...] [--iters 1000] [--out runs/ablation]
         [--data data/quickstart[,data/large]] [--seeds 1234[,4321,777]]
-        [--family-lr adamw=2e-3,muon=2e-3,root=4e-3/8e-3]
+        [--family-lr muon=3.2e-2,root=4e-3[/MATRIX_LR]]
         [--time-budget SECONDS] [--dry] [--report-only] [--set key=value ...]
 
 Every arm is `configs/ablation/base.yaml` (--config) + the arm's recipe switches (the same
@@ -18,7 +18,9 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
   full_stack_muon at muon's, q_root and full_stack_root at root's). LR sets `optimizer.lr` and
   `optimizer.min_lr` (the config's min/peak ratio kept); MATRIX_LR, for muon and root, the lr of
   the orthogonalised matrices (`optimizer.orthogonal.lr_scale = MATRIX_LR / LR`; without it
-  the matrices take LR too). A family not listed keeps the config's lr. `--family-lr-from
+  the matrices take LR too). A family not listed keeps the config's lr, with a one-line note;
+  without any --family-lr only Muon's and Root's arms get it (base.yaml's lr is AdamW's tuned
+  one). `--family-lr-from
   OUT/lr_sweep.json` takes the value the sweep chose (its lr per family for every corpus);
 - an arm whose newest complete checkpoint is at train.iters is complete and not run again;
 - an interrupted arm (killed, SIGTERM, --time-budget) resumes from its newest checkpoint
@@ -853,10 +855,13 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    untuned = sorted({family_of(ARMS[a]) for a in arms} - set(args.family_lrs)) if args.family_lrs else []
+    # without --family-lr the config's lr (configs/ablation/base.yaml: AdamW's tuned one) needs no
+    # note for AdamW's arms; every family left out of a given --family-lr gets one
+    listed = set(args.family_lrs) if args.family_lrs else {"adamw"}
+    untuned = sorted({family_of(ARMS[a]) for a in arms} - listed)
     if untuned:
-        print(f"[ablation] no lr given for the {', '.join(untuned)} family: its arms train at the config's lr",
-              flush=True)
+        print(f"[ablation] no lr given for the {', '.join(untuned)} family: its arms train at the config's lr "
+              "(a family's own: --family-lr, or --family-lr-from a sweep's lr_sweep.json)", flush=True)
     runs = plan_runs(arms, corpora, seeds)
     grid = len(corpora) > 1 or len(seeds) > 1
     if not grid:

@@ -309,7 +309,8 @@ def test_tuned_gaps_and_one_lr_for_every_corpus():
 
 def test_ablation_family_lr_from_a_sweep(tmp_path, capsys):
     """ablation.py --family-lr-from trains each arm at the lr the sweep chose (its JSON's
-    tuned.family_lr), says which families it has no lr for, and refuses a file that is not a
+    tuned.family_lr), says which families it has no lr for (with no --family-lr at all: every
+    family but AdamW's, whose tuned lr the config holds), and refuses a file that is not a
     sweep, a sweep that chose nothing, or both flags, with one `error:` line."""
     A = _ablation()
     data = make_toy_data(str(tmp_path / "toy"))
@@ -324,6 +325,12 @@ def test_ablation_family_lr_from_a_sweep(tmp_path, capsys):
     assert "optimizer.lr=0.004" in cmds["q_adamw"] and "optimizer.lr=0.002" in cmds["q_root"]
     assert "optimizer.orthogonal.lr_scale=4" in cmds["q_root"] and "optimizer.lr=" not in cmds["muon"]
     assert "no lr given for the muon family" in out
+    # no --family-lr: a note for the orthogonal families, none for AdamW (the config's lr is its tuned one)
+    assert A.main([*base, "--arms", "bf16,muon,q_root"]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "no lr given" in ln]
+    assert len(notes) == 1 and "the muon, root family" in notes[0], notes
+    assert A.main([*base, "--arms", "bf16,q_adamw"]) == 0
+    assert "no lr given" not in capsys.readouterr().out
 
     sweep_json.write_text(json.dumps({"table": "lr_sweep", "rows": [], "tuned": {"family_lr": ""}}))
     not_a_sweep = tmp_path / "ablation.json"
