@@ -255,8 +255,9 @@ TABLES = (
                  "--quant-stats-interval", "100"), "bench_blocks.json", 480),), conv_telemetry),
     Table("ablation", "ablation", "Convergence ablation, 8 x 512 model, 300 steps x 32,768 tokens, seed 1234, "
           "AdamW family at lr 2e-3",
-          (Step((B + "ablation.py", "--arms", ABL_ARMS, "--family-lr", "adamw=2e-3", "--iters", "300", "--jobs", "9", "--time-budget", "450",
-                 "--ppl-tokens", "65536", "--cloze-items", "200", "--out", "{raw}"), "ablation.json", 580),),
+          (Step((B + "ablation.py", "--arms", ABL_ARMS, "--family-lr", "adamw=2e-3", "--iters", "300",
+                 "--jobs", "9", "--time-budget", "450", "--ppl-tokens", "65536", "--cloze-items", "200",
+                 "--out", "{raw}"), "ablation.json", 580),),
           conv_ablation, plot="ablation.png"),
     Table("multi_gpu", "multi_gpu", "Multi-GPU layouts against one GPU, 50 steps of the ablation model",
           (Step(("scripts/multi_gpu_check.sh",), "summary.json", 590, (("MG_BUDGET", "540"),)),),

@@ -1,7 +1,8 @@
 """configs/3b_64b/: every arm loads and validates (or is skipped with the reason when its
 recipe has not landed), differs from base.yaml only in its recipe switches (plus its own run
-directories and, for Root and Muon, the lr their family's rule gives), matches benchmarks/bench_blocks.py's ARMS, describes a 64B-token run whose layout is
-valid for 64 GPUs; one arm dry-runs to the 3B parameter count; the launcher's usage/command."""
+directories and, for Root and Muon, the lr their family's rule gives), matches
+benchmarks/bench_blocks.py's ARMS, describes a 64B-token run whose layout is valid for 64 GPUs;
+one arm dry-runs to the 3B parameter count; the launcher's usage/command."""
 from __future__ import annotations
 
 import glob
@@ -50,6 +51,7 @@ def test_one_file_per_arm():
 @pytest.mark.parametrize("arm", ARM_NAMES)
 def test_arm_differs_from_base_only_in_recipe_switches(arm):
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from ablation import FAMILY_OF
     from bench_blocks import ARMS
 
     path = os.path.join(DIR, f"{arm}.yaml")
@@ -61,10 +63,10 @@ def test_arm_differs_from_base_only_in_recipe_switches(arm):
     base = flat(to_dict(load_config(os.path.join(DIR, "base.yaml"))))
     mine = flat(to_dict(cfg))
     diff = {k for k in base if base[k] != mine[k]}
-    family = {"root": "root", "q_root": "root", "muon": "muon", "q_muon": "muon"}.get(mine["optimizer.name"])
-    lr_keys = {"optimizer.lr", "optimizer.min_lr", "optimizer.orthogonal.lr_scale"} if family else set()
+    family = FAMILY_OF[mine["optimizer.name"]]
+    lr_keys = {"optimizer.lr", "optimizer.min_lr", "optimizer.orthogonal.lr_scale"} if family != "adamw" else set()
     assert diff - RECIPE_KEYS - lr_keys == {"checkpoint.save_dir", "logging.dir"}, diff
-    if family:
+    if family != "adamw":
         # docs/optimizers.md, "From the ablation model to 3B": the family's swept lr relative to
         # AdamW's (sweep: AdamW 2e-3, Root 4e-3, Muon 3.2e-2, matrices at the rest's lr) times the
         # AdamW anchor; Muon's matrices sqrt(3072 / 512) higher for its 1/sqrt(fan-in) update RMS
