@@ -374,10 +374,14 @@ def _raise_if_any_failed(failure, tmp: str, final: str) -> None:
         for part in (os.path.join(os.path.dirname(final), "latest.part"),):
             if os.path.isfile(part):
                 os.remove(part)
-    why = f"{type(failure).__name__}: {_last_line(failure)}" if failure is not None else "failed on another rank"
+    why = f"{type(failure).__name__}: {exception_brief(failure)}" if failure is not None else "failed on another rank"
+    # a write error (ENOSPC, EIO, quota) is the disk's; anything else (e.g. megatron-core
+    # refusing the state's sharding) is not, and the disk advice would send one astray
+    inner = _rank_failure(failure) or failure
+    fix = ("free disk space or change checkpoint.save_dir, then resume"
+           if inner is None or isinstance(inner, OSError) else "resume from them once the cause is fixed")
     raise CheckpointError(f"could not save checkpoint {final} ({why}); the partial save was removed "
-                          "and the checkpoints saved before are untouched — free disk space or "
-                          "change checkpoint.save_dir, then resume")
+                          f"and the checkpoints saved before are untouched — {fix}")
 
 
 def _install(tmp: str, final: str) -> None:
@@ -497,10 +501,33 @@ def _restore_adam_steps(dist_opts, state: dict) -> None:
                 st["step"] = torch.tensor(float(step), dtype=st["step"].dtype, device=st["step"].device)
 
 
-def _last_line(e: BaseException) -> str:
-    """The innermost message of a (possibly multi-line, multi-rank) exception text."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return (lines[-1] if lines else repr(e))[:300]
+def _rank_failure(e) -> BaseException | None:
+    """The first failed rank's own exception inside torch.distributed.checkpoint's
+    `CheckpointException` (``failures``: rank -> (exception, traceback)); None for any other."""
+    failures = getattr(e, "failures", None) if isinstance(e, CheckpointException) else None
+    inner = next(iter(failures.values()), None) if failures else None
+    inner = inner[0] if isinstance(inner, tuple) else inner
+    return inner if isinstance(inner, BaseException) else None
+
+
+def exception_brief(e: BaseException, limit: int = 500) -> str:
+    """One line saying what went wrong, for an ``error:`` line (the exception's type is the
+    caller's to add). torch.distributed.checkpoint's `CheckpointException` (one traceback per
+    failed rank) gives the first failed rank's own exception, ``Type: message``; any other
+    text that carries a traceback gives its last line (the innermost error). Every other
+    message keeps its head, where the message says what failed (megatron-core's
+    ``Invalid access pattern for ShardedTensor(key=...)`` is followed by a multi-line tensor
+    whose last line is only ``[[0]]], dtype=torch.int32)``): its lines joined, whitespace
+    collapsed, cut after ``limit`` characters."""
+    inner = _rank_failure(e)
+    if inner is not None:
+        return f"{type(inner).__name__}: {exception_brief(inner, limit)}"
+    text = str(e)
+    if "Traceback (most recent call last)" in text:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        text = lines[-1]
+    text = " ".join(text.split()) or repr(e)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _distopt_switch_error(meta: dict, cfg, path: str) -> str | None:
@@ -563,7 +590,7 @@ def load_checkpoint(path: str, *, model, optimizer, cfg, tokenizer: dict | None 
         raise
     except (Exception, CheckpointException) as e:  # unreadable or missing shard: report, never continue
         # (torch.distributed.checkpoint's CheckpointException derives from BaseException)
-        raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}): {_last_line(e)}; "
+        raise CheckpointError(f"checkpoint {path} could not be read ({type(e).__name__}): {exception_brief(e)}; "
                               "was it saved with another parallel layout or optimizer?") from None
     same_world = meta.get("world_size") == (dist.get_world_size() if dist.is_initialized() else 1)
     extra_file = os.path.join(path, "extra", f"rank_{rank:05d}.pt")
@@ -575,5 +602,5 @@ def load_checkpoint(path: str, *, model, optimizer, cfg, tokenizer: dict | None 
         meta["extra"] = torch.load(extra_file, weights_only=False) if os.path.isfile(extra_file) else {}
     except Exception as e:  # unpickling garbage raises anything (UnpicklingError, UnicodeDecodeError, ...)
         raise CheckpointError(f"checkpoint {path} could not be read: {os.path.relpath(reading, path)} "
-                              f"({type(e).__name__}: {_last_line(e)})") from None
+                              f"({type(e).__name__}: {exception_brief(e)})") from None
     return meta

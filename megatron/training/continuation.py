@@ -500,9 +500,8 @@ def load_weights(path: str, *, model, optimizer, cfg, tokenizer: dict | None = N
             state = dist_checkpointing.load({"model": model.sharded_state_dict()}, os.path.join(path, "dist"))
             model.load_state_dict(state["model"])
     except (Exception, CheckpointException) as e:   # CheckpointException derives from BaseException
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         raise CheckpointError(f"checkpoint {path}: its model weights could not be read ({type(e).__name__}: "
-                              f"{(lines[-1] if lines else repr(e))[:300]})") from None
+                              f"{checkpointing.exception_brief(e)})") from None
     # megatron-core's mixed-precision optimizers keep FP32 master copies made from the weights
     # they were built with: refresh them from the loaded ones (FP32 runs: a no-op)
     optimizer.reload_model_params()

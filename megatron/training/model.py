@@ -69,6 +69,9 @@ def transformer_config(cfg: RunConfig, *, use_cpu_initialization: bool,
         apply_rope_fusion=False,
         cross_entropy_loss_fusion=False,
         deallocate_pipeline_outputs=True,
+        # per-layer checkpoint keys where LoRA-SVD's factors exist in some layers only
+        # (precision.py, "Checkpoints"); megatron-core reads it in sharded_state_dict alone
+        hetereogenous_dist_checkpoint=precision.layers_differ_in_state(cfg),
     )
 
 

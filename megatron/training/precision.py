@@ -18,6 +18,17 @@ this config (a typo, a layer index past the last layer, `*.core_attention` witho
 config error naming the pattern and the modules that exist (`check_config`, called by
 `config_validate.validate_config`: the one place the map is checked).
 
+Checkpoints: megatron-core saves the layers' tensors stacked, one `ShardedTensor` per parameter
+name with the layer as its first axis (`decoder.layers.mlp.linear_fc1.weight [num_layers, ...]`),
+which needs every layer to hold the same parameters. LoRA-SVD's factors (`lora_l1` / `lora_l2`)
+exist only in the linears it replaces, so where the map keeps a linear slot in BF16 in some layers
+and not in all (`bf16_first_layers`, `bf16_last_layers`, `decoder.layers.<i>.*`), the stacked
+factor tensors would miss those layers and the save fails. Such a model saves each layer under its
+own keys (`decoder.layers.<i>.…`: megatron-core's `hetereogenous_dist_checkpoint`, set by
+`model.transformer_config` from :func:`layers_differ_in_state`); every other config keeps the
+stacked keys (NVFP4 linears and Q-Attn hold megatron's own parameters, so their checkpoints
+are unchanged).
+
 **The schedule** (`fp4.bf16_from`): an integer S ≥ 1, or a fraction f ∈ (0, 1] of `train.iters`
 meaning S = ⌊f · train.iters⌋ (computed on the decimal value, so 0.29 × 100 is 29). The first S
 optimizer steps run the configured FP4 recipes; right after step S (the trainer's `iteration`
@@ -55,8 +66,8 @@ from fractions import Fraction
 
 from megatron.training.errors import ConfigError
 
-__all__ = ["SLOTS", "fp4_module_names", "bf16_module_names", "kept_slots", "check_config",
-           "switch_step", "switch_to_bf16", "PrecisionSchedule", "SCALE_RULES", "scale_rules"]
+__all__ = ["SLOTS", "fp4_module_names", "bf16_module_names", "kept_slots", "layers_differ_in_state",
+           "check_config", "switch_step", "switch_to_bf16", "PrecisionSchedule", "SCALE_RULES", "scale_rules"]
 
 LINEAR_SLOTS = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
                 "mlp.linear_fc2")
@@ -114,6 +125,19 @@ def bf16_module_names(cfg) -> frozenset:
 def kept_slots(kept: frozenset, layer_index: int) -> frozenset:
     """The slots (:data:`SLOTS`) of layer ``layer_index`` (global) that keep BF16."""
     return frozenset(s for s in SLOTS if _layer_name(layer_index, s) in kept)
+
+
+def layers_differ_in_state(cfg) -> bool:
+    """Do the transformer layers hold different parameters? Only LoRA-SVD adds parameters to
+    the modules it replaces (its factors); a linear kept in BF16 has none. So they differ when
+    fp4.linear=lora_svd keeps some linear slot in BF16 in some layers but not in all (module
+    docstring, "Checkpoints"). Decided on the config's global layer indices, so every pipeline
+    stage (and every tool rebuilding the model from a checkpoint's config) agrees."""
+    if cfg.fp4.linear != "lora_svd":
+        return False
+    kept = bf16_module_names(cfg)
+    linear = frozenset(LINEAR_SLOTS)
+    return len({kept_slots(kept, i) & linear for i in range(cfg.model.num_layers)}) > 1
 
 
 def switch_step(cfg) -> int | None:

@@ -104,6 +104,33 @@ def test_shorthand_builds_bf16_blocks():
         assert (_is_bf16(slot, m) if name.startswith("layers.3.") else _is_fp4(slot, m, "nvfp4")), name
 
 
+@pytest.mark.parametrize("overrides, differ", [
+    (["fp4.linear=lora_svd", "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"], True),
+    (["fp4.linear=lora_svd", "fp4.keep_bf16=[decoder.layers.2.mlp.linear_fc1]"], True),
+    (["fp4.linear=lora_svd"], False),
+    (["fp4.linear=lora_svd", "fp4.keep_bf16=['*.linear_fc2']"], False),                  # alike in every layer
+    (["fp4.linear=lora_svd", "fp4.attention=q_attn", "fp4.keep_bf16=[decoder.layers.0.self_attention.core_attention]"],
+     False),                                                                               # Q-Attn holds no state
+    (["fp4.linear=nvfp4", "fp4.attention=q_attn", "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"], False),
+])
+def test_layers_differ_in_state_follows_the_built_layers(overrides, differ):
+    """Per-layer checkpoint keys exactly where the built layers hold different parameters
+    (LoRA-SVD's factors in some layers only); everything else keeps megatron-core's stacked
+    keys, so its checkpoints are unchanged. Oracle: the built model's parameter names, by layer."""
+    cfg, tr, _ = _modules(overrides + ["fp4.lora_svd.rank=8"])
+    per_layer = {}
+    for name, _ in tr.gpt.named_parameters():
+        if name.startswith("decoder.layers."):
+            i, rest = name[len("decoder.layers."):].split(".", 1)
+            per_layer.setdefault(int(i), set()).add(rest)
+    assert len(per_layer) == LAYERS
+    built_differ = len({frozenset(v) for v in per_layer.values()}) > 1
+    assert precision.layers_differ_in_state(cfg) == built_differ == differ
+    assert tr.gpt.config.hetereogenous_dist_checkpoint == differ
+    keys = tr.gpt.sharded_state_dict().values()
+    assert any(k.key.startswith("decoder.layers.0.") for k in keys if hasattr(k, "key")) == differ
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["fp4.linear=nvfp4", "fp4.keep_bf16=[decoder.layers.4.*]"],
      r"fp4.keep_bf16 pattern 'decoder.layers.4.\*' matches no FP4 module; the FP4 modules of this "

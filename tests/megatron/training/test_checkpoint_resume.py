@@ -226,3 +226,48 @@ def test_different_model_shape_refuses_to_load(runs):
     assert not os.path.exists(os.path.join(runs["dir"], "log_shape", "metrics.jsonl")) or \
         helpers.read_metrics(os.path.join(runs["dir"], "log_shape"))[0] == {}
     assert _tree_digest(runs["snap"]) == runs["snap_digest"]
+
+
+# ------------------------------------------------------------------------- a failed save's line
+def _wrapped(exc):
+    from torch.distributed.checkpoint.api import _wrap_exception
+
+    try:
+        raise exc
+    except BaseException as e:   # with its traceback, as torch wraps a rank's failure
+        return _wrap_exception(e)
+
+
+def test_failed_save_line_keeps_what_failed(tmp_path):
+    """The `error:` line of a failed save names what failed: megatron-core's sharding refusal is
+    one head line followed by a multi-line tensor (the line once showed only its last line,
+    ``[[0]]], dtype=torch.int32)``); torch.distributed.checkpoint's per-rank tracebacks give
+    the failed rank's own error. Only a write error gets the disk advice."""
+    import torch
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from megatron.training.checkpointing import _raise_if_any_failed, exception_brief
+
+    final = str(tmp_path / "iter_0000002")
+    head = ("Invalid access pattern for ShardedTensor(key='decoder.layers.self_attention.linear_proj.lora_l2', "
+            "dtype=torch.float32, global_shape=(4, 128, 8), prepend_axis_num=1)")
+    counts = torch.tensor([[[0]], [[1]], [[1]], [[0]]], dtype=torch.int32)
+    cases = [(CheckpointingException(f"{head}: {counts}"),
+              f"(CheckpointingException: {head}: tensor([[[0]], [[1]], [[1]], [[0]]], dtype=torch.int32))", False),
+             (CheckpointException("write failed", {0: _wrapped(OSError(28, "No space left on device"))}),
+              "(CheckpointException: OSError: [Errno 28] No space left on device)", True),
+             (OSError(28, "No space left on device"), "(OSError: [Errno 28] No space left on device)", True)]
+    for failure, why, disk in cases:
+        os.makedirs(final + ".tmp")
+        with pytest.raises(CheckpointError) as e:
+            _raise_if_any_failed(failure, final + ".tmp", final)
+        line = str(e.value)
+        assert "\n" not in line and f"could not save checkpoint {final} {why}; " in line, line
+        assert ("free disk space" in line) == disk, line
+        assert not os.path.exists(final + ".tmp")
+    # a traceback in the text: its innermost line; a long message: its head, cut
+    assert exception_brief(RuntimeError("Traceback (most recent call last):\n  File x\nValueError: bad")) == \
+        "ValueError: bad"
+    brief = exception_brief(RuntimeError("head " + "x" * 1000), limit=100)
+    assert brief.startswith("head x") and len(brief) == 100 and brief.endswith("…")

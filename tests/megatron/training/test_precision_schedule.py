@@ -214,3 +214,49 @@ def test_a_longer_resumed_run_switches_at_its_own_fraction(tmp_path):
     assert "[fp4.fallback]" not in r.stdout, r.stdout[-2000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[precision]")]
     assert len(lines) == 1 and lines[0].startswith("[precision] iteration 6: "), lines
+
+
+# ------------------------------------------------------------------ full_stack_levers
+def test_full_stack_levers_saves_and_resumes_exactly(tmp_path):
+    """bench_blocks' `full_stack_levers` arm (LoRA-SVD, Q-AdamW, Q-Attn, the first and the last
+    block in BF16, the last steps in BF16). The BF16 blocks carry no LoRA-SVD factors, so the
+    layers hold different parameters: megatron-core's stacked per-layer keys refused the save
+    ("Invalid access pattern for ShardedTensor(key='decoder.layers.self_attention.linear_proj.
+    lora_l2'"); such a model is saved under per-layer keys (precision.layers_differ_in_state).
+    Oracle: the uninterrupted run's losses, bit for bit, resumed before the switch (iter 2) and
+    after it (iter 4)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from benchmarks.bench_blocks import ARMS
+
+    d = str(tmp_path)
+    cfg = helpers.base_config(d)
+    # the arm's overrides, on the tiny model: the switch after step 3 of 6; Q-AdamW's 4-bit
+    # moments on every matrix of this size (its default min_numel keeps them in FP32 here)
+    run = ARMS["full_stack_levers"] + ["fp4.bf16_from=0.5", "train.iters=6", "train.eval_interval=3",
+                                       "fp4.lora_svd.rank=8", "optimizer.q_adamw.min_numel=1024"]
+    ck = [f"checkpoint.save_dir={d}/ck", "checkpoint.save_interval=2", "checkpoint.keep_last=5"]
+    straight = helpers.start(cfg, run + [f"logging.dir={d}/straight", "checkpoint.load=none"],
+                             log=f"{d}/straight.txt")
+    r = helpers.run(cfg, run + ck + [f"logging.dir={d}/from4", "train.exit_interval=4"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = [helpers.start(cfg, run + ck + [f"logging.dir={d}/from4"], log=f"{d}/from4.txt"),
+               helpers.start(cfg, run + [f"checkpoint.load={d}/ck/iter_0000002", f"checkpoint.save_dir={d}/ck2",
+                                         f"logging.dir={d}/from2"], log=f"{d}/from2.txt")]
+    # the BF16 blocks (0 and 3) carry no factors, blocks 1 and 2 carry theirs, each under its own keys
+    keys = FileSystemReader(f"{d}/ck/iter_0000002/dist").read_metadata().state_dict_metadata
+    for i in range(4):
+        for slot in precision.LINEAR_SLOTS:
+            assert (f"decoder.layers.{i}.{slot}.lora_l2" in keys) == (i in (1, 2)), (i, slot)
+            assert f"decoder.layers.{i}.{slot}.weight" in keys
+    outs = [helpers.finish(p) for p in (straight, *resumed)]
+    for rc, text in outs:
+        assert rc == 0, text[-3000:]
+    assert "resumed from" in outs[1][1] and "resumed from" in outs[2][1]
+    want_train, want_val = _losses(f"{d}/straight")
+    assert sorted(want_train) == list(range(1, 7)) and sorted(want_val) == [3, 6]
+    assert len(set(want_train.values())) == 6
+    got_train, got_val = _losses(f"{d}/from4")
+    assert got_train == want_train and got_val == want_val
+    got_train, got_val = _losses(f"{d}/from2")
+    assert got_train == {i: want_train[i] for i in range(3, 7)} and got_val == want_val
