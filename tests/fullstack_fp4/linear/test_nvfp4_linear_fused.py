@@ -256,3 +256,64 @@ def test_cuda_graph_capture_takes_the_one_call_gemms(monkeypatch):
     assert not two_pass
     assert torch.equal(y.view(torch.int16), y_eager.view(torch.int16))
     assert x.grad is not None and w.grad is not None and torch.isfinite(w.grad.float()).all()
+
+
+# ---------------------------------------------------------------- every access inside its tensors
+def _gpu_tiles(monkeypatch):
+    """The tile sizes a GPU launch takes (the interpreter's own are smaller, so masked lanes of
+    the GPU's tiles would go unexercised): 32 / 64 channel blocks a program in the two-way
+    quantizer, 256 blocks on 8 warps in the decode, the GPU's epilogue block."""
+    from fullstack_fp4.nvfp4.kernels import decode, gemm_epilogue, quantize_two_ways
+
+    monkeypatch.setattr(quantize_two_ways, "_interpreter", lambda: False)
+    monkeypatch.setattr(decode, "_flat_config", lambda: (256, 8))
+    monkeypatch.setattr(gemm_epilogue, "_INTERPRET", False)
+
+
+def test_bounds_check_catches_an_access_past_a_tensor():
+    """The check itself: a kernel reading one element past its tensor's end (into memory the
+    tensor's storage still owns, as a view of a larger buffer) is reported; the same kernel in
+    bounds is not."""
+    import triton
+    import triton.language as tl
+
+    from tests.fullstack_fp4.triton_bounds import bounds_checked
+
+    @triton.jit
+    def shifted_copy(x_ptr, y_ptr, n, shift, B: tl.constexpr):
+        o = tl.arange(0, B)
+        tl.store(y_ptr + o, tl.load(x_ptr + o + shift, mask=o < n, other=0.0), mask=o < n)
+
+    x, y = torch.zeros(100)[:16], torch.zeros(16)
+    with bounds_checked() as bad:
+        shifted_copy[(1,)](x, y, 16, 0, B=32)
+    assert bad == []
+    with bounds_checked() as bad:
+        shifted_copy[(1,)](x, y, 16, 1, B=32)
+    assert bad == [("shifted_copy", "load", 1)]
+
+
+@pytest.mark.skipif(not _INTERPRET, reason="the bounds check runs under TRITON_INTERPRET=1")
+@pytest.mark.parametrize("t, fin, fout", [
+    (40, 80, 144),                                     # a partial tile in every kernel, T padded to 48
+    pytest.param(16, 640, 1152, marks=[pytest.mark.slow, pytest.mark.long]),   # 40 / 72 blocks: a
+])                                                     # second tile of 32 / 64 channel blocks, partly masked
+def test_fused_linear_touches_only_its_tensors_at_gpu_tiles(t, fin, fout, monkeypatch):
+    """Forward and backward of the fused path at the GPU's tile sizes: no load, store or atomic
+    outside the launch's tensors (an access past a tensor faults on a GPU only when it leaves
+    mapped memory, so it shows as an intermittent launch failure there; tests/fullstack_fp4/
+    triton_bounds.py), and y, dX, dW, the saved codes equal to the reference composition's."""
+    from tests.fullstack_fp4.triton_bounds import bounds_checked
+
+    _gpu_tiles(monkeypatch)
+    x, w, dy = _data(t, fin, fout, 0)
+    with bounds_checked() as bad:
+        y, qw, qxt = lin._fused_forward(x, w, x.dtype, True, True, None)
+        dx, dw = lin._fused_backward(dy, qw, qxt, x.dtype, w.dtype, torch.Generator().manual_seed(11), None)
+    assert bad == []
+    ry, rdx, rdw, rqw, rqxt = _oracle(x, w, dy, _seeds(11, 2))
+    _eq(y, ry)
+    _eq(dx, rdx)
+    _eq(dw, rdw)
+    _eq_q(qw, rqw)
+    _eq_q(qxt, rqxt)
