@@ -75,6 +75,10 @@ ARMS = {
     # two that cost no step time where FP4 GEMMs are emulated (4/6 costs ~+23% there and did not
     # lower the gap: BENCHMARKS.md, "NVFP4 loss levers")
     "nvfp4_linear_4over6": ["fp4.linear=nvfp4", "fp4.linear_scale_rule=4over6"],
+    # 4/6 on the forward operands only: dY keeps rule 6 (its tensor scale bound stays 448, and
+    # its blocks are stochastically rounded after the choice)
+    "nvfp4_linear_4over6_xw": ["fp4.linear=nvfp4", "fp4.linear_scale_rule.x=4over6",
+                               "fp4.linear_scale_rule.w=4over6"],
     "nvfp4_linear_bf16_from": ["fp4.linear=nvfp4", "fp4.bf16_from=0.9"],
     "nvfp4_linear_keep_ends": ["fp4.linear=nvfp4", "fp4.bf16_first_layers=1", "fp4.bf16_last_layers=1"],
     "nvfp4_linear_levers": ["fp4.linear=nvfp4", "fp4.bf16_from=0.9",
