@@ -295,9 +295,11 @@ def test_bounds_check_catches_an_access_past_a_tensor():
 
 @pytest.mark.skipif(not _INTERPRET, reason="the bounds check runs under TRITON_INTERPRET=1")
 @pytest.mark.parametrize("t, fin, fout", [
-    (40, 80, 144),                                     # a partial tile in every kernel, T padded to 48
-    pytest.param(16, 640, 1152, marks=[pytest.mark.slow, pytest.mark.long]),   # 40 / 72 blocks: a
-])                                                     # second tile of 32 / 64 channel blocks, partly masked
+    # a partial tile in every kernel; the wgrad's 40 tokens zero-padded to 48
+    (40, 80, 144),
+    # 40 / 72 channel blocks: a second tile of 32 (x, W) / 64 (dY) blocks, partly masked (~45 s)
+    pytest.param(16, 640, 1152, marks=[pytest.mark.slow, pytest.mark.long]),
+])
 def test_fused_linear_touches_only_its_tensors_at_gpu_tiles(t, fin, fout, monkeypatch):
     """Forward and backward of the fused path at the GPU's tile sizes: no load, store or atomic
     outside the launch's tensors (an access past a tensor faults on a GPU only when it leaves
