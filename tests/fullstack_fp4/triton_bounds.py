@@ -14,7 +14,8 @@ access itself the failure, at any shape the interpreter can run.
 It wraps three methods of ``triton.runtime.interpreter`` (``GridExecutor._init_args_hst`` for the
 launch's tensors, ``InterpreterBuilder.create_masked_load`` / ``create_masked_store`` /
 ``create_atomic_rmw`` for the accesses); with a Triton that lacks them it raises
-``RuntimeError`` rather than checking nothing.
+``RuntimeError`` rather than checking nothing. Accesses through pointer tensors are checked;
+block pointers, tensor descriptors and ``atomic_cas`` (which no kernel here uses) are not.
 """
 
 from __future__ import annotations
