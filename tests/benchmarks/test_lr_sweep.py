@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.benchmarks.test_ablation import TINY, metrics
+from tests.benchmarks.test_ablation import ablation_module as _ablation  # a fresh import each call
 from tests.scripts.test_evaluate import REPO, env, make_toy_data
 
 SWEEP = os.path.join(REPO, "benchmarks", "lr_sweep.py")
@@ -100,13 +101,6 @@ def test_bad_grids_one_error_line(bad, msg, tmp_path):
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], p.stderr
-
-
-def _ablation():
-    spec = importlib.util.spec_from_file_location("ablation_script", os.path.join(REPO, "benchmarks", "ablation.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_family_lr_puts_each_arm_at_its_family_lr():
