@@ -170,13 +170,23 @@ def _run_worker(module: str, name: str, *args) -> None:
     """A spawned worker's entry: import megatron-core the way pretrain_gpt.py does on a CPU
     (``cpu_compat.import_megatron_core``: without TorchInductor, ~2 s less per process) before
     the target's module, which may import megatron-core itself, then run the target. The
-    target travels by name: unpickling it would import its module first."""
+    target travels by name: unpickling it would import its module first. Then the ranks meet
+    and tear their process groups down (``initialize.shutdown``) before the interpreter exits: a
+    gloo group left to the exit's destructors can abort the process ("terminate called without an
+    active exception", exit code -6) after the target has passed."""
     import importlib
+
+    import torch.distributed as dist
 
     from megatron.training import cpu_compat
 
     cpu_compat.import_megatron_core()
     getattr(importlib.import_module(module), name)(*args)
+    from megatron.training import initialize
+
+    if dist.is_initialized():
+        dist.barrier()
+    initialize.shutdown()
 
 
 def join_gloo(rank: int, world: int, init: str) -> None:
