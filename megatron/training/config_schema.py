@@ -109,7 +109,7 @@ class LoRASVDConfig:
 class LinearScaleRuleConfig:
     """Also accepts one value for all three operands (`fp4.linear_scale_rule: 4over6`)."""
     x: str = "6"  # (one value sets all three: fp4.linear_scale_rule=4over6) 6 | 4over6: block scale rule of the activations (fprop x and the wgrad's RHT(x^T)); 4over6: per block the lower-error of block max -> 6 or -> 4, tensor-scale bound 256 instead of 448 (fullstack_fp4/nvfp4/reference.py)
-    w: str = "6"  # 6 | 4over6: the weight's 16x16 tiles (W_res under lora_svd), one quantization for fprop and dgrad
+    w: str = "6"  # 6 | 4over6: the weight's 16x16 tiles (W_res under lora_svd), one quantization for fprop and dgrad; a trained W's tiles gain nothing from 4over6 (BENCHMARKS.md, NVFP4 loss levers)
     dy: str = "6"  # 6 | 4over6: the output gradient (dgrad dY and the wgrad's RHT(dY^T), stochastic rounding after the choice)
 
     @classmethod
