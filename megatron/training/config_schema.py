@@ -41,7 +41,7 @@ class ParallelConfig:
 @dataclass
 class TrainConfig:
     iters: int = 1000  # optimizer steps of the whole run (the schedule follows this)
-    continue_with: list[str] = field(default_factory=list)  # resuming with changed settings, stated: extend (train.iters / optimizer.decay_iters: the rest of the lr decay stretched to the new length, no jump) | new_data (data blend, seq length, seed) | new_batch_size; unstated changes are refused (megatron/training/continuation.py)
+    continue_with: list[str] = field(default_factory=list)  # resuming with changed settings, stated: extend (train.iters / optimizer.decay_iters: the rest of the lr decay stretched to the new length, no jump) | new_data (data blend, seq length, seed) | new_batch_size | new_precision (fp4.bf16_from, linear_scale_rule, unquantized_operands); unstated changes are refused (megatron/training/continuation.py)
     exit_interval: Optional[int] = None  # stop, with a checkpoint, after the next step that is a multiple of it (Megatron-LM --exit-interval)
     global_batch_size: int = 32  # samples per optimizer step, over all data-parallel ranks
     micro_batch_size: int = 4  # samples per forward/backward on one rank

@@ -20,6 +20,12 @@ old → new, and what to add to continue. Stating it:
 * `data.path`, `weights`, `split`, `valid_path`, `mock`, `reset_position_ids`,
   `reset_attention_mask`, `eod_mask_loss`, `model.seq_length`, `train.seed`:
   `train.continue_with: [new_data]`. The new data are read from the consumed sample count on.
+* `fp4.bf16_from`, `fp4.linear_scale_rule` (x, w, dy), `fp4.unquantized_operands`:
+  `train.continue_with: [new_precision]`. The FP4 numerics change from the resume iteration on
+  (megatron/training/precision.py). A fractional `fp4.bf16_from` left as it was follows a new
+  `train.iters` (f of the new length) without a statement; the resume reports where its switch
+  moves, and when the checkpoint already ran in BF16 and the switch moves past it, that the
+  steps up to the new switch run the FP4 recipes again.
 
 The model shape, the FP4 recipes, the optimizer, `train.precision` (unless the checkpoint is
 resharded at load) and the tokenizer (vocabulary size and file checksum) are checked by
@@ -78,7 +84,7 @@ from megatron.training.config_schema import OptimizerConfig
 from megatron.training.errors import CheckpointError, ConfigError
 from megatron.training.schedules import LRSchedule, Setting
 
-INTENTS = ("extend", "new_data", "new_batch_size")
+INTENTS = ("extend", "new_data", "new_batch_size", "new_precision")
 LOAD_MODES = ("full", "weights_only")
 SCHEDULE_KEYS = ("optimizer.lr", "optimizer.min_lr", "optimizer.schedule", "optimizer.warmup_iters",
                  "optimizer.wsd_decay_fraction", "optimizer.weight_decay")
@@ -86,6 +92,8 @@ HORIZON_KEYS = ("train.iters", "optimizer.decay_iters")
 BATCH_KEYS = ("train.global_batch_size",)
 DATA_KEYS = ("data.path", "data.weights", "data.split", "data.valid_path", "data.mock", "data.reset_position_ids",
              "data.reset_attention_mask", "data.eod_mask_loss", "model.seq_length", "train.seed")
+PRECISION_KEYS = ("fp4.bf16_from", "fp4.linear_scale_rule.x", "fp4.linear_scale_rule.w", "fp4.linear_scale_rule.dy",
+                  "fp4.unquantized_operands")
 _MISSING = object()
 
 
@@ -252,7 +260,9 @@ def _unstated(meta: dict, cfg):
     sched = changed_keys(saved_cfg, now_cfg, SCHEDULE_KEYS)
     horizon = changed_keys(saved_cfg, now_cfg, HORIZON_KEYS)
     batch = changed_keys(saved_cfg, now_cfg, BATCH_KEYS)
-    data = changed_keys(saved_cfg, now_cfg, DATA_KEYS)
+    data = changed_keys(saved_cfg, now_cfg, DATA_KEYS) + changed_keys(saved_cfg, now_cfg, PRECISION_KEYS)
+    prec = [c for c in data if c[0].startswith("fp4.")]
+    data = [c for c in data if not c[0].startswith("fp4.")]
     need_override = bool(sched) and not override   # override also covers a changed horizon
     need = set()
     if horizon and not override and not sched:
@@ -261,7 +271,9 @@ def _unstated(meta: dict, cfg):
         need.add("new_batch_size")
     if data:
         need.add("new_data")
-    return sched, horizon, batch, data, need_override, need - intents
+    if prec:
+        need.add("new_precision")
+    return sched, horizon, batch, data, prec, need_override, need - intents
 
 
 def _with(cfg, *, iters: int, continue_with: list[str], override: bool):
@@ -282,11 +294,11 @@ def train_on_overrides(meta: dict, cfg, path: str) -> list[str] | None:
     for target in targets:
         intents, override = list(cfg.train.continue_with), bool(cfg.checkpoint.override_scheduler)
         trial = _with(cfg, iters=target, continue_with=intents, override=override)
-        _, _, _, _, need_override, missing = _unstated(meta, trial)
+        *_, need_override, missing = _unstated(meta, trial)
         if need_override:   # a changed lr schedule: the new one from R (it covers the length too)
             override, intents = True, [v for v in intents if v != "extend"]
             trial = _with(cfg, iters=target, continue_with=intents, override=True)
-            missing = _unstated(meta, trial)[5]
+            missing = _unstated(meta, trial)[-1]
         intents = [v for v in INTENTS if v in set(intents) | missing]
         trial = _with(cfg, iters=target, continue_with=intents, override=override)
         try:
@@ -316,16 +328,16 @@ def nothing_to_train(meta: dict, cfg, path: str, *, train_on: str = "set {overri
     if cfg.train.iters > r or not (cfg.checkpoint.save_dir or cfg.logging.dir):
         return None
     saved_iters = _get(meta.get("config") or {}, "train.iters")
-    sched, horizon, batch, data, _, _ = _unstated(meta, cfg)
-    if cfg.train.iters == r == saved_iters and not (sched or horizon or batch or data):
+    sched, horizon, batch, data, prec, _, _ = _unstated(meta, cfg)
+    if cfg.train.iters == r == saved_iters and not (sched or horizon or batch or data or prec):
         return None   # a complete run started again as it was (a requeued job): done, exit 0
     overrides = train_on_overrides(meta, cfg, path)
     run = ("" if not isinstance(saved_iters, int) else f" (its run was planned for {saved_iters} steps)"
            if saved_iters > r else " (its run is complete)")
     if overrides:
         how = train_on.replace("{overrides}", " ".join(overrides))
-        if sched or batch or data:
-            how += f" (it also states this config's other changes: {_changes(sched + batch + data)})"
+        if sched or batch or data or prec:
+            how += f" (it also states this config's other changes: {_changes(sched + batch + data + prec)})"
     else:   # no single command plans cleanly (e.g. warmup past 2R): the rule, not a command
         how = (f"set train.iters above {r}, with train.continue_with=extend where it differs from the "
                "checkpoint's")
@@ -344,10 +356,11 @@ def plan_resume(meta: dict, cfg, path: str) -> tuple[RunState, list[str]]:
     if done:
         raise CheckpointError(done)
     intents, override = set(cfg.train.continue_with), bool(cfg.checkpoint.override_scheduler)
-    sched, horizon, batch, data, need_override, missing = _unstated(meta, cfg)
+    sched, horizon, batch, data, prec, need_override, missing = _unstated(meta, cfg)
     if need_override or missing:
         unstated = (sched + horizon if need_override else horizon if "extend" in missing else [])
         unstated += (batch if "new_batch_size" in missing else []) + (data if "new_data" in missing else [])
+        unstated += prec if "new_precision" in missing else []
         keep = (intents | missing) - ({"extend"} if need_override else set())
         add, why = [], []
         if need_override:
@@ -358,7 +371,8 @@ def plan_resume(meta: dict, cfg, path: str) -> tuple[RunState, list[str]]:
             add.append(continue_with_override([v for v in INTENTS if v in keep]))
             texts = {"extend": "extend: the rest of the lr decay stretched to the new train.iters, no lr jump",
                      "new_data": f"new_data: the new data read from sample {meta.get('consumed_samples', 0)} on",
-                     "new_batch_size": "new_batch_size: the lr schedule stays in steps"}
+                     "new_batch_size": "new_batch_size: the lr schedule stays in steps",
+                     "new_precision": f"new_precision: the new FP4 numerics from iteration {r} on"}
             why += [texts[v] for v in INTENTS if v in missing]
         back = "; or put the old values back"
         saved_iters = _get(meta.get("config") or {}, "train.iters")
@@ -405,8 +419,35 @@ def plan_resume(meta: dict, cfg, path: str) -> tuple[RunState, list[str]]:
     if data:
         lines.append(f"[checkpoint] train.continue_with=new_data: {_changes(data)}; read from sample "
                      f"{meta.get('consumed_samples', 0)} on")
+    if prec:
+        lines.append(f"[checkpoint] train.continue_with=new_precision: {_changes(prec)}; from iteration {r} on")
+    moved = _switch_moved(meta, cfg, r)
+    if moved:
+        lines.append(moved)
     state = RunState(schedule, meta.get("wandb_run_id"))
     return state, lines
+
+
+def _switch_moved(meta: dict, cfg, r: int) -> str | None:
+    """The line reporting that a fractional fp4.bf16_from, unchanged, switches at another step
+    because train.iters changed (None if it does not move)."""
+    saved = meta.get("config") or {}
+    f, saved_iters = _get(saved, "fp4.bf16_from"), _get(saved, "train.iters")
+    if (not isinstance(f, float) or f != cfg.fp4.bf16_from or not isinstance(saved_iters, int)
+            or saved_iters == cfg.train.iters):
+        return None
+    from megatron.training import precision
+
+    old = precision.switch_step(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=saved_iters)))
+    new = precision.switch_step(cfg)
+    if old == new:
+        return None
+    line = (f"[precision] fp4.bf16_from={f} follows train.iters {saved_iters} → {cfg.train.iters}: the switch to "
+            f"BF16 moves from after step {old} to after step {new}")
+    if old <= r < new:
+        line += (f"; the checkpoint (iteration {r}) has run in BF16 since step {old + 1}, so steps {r + 1}..{new} "
+                 f"run the FP4 recipes again (fp4.bf16_from={old} with train.continue_with=new_precision stays in BF16)")
+    return line
 
 
 def continue_with_override(values: list[str]) -> str:

@@ -42,8 +42,11 @@ final learning-rate decay in BF16. The optimizer is not switched (Q-AdamW / Q-Ro
 a run resumed at or after S switches when it loads the checkpoint, one resumed before S when it
 reaches S; the losses are those of the uninterrupted run
 (tests/megatron/training/test_precision_schedule.py). A fraction follows the run's current
-`train.iters` (a run continued to a new length switches at f of the new length). Logged once per
-process: `[precision] ...`. The telemetry fallback's per-module switches are recorded in the
+`train.iters` (a run continued to a new length switches at f of the new length; the resume says
+where the switch moves, and which steps run FP4 again when the checkpoint was already past the
+old switch). A changed `fp4.bf16_from` or `fp4.linear_scale_rule` is refused on a full resume
+unless stated (`train.continue_with: [new_precision]`, megatron/training/continuation.py).
+Logged once per process: `[precision] ...`. The telemetry fallback's per-module switches are recorded in the
 checkpoint as before; a resume reports as fallbacks only those the schedule did not make.
 
 What "BF16" means per recipe (`switch_to_bf16`, shared with the telemetry fallback):

@@ -167,6 +167,36 @@ def test_stated_changes_are_accepted_and_reported():
     assert lines == [] and [s.join for s in again.schedule.segments] == ["start", "extend"]
 
 
+def test_a_changed_fp4_numerics_key_is_refused_until_stated():
+    saved = _cfg("fp4.linear=nvfp4")
+    for override, text in (("fp4.linear_scale_rule.x=4over6", "fp4.linear_scale_rule.x 6 → 4over6"),
+                           ("fp4.bf16_from=5", "fp4.bf16_from null → 5"),
+                           ("fp4.unquantized_operands=[w]", "fp4.unquantized_operands [] → [w]")):
+        with pytest.raises(CheckpointError) as e:
+            continuation.plan_resume(_meta(saved, iteration=3), _cfg("fp4.linear=nvfp4", override), "ck")
+        msg = str(e.value)
+        assert text in msg and "train.continue_with=new_precision" in msg and "\n" not in msg, msg
+        state, lines = continuation.plan_resume(
+            _meta(saved, iteration=3), _cfg("fp4.linear=nvfp4", override, "train.continue_with=new_precision"), "ck")
+        assert lines == [f"[checkpoint] train.continue_with=new_precision: {text}; from iteration 3 on"]
+
+
+def test_a_fractional_switch_that_moves_with_train_iters_is_reported():
+    saved = _cfg("fp4.linear=nvfp4", "fp4.bf16_from=0.75", "train.iters=4")     # switch after step 3
+    now = _cfg("fp4.linear=nvfp4", "fp4.bf16_from=0.75", "train.iters=8", "train.continue_with=extend")
+    _, lines = continuation.plan_resume(_meta(saved, iteration=4), now, "ck")   # 0.75 of 8: after step 6
+    assert lines[-1] == ("[precision] fp4.bf16_from=0.75 follows train.iters 4 → 8: the switch to BF16 moves from "
+                         "after step 3 to after step 6; the checkpoint (iteration 4) has run in BF16 since step 4, "
+                         "so steps 5..6 run the FP4 recipes again (fp4.bf16_from=3 with "
+                         "train.continue_with=new_precision stays in BF16)")
+    _, lines = continuation.plan_resume(_meta(saved, iteration=2), now, "ck")   # still FP4 at 2: only the move
+    assert lines[-1].endswith("moves from after step 3 to after step 6")
+    # the same switch step written as its integer needs the statement, then stays in BF16
+    stay = _cfg("fp4.linear=nvfp4", "fp4.bf16_from=3", "train.iters=8", "train.continue_with=[extend,new_precision]")
+    _, lines = continuation.plan_resume(_meta(saved, iteration=4), stay, "ck")
+    assert not any(ln.startswith("[precision]") for ln in lines) and "fp4.bf16_from 0.75 → 3" in lines[-1]
+
+
 def test_extend_to_a_horizon_before_the_resume_step_is_refused():
     saved = _cfg("train.iters=20")
     with pytest.raises(CheckpointError, match="needs a decay horizon after the resume point"):

@@ -213,7 +213,9 @@ def test_a_longer_resumed_run_switches_at_its_own_fraction(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[fp4.fallback]" not in r.stdout, r.stdout[-2000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[precision]")]
-    assert len(lines) == 1 and lines[0].startswith("[precision] iteration 6: "), lines
+    # announced at the resume, then switched after step 6
+    assert len(lines) == 2 and "steps 5..6 run the FP4 recipes again" in lines[0], lines
+    assert lines[1].startswith("[precision] iteration 6: "), lines
 
 
 # ------------------------------------------------------------------ full_stack_levers
