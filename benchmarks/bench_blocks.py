@@ -72,8 +72,8 @@ ARMS = {
     "q_attn": ["fp4.attention=q_attn"],
     # levers on the NVFP4 linear (megatron/training/precision.py): 4/6 block scales on every
     # operand; the last 10% of the steps in BF16; the first and last block in BF16. "_levers": the
-    # two that cost no step time where FP4 GEMMs are emulated (4/6 costs +20-24% there and did not
-    # lower the gap: BENCHMARKS.md, "NVFP4 loss levers")
+    # two that cost no step time where FP4 GEMMs are emulated (4/6 costs +20-24% there, and on every
+    # operand it raised quickstart's gap: BENCHMARKS.md, "NVFP4 loss levers")
     "nvfp4_linear_4over6": ["fp4.linear=nvfp4", "fp4.linear_scale_rule=4over6"],
     # 4/6 on the forward operands only, dY at rule 6: separates what 4/6 costs on dY (stochastically
     # rounded after the choice; tensor-scale bound 256 instead of 448) from what it does to x and W
