@@ -277,6 +277,7 @@ def test_evaluate_errors_are_one_line(toy, tmp_path):
         assert "Traceback" not in p.stderr
 
 
+@pytest.mark.long   # preprocess, train and evaluate end to end, ~25 s (make test-all)
 def test_hugging_face_tokenizer_json_preprocess_train_evaluate(toy, tmp_path):
     """A Hugging Face tokenizer.json (a byte-level BPE trained here with `tokenizers`, no
     network) through preprocessing, training and evaluation. Oracles: the `tokenizers` library
