@@ -251,8 +251,9 @@ def saved_schedule(meta: dict, cfg) -> LRSchedule:
 
 
 def _unstated(meta: dict, cfg):
-    """The changed keys by kind, whether checkpoint.override_scheduler=true is needed, and the
-    train.continue_with values needed but not given."""
+    """The changed keys by kind (schedule, horizon, batch, data, precision), whether
+    checkpoint.override_scheduler=true is needed, and the train.continue_with values needed but
+    not given."""
     from megatron.training.config_schema import to_dict
 
     saved_cfg, now_cfg = meta.get("config") or {}, to_dict(cfg)
@@ -260,9 +261,8 @@ def _unstated(meta: dict, cfg):
     sched = changed_keys(saved_cfg, now_cfg, SCHEDULE_KEYS)
     horizon = changed_keys(saved_cfg, now_cfg, HORIZON_KEYS)
     batch = changed_keys(saved_cfg, now_cfg, BATCH_KEYS)
-    data = changed_keys(saved_cfg, now_cfg, DATA_KEYS) + changed_keys(saved_cfg, now_cfg, PRECISION_KEYS)
-    prec = [c for c in data if c[0].startswith("fp4.")]
-    data = [c for c in data if not c[0].startswith("fp4.")]
+    data = changed_keys(saved_cfg, now_cfg, DATA_KEYS)
+    prec = changed_keys(saved_cfg, now_cfg, PRECISION_KEYS)
     need_override = bool(sched) and not override   # override also covers a changed horizon
     need = set()
     if horizon and not override and not sched:
