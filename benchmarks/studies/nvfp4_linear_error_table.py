@@ -29,7 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from fullstack_fp4.linear.nvfp4_linear import nvfp4_linear  # noqa: E402
+from fullstack_fp4.linear.nvfp4_linear import nvfp4_linear, scale_rules  # noqa: E402
 from fullstack_fp4.nvfp4 import quantize_reference  # noqa: E402
 
 RULES = {"6": "6", "4over6": "4over6", "4over6 on x, W": {"x": "4over6", "w": "4over6", "dy": "6"}}
@@ -86,7 +86,7 @@ def own_errors(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, rule: str, se
     """Each operand's own relative squared error under ``rule``, quantized as the layer's forward
     and dgrad take it: x 1x16 nearest, W 16x16 nearest, dY 1x16 stochastic (mean of ``seeds``)."""
     def rel(q, v):
-        return ((q.dequantize().double() - v.double()) ** 2).sum().item() / (v.double() ** 2).sum().item()
+        return rel2(q.dequantize(), v.double())
     g = torch.Generator().manual_seed(0)
     dy_err = sum(rel(quantize_reference(dy.float(), scale_rule=rule, rounding="stochastic", generator=g), dy)
                  for _ in range(seeds)) / seeds
@@ -145,9 +145,7 @@ def real_operand_table(layers: list, seeds: int) -> list:
         for rule in RULES:
             if rule == "6":
                 continue
-            # the operand rule of x, W and dY under this name (a str is every operand's)
-            ops = RULES[rule] if isinstance(RULES[rule], dict) else dict.fromkeys(("x", "w", "dy"), RULES[rule])
-            own_r = [own[ops[op]][i] / own["6"][i] - 1 for i, op in enumerate(("x", "w", "dy"))]
+            own_r = [own[r][i] / own["6"][i] - 1 for i, r in enumerate(scale_rules(RULES[rule]))]
             row = [e / b - 1 for e, b in zip(errs[rule], errs["6"])] + own_r
             for key in (kind, "all"):
                 changes.setdefault((key, rule), []).append(row)
