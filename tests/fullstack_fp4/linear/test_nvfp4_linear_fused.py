@@ -297,8 +297,8 @@ def test_bounds_check_catches_an_access_past_a_tensor():
 
 @pytest.mark.skipif(not _INTERPRET, reason="the bounds check runs under TRITON_INTERPRET=1")
 @pytest.mark.parametrize("t, fin, fout", [
-    # a partial tile in every kernel; the wgrad's 40 tokens zero-padded to 48
-    (40, 80, 144),
+    # a partial tile in every kernel; the wgrad's 40 tokens zero-padded to 48 (~20 s: make test-all)
+    pytest.param(40, 80, 144, marks=pytest.mark.long),
     # 40 / 72 channel blocks: a second tile of 32 (x, W) / 64 (dY) blocks, partly masked (~45 s)
     pytest.param(16, 640, 1152, marks=[pytest.mark.slow, pytest.mark.long]),
 ])

@@ -219,6 +219,7 @@ def test_a_longer_resumed_run_switches_at_its_own_fraction(tmp_path):
 
 
 # ------------------------------------------------------------------ full_stack_levers
+@pytest.mark.long   # several training runs end to end (make test-all)
 def test_full_stack_levers_saves_and_resumes_exactly(tmp_path):
     """bench_blocks' `full_stack_levers` arm (LoRA-SVD, Q-AdamW, Q-Attn, the first and the last
     block in BF16, the last steps in BF16). The BF16 blocks carry no LoRA-SVD factors, so the
