@@ -1,5 +1,6 @@
-"""configs/ablation/: the second scale (medium.yaml) is base.yaml with a larger model and
-nothing else that could move a loss gap (schedule, optimizer, step size, recipe defaults), and
+"""configs/ablation/: the second scale (medium.yaml) is base.yaml with a larger model, its own
+learning rate and nothing else that could move a loss gap (schedule, optimizer, step size,
+recipe defaults), and
 its header's parameter counts are the closed-form ones (which `--dry-run` checks against the
 model megatron-core builds)."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.path.join(REPO, "configs", "ablation")
 
 
-def test_medium_differs_from_base_in_model_size_only():
+def test_medium_differs_from_base_in_model_size_and_lr_only():
     base = flat(to_dict(load_config(os.path.join(DIR, "base.yaml"), validate=False)))
     med = flat(to_dict(load_config(os.path.join(DIR, "medium.yaml"), validate=False)))
     diff = {k for k in base if base[k] != med[k]}
@@ -23,7 +24,9 @@ def test_medium_differs_from_base_in_model_size_only():
     # the paths (ablation.py sets data and run directories on its command line)
     other = {"train.micro_batch_size", "train.eval_interval", "data.path", "data.valid_path", "data.tokenizer",
              "data.cache_dir", "checkpoint.save_dir", "logging.dir"}
-    assert diff == model | other, diff ^ (model | other)
+    lr = {"optimizer.lr", "optimizer.min_lr"}   # the wider model's own (medium.yaml's comment)
+    assert diff == model | other | lr, diff ^ (model | other | lr)
+    assert med["optimizer.min_lr"] / med["optimizer.lr"] == base["optimizer.min_lr"] / base["optimizer.lr"]
     assert med["train.global_batch_size"] * med["model.seq_length"] == 32768
     assert med["model.hidden_size"] // med["model.num_attention_heads"] == 64   # head dim as base and 3b
 

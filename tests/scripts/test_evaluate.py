@@ -149,8 +149,9 @@ def test_cloze_file_written_once_and_rebuilt_when_inputs_change(toy, tok, tmp_pa
     assert other != items and cloze.read(path)[1]["seed"] == 2
 
 
-@pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "data", "quickstart", "tokenizer.model")),
-                    reason="data/quickstart not prepared (scripts/prepare_quickstart_data.py)")
+@pytest.mark.skipif(not (os.path.isfile(os.path.join(REPO, "data", "quickstart", "tokenizer.model"))
+                         and glob.glob(os.path.join(REPO, "data", "quickstart", "corpus", "heldout", "*.txt"))),
+                    reason="data/quickstart and its corpus not prepared (scripts/prepare_quickstart_data.py)")
 def test_cloze_items_valid_on_quickstart_heldout():
     from megatron.training.tokenizer import load_tokenizer
 
