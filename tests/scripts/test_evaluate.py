@@ -265,6 +265,7 @@ def test_evaluate_perplexity_and_cloze_match_independent_oracle(toy, tmp_path):
     assert not os.listdir(empty)
 
 
+@pytest.mark.long
 def test_evaluate_errors_are_one_line(toy, tmp_path):
     cases = [(["--checkpoint", str(tmp_path / "nope"), "--data", toy, "--cloze-items", "0"], "no such checkpoint"),
              (["--checkpoint", "x", "--text", "a.txt", "--valid-prefix", "b"], "not both"),

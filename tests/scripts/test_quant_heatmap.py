@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
@@ -60,6 +62,7 @@ def test_no_quant_records_is_a_clear_error(tmp_path):
     assert not (tmp_path / "h.png").exists()
 
 
+@pytest.mark.long
 def test_per_recipe_names_render_in_panels(tmp_path):
     # one record per telemetry interval with every per-recipe name of docs/telemetry.md
     lin, attn, opt = "decoder.layers.{}.mlp.linear_fc1", "decoder.layers.{}.self_attention.core_attention", \

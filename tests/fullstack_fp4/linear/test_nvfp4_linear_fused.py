@@ -149,8 +149,9 @@ def test_autograd_function_on_the_fused_path(monkeypatch):
     assert torch.equal(bb.grad.cpu(), dy.float().sum(0).bfloat16())
 
 
-# the BF16 buffer's case, ~25 s under the interpreter: make test-all
-@pytest.mark.parametrize("buf_dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.long)])
+# ~30 s a case under the interpreter: make test-all
+@pytest.mark.long
+@pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
 def test_fused_backward_accumulates_the_wgrad_into_a_buffer(buf_dtype, monkeypatch):
     """``wgrad_into``: the buffer ends as ``(buf + dW_fp32)`` rounded once to its dtype, dW_fp32
     the reference composition's wgrad in FP32 (acc·alpha); dX and the draws unchanged. Also

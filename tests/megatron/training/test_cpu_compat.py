@@ -199,6 +199,7 @@ def _fresh(mode: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.long
 def test_fresh_process_enable_first_builds_the_same_models_including_hugging_face():
     reference = _fresh("plain")["plain"]
     got = _fresh("enable_first")

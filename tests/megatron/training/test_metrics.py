@@ -60,7 +60,8 @@ def test_tensorboard_event_files_carry_the_megatron_tags(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [[], ["parallel.pipeline_model_parallel_size=2"]], ids=["dp2", "pp2"])
+@pytest.mark.parametrize("layout", [[], pytest.param(["parallel.pipeline_model_parallel_size=2"], marks=pytest.mark.long)],
+                         ids=["dp2", "pp2"])
 def test_one_train_done_line_per_job(tmp_path, layout):
     d = str(tmp_path)
     p = helpers.start(helpers.base_config(d), ["train.iters=2", "train.eval_interval=2", "checkpoint.load=none",

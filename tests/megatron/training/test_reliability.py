@@ -137,6 +137,7 @@ def save_dir(base, tmp_path):
 
 
 # ------------------------------------------------------------------ 1: divergence and its advice
+@pytest.mark.long
 def test_divergence_keeps_the_good_checkpoint_and_the_advised_resume_is_exact(tmp_path):
     d = str(tmp_path)
     save = os.path.join(d, "ckpt")
@@ -422,6 +423,7 @@ def test_run_dirs_that_are_files_or_a_latest_directory_are_one_error(tmp_path, f
                           "latest_is_a_directory": "latest is not a file"}[fault])
 
 
+@pytest.mark.long
 def test_full_disk_during_save_keeps_the_previous_checkpoint_and_resume_is_exact(save_dir, tmp_path):
     d = str(tmp_path)
     before = _digest(save_dir)

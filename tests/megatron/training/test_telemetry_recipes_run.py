@@ -4,6 +4,7 @@ fallback switches LoRA-SVD and Q-Attn modules to BF16 while optimizer statistics
 import math
 import os
 
+import pytest
 import torch
 
 from tests.megatron.training import helpers
@@ -38,6 +39,7 @@ def test_nvfp4_qattn_qroot_metrics_appear(tmp_path):
     assert 0 < q[ns[[k.endswith("ns_step/rel_err") for k in ns].index(True)]] < 0.3
 
 
+@pytest.mark.long
 def test_lora_qattn_qmuon_fallback_per_recipe(tmp_path):
     d = str(tmp_path)
     thresholds = [f"fp4.fallback_threshold{s}=1e-6" for s in ("", "_lora_svd", "_attention", "_optimizer")]

@@ -1,6 +1,7 @@
 """Quantization telemetry and the BF16 fallback inside real (tiny, CPU) NVFP4 runs."""
 import os
 
+import pytest
 import torch
 
 from tests.megatron.training import helpers
@@ -25,6 +26,7 @@ def test_quant_stats_logged_every_interval(tmp_path):
             assert 0.05 < v < 0.2, (k, v)  # NVFP4 on Gaussian-like operands: ~0.09-0.14
 
 
+@pytest.mark.long
 def test_forced_fallback_switches_saves_and_survives_resume(tmp_path):
     d = str(tmp_path)
     common = NVFP4 + ["logging.quant_stats_interval=2", "fp4.fallback=bf16", "fp4.fallback_threshold=1e-6",
@@ -81,6 +83,7 @@ def test_fallback_config_validation():
         assert all(w in str(e.value) for w in words), str(e.value)
 
 
+@pytest.mark.long
 def test_two_rank_fallback_agrees(tmp_path):
     # Data parallel 2: the per-rank stats are all-reduced (MAX) before the policy acts, so both
     # ranks switch the same modules; only rank 0 prints.
