@@ -195,6 +195,7 @@ def test_export_lora_svd_merged_matches_transformers(tmp_path, tokenizer):
     assert conf["torch_dtype"] == "float32"  # the merged W is no BF16 number
 
 
+@pytest.mark.long
 def test_import_random_llama_matches_and_trains(tmp_path):
     import torch
 

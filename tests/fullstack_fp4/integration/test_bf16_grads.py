@@ -207,6 +207,7 @@ def _dp2_worker(rank: int, world: int, init: str, out: str):
     open(os.path.join(out, f"ok{rank}"), "w").close()
 
 
+@pytest.mark.long
 def test_distributed_optimizer_dp2_reads_its_shards_in_place(tmp_path):
     helpers.spawn_gloo(_dp2_worker, [(2, (str(tmp_path),))])
     assert sorted(os.listdir(tmp_path)) == ["ok0", "ok1"]

@@ -73,6 +73,7 @@ def test_distributed_optimizer_matches_one_process(distopt_run, reference):
 #  1. a fresh optimizer has no state to describe (distrib_optimizer.py:642 asserts): dummy init;
 #  2. load_state_dict must run under no_grad (in-place copy into leaf views, :940);
 #  3. AdamW's per-parameter `step` is restored from the saved param_groups (the dummy init left 1).
+@pytest.mark.long
 def test_distributed_optimizer_resume_matches_one_process(distopt_run, reference):
     d, _ = distopt_run
     p = helpers.start(helpers.base_config(str(d)), helpers.STRAIGHT + [
