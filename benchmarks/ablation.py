@@ -33,6 +33,9 @@ its own directory OUT/<arm>/ (metrics.jsonl, train.log, checkpoints/). Then:
   says how many ran at once). An arm that runs out of GPU memory beside others is queued again
   and fewer run at once from then on (an arm of configs/ablation/base.yaml holds ~10.4 GiB of
   an H200, so 14 at once do not fit);
+- `--max-restarts N` (as torchrun's): an arm stopped by a CUDA error (e.g. `unspecified launch
+  failure`) resumes from its newest checkpoint, up to N times, each restart said in one line;
+  any other failure is the arm's own and is not retried;
 - a complete arm records that in OUT/<arm>/ablation_run.json, so its folder without
   `checkpoints/` (metrics.jsonl, eval.json, ablation_run.json) still counts as complete: arms
   trained on different machines or sessions are tabulated together by copying those folders
@@ -66,6 +69,7 @@ import collections
 import copy
 import json
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -115,6 +119,8 @@ def parse_args(argv=None):
                    help="arms trained at the same time (small, host-bound models share a GPU; several "
                         "GPUs: spread over them); numbers unchanged, wall times then include the sharing")
     p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="times an arm stopped by a CUDA error resumes from its newest checkpoint (default 0)")
     p.add_argument("--last-k", type=int, default=10, help="final train loss = mean of the last k logged losses")
     p.add_argument("--ppl-tokens", type=int, default=0, help="held-out tokens for perplexity (0: all)")
     p.add_argument("--cloze-items", type=int, default=500)
@@ -371,6 +377,7 @@ class ArmRun:
         self.log = open(os.path.join(self.rd, "train.log"), "a")
         self.log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
         self.log.flush()
+        self.log_start = self.log.tell()     # where this session's output begins
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.stopped_at = None
         self.rc = None
@@ -392,14 +399,24 @@ class ArmRun:
             self.proc.send_signal(signal.SIGTERM)
             self.stopped_at = time.time()
 
-    def out_of_memory(self) -> bool:
-        """Whether this session's log (after its ``====`` header) ends in a CUDA allocation failure."""
+    def session_log(self) -> str:
+        """What this session's subprocess wrote to the arm's train.log."""
         try:
-            with open(os.path.join(self.rd, "train.log"), errors="replace") as f:
-                text = f.read().rsplit("\n==== ", 1)[-1]
+            with open(os.path.join(self.rd, "train.log"), "rb") as f:
+                f.seek(self.log_start)
+                return f.read().decode(errors="replace")
         except OSError:
-            return False
+            return ""
+
+    def out_of_memory(self) -> bool:
+        """Whether this session ended in a CUDA allocation failure."""
+        text = self.session_log()
         return any(m in text for m in OOM_MARKERS)
+
+    def cuda_error(self) -> str | None:
+        """The first CUDA error this session's log reports (``CUDA error: ...``), or None."""
+        m = re.search(r"CUDA error: [^\n]*", self.session_log())
+        return m.group(0).strip() if m else None
 
     def finish(self) -> str:
         """Record the session; 'complete', 'interrupted' or 'failed: ...'."""
@@ -459,8 +476,10 @@ def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, 
     An arm that fails for want of GPU memory while others ran beside it is not a failed arm but
     too many at once: it goes back to the front of the queue, and from then on at most as many
     arms run at once as were left running when it failed (printed once per lowering). Alone on
-    its GPU, such a failure is the arm's own."""
+    its GPU, such a failure is the arm's own. An arm stopped by a CUDA error is queued again, from
+    its newest checkpoint, up to ``args.max_restarts`` times."""
     pending, running = list(todo), []
+    restarts: dict[str, int] = {}
     jobs = args.jobs
     gpus = visible_gpus() if args.jobs > 1 and todo else []   # several GPUs: spread the arms
     while pending or running:
@@ -487,6 +506,15 @@ def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, 
                 print(f"[ablation] {r.arm}: out of GPU memory beside {r.peers - 1} other run(s); "
                       f"queued again, at most {jobs} at once from now on", flush=True)
                 pending.insert(0, (r.arm, checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))))
+                continue
+            fault = (r.cuda_error() if st.startswith("failed") and not budget_spent and not r.out_of_memory()
+                     else None)
+            if fault and restarts.get(r.arm, 0) < args.max_restarts:
+                restarts[r.arm] = restarts.get(r.arm, 0) + 1
+                meta = checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))
+                print(f"[ablation] {r.arm}: stopped by {fault}; restart {restarts[r.arm]} of "
+                      f"{args.max_restarts}, from step {meta['iteration'] if meta else 0}", flush=True)
+                pending.insert(0, (r.arm, meta))
                 continue
             if st == "interrupted":
                 m = checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))
@@ -843,6 +871,8 @@ def main(argv=None) -> int:
             raise UsageError("--iters must be positive")
         if args.jobs < 1 or (args.jobs > 1 and args.nproc > 1):
             raise UsageError("--jobs must be >= 1, and 1 when --nproc > 1 (torchrun arms each take their GPUs)")
+        if args.max_restarts < 0:
+            raise UsageError("--max-restarts must be >= 0")
         if args.family_lr_from:
             if args.family_lr:
                 raise UsageError("give --family-lr or --family-lr-from, not both")

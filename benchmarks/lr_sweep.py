@@ -71,6 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--config", default=os.path.join(REPO, "configs", "ablation", "base.yaml"))
     p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (one GPU: side by side)")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="times a run stopped by a CUDA error resumes from its newest checkpoint (default 0)")
     p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
     p.add_argument("--report-only", action="store_true", help="train nothing: tabulate the complete runs in --out")
     p.add_argument("--dry", action="store_true", help="print the training commands, run nothing")
@@ -379,6 +381,8 @@ def main(argv=None) -> int:
             raise A.UsageError("--iters must be positive")
         if args.jobs < 1:
             raise A.UsageError("--jobs must be >= 1")
+        if args.max_restarts < 0:
+            raise A.UsageError("--max-restarts must be >= 0")
         seeds = A.parse_seeds(args.seeds, "--seeds")
         if not seeds:
             raise A.UsageError("--seeds is empty")

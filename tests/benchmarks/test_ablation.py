@@ -122,6 +122,8 @@ def test_ablation_dry_and_bad_arm(tmp_path):
     assert not os.listdir(tmp_path)
     p = ablation(["--dry", "--arms", "bf16,nope"])
     assert p.returncode == 2 and "unknown arm" in p.stderr
+    p = ablation(["--dry", "--arms", "bf16", "--max-restarts", "-1"])
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == ["error: --max-restarts must be >= 0"], p.stderr
 
 
 @pytest.mark.long   # several tiny trainings (~20-40 s): make test-all
@@ -333,7 +335,7 @@ def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, mon
     monkeypatch.setattr(A, "train_cmd", lambda arm, args: [sys.executable, "-c", fake[arm]])
 
     class Args:
-        jobs, iters, out = 2, 2, str(tmp_path / "out")
+        jobs, iters, out, max_restarts = 2, 2, str(tmp_path / "out"), 0
     status = {}
     A.run_arms([("a", None), ("b", None)], Args, None, status)
     out = capsys.readouterr().out
@@ -348,6 +350,38 @@ def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, mon
     status = {}
     A.run_arms([("c", None)], Args, None, status)              # alone: no retry
     assert status["c"].startswith("failed") and len(A.load_state(Args, "c")["sessions"]) == 1
+
+
+def test_an_arm_stopped_by_a_cuda_error_restarts_up_to_max_restarts(tmp_path, monkeypatch, capsys):
+    """--max-restarts 2 with fake trainers: `a` is stopped once by a CUDA error (printed, then
+    SIGABRT, as the NCCL watchdog ends such a run) and runs again; `b` always is, so it fails
+    after two restarts (three sessions); `c` fails with an error of its own, never retried."""
+    A = ablation_module()
+    marker = tmp_path / "a_failed_once"
+    fault = ("print('torch.AcceleratorError: CUDA error: unspecified launch failure', flush=True)\n"
+             "import os; os.abort()\n")
+    fake = {"a": f"import os\nif not os.path.exists({str(marker)!r}):\n    open({str(marker)!r}, 'w').close()\n"
+                 + "".join("    " + line + "\n" for line in fault.splitlines()),
+            "b": fault,
+            "c": "raise SystemExit('error: data.path: no such file')\n"}
+    monkeypatch.setattr(A, "train_cmd", lambda arm, args: [sys.executable, "-c", fake[arm]])
+
+    class Args:
+        jobs, iters, out, max_restarts = 1, 2, str(tmp_path / "out"), 2
+    status = {}
+    A.run_arms([("a", None), ("b", None), ("c", None)], Args, None, status)
+    out = capsys.readouterr().out
+    assert "a: stopped by CUDA error: unspecified launch failure; restart 1 of 2, from step 0" in out, out
+    assert "b: stopped by CUDA error: unspecified launch failure; restart 2 of 2" in out, out
+    assert "c: stopped by" not in out and "restart 3" not in out, out
+    assert {arm: len(A.load_state(Args, arm)["sessions"]) for arm in "abc"} == {"a": 2, "b": 3, "c": 1}
+    assert not status["a"].startswith("failed"), status      # its second session exits 0
+    assert status["b"].startswith("failed") and status["c"].startswith("failed"), status
+
+    Args.max_restarts = 0                                      # the default: a CUDA error is final
+    status = {}
+    A.run_arms([("b", None)], Args, None, status)
+    assert status["b"].startswith("failed") and len(A.load_state(Args, "b")["sessions"]) == 4
 
 
 def test_table_names_the_hardware_that_trained_its_runs(tmp_path):

@@ -25,6 +25,9 @@ import pytest
 
 from tests.megatron.training import helpers
 
+# eleven tiny trainings in subprocesses (~1.5 min on two cores): make test-all
+pytestmark = pytest.mark.long
+
 N, M = 4, 4
 COMMON = ["train.iters=8", "train.eval_interval=4", "checkpoint.save_interval=4",
           "checkpoint.keep_last=5", "optimizer.q_adamw.min_numel=1024"]
