@@ -5,6 +5,7 @@ its header's parameter counts are the closed-form ones (which `--dry-run` checks
 model megatron-core builds)."""
 from __future__ import annotations
 
+import math
 import os
 
 from megatron.training.config import load_config
@@ -26,7 +27,7 @@ def test_medium_differs_from_base_in_model_size_and_lr_only():
              "data.cache_dir", "checkpoint.save_dir", "logging.dir"}
     lr = {"optimizer.lr", "optimizer.min_lr"}   # the wider model's own (medium.yaml's comment)
     assert diff == model | other | lr, diff ^ (model | other | lr)
-    assert med["optimizer.min_lr"] / med["optimizer.lr"] == base["optimizer.min_lr"] / base["optimizer.lr"]
+    assert math.isclose(med["optimizer.min_lr"] / med["optimizer.lr"], base["optimizer.min_lr"] / base["optimizer.lr"])
     assert med["train.global_batch_size"] * med["model.seq_length"] == 32768
     assert med["model.hidden_size"] // med["model.num_attention_heads"] == 64   # head dim as base and 3b
 
