@@ -25,7 +25,7 @@ import pytest
 
 from tests.megatron.training import helpers
 
-# eleven tiny trainings in subprocesses (~1.5 min on two cores): make test-all
+# ten tiny trainings in subprocesses (~1.5 min on two cores): make test-all
 pytestmark = pytest.mark.long
 
 N, M = 4, 4
