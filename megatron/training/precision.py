@@ -47,7 +47,8 @@ where the switch moves, and which steps run FP4 again when the checkpoint was al
 old switch). A changed `fp4.bf16_from`, `fp4.linear_scale_rule` or `fp4.unquantized_operands`
 is refused on a full resume unless stated (`train.continue_with: [new_precision]`,
 megatron/training/continuation.py). Logged once per process: `[precision] ...`. The telemetry
-fallback's per-module switches are recorded in the checkpoint as before; a resume reports as fallbacks only those the schedule did not make.
+fallback's per-module switches are recorded in the checkpoint as before; a resume reports as
+fallbacks only those the schedule did not make.
 
 What "BF16" means per recipe (`switch_to_bf16`, shared with the telemetry fallback):
 
