@@ -261,6 +261,48 @@ def test_cuda_graph_capture_takes_the_one_call_gemms(monkeypatch):
 
 
 # ---------------------------------------------------------------- every access inside its tensors
+# The medium model's linears (configs/ablation/medium.yaml: 16,384 tokens a micro-batch; QKV
+# 768→1280, FC1 768→4096, FC2 2048→768) and a token count of partial tiles; on the CPU one small
+# layer through the interpreter (~20 s a case: make test-all)
+_ACCUMULATION_SHAPES = ([(16384, 768, 1280), (16384, 768, 4096), (16384, 2048, 768), (1040, 768, 768)]
+                        if DEV == "cuda" else [pytest.param(40, 64, 48, marks=pytest.mark.long)])
+
+
+@pytest.mark.parametrize("t, fin, fout", _ACCUMULATION_SHAPES)
+@pytest.mark.parametrize("offset", [64, 1])
+def test_wgrad_accumulation_stays_inside_its_view(t, fin, fout, offset, monkeypatch):
+    """Two micro-batches each adding dW into a view of a zeroed FP32 buffer, as megatron's
+    main_grad is a view of its grad buffer: at element offset 64, and at 1 (an output only 4-byte
+    aligned, which the cuBLASLt call must be planned for). The buffer outside the view stays
+    zero, and the view holds the sum of the two FP32 dWs that ``nvfp4_linear_backward`` returns
+    for the same draws (to GEMM summation order on the GPU: the calls may take different
+    algorithms). Under ``PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck``
+    every access of the layer's kernels is checked too (docs/reproduction.md, "Memory and
+    faults")."""
+    monkeypatch.setattr(lin, "_use_fused", lambda t: True)     # the GPU path, also on the CPU
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(fout, fin, generator=g) / fin ** 0.5).bfloat16().to(DEV)
+    buf = torch.zeros(fout * fin + 2 * offset, device=DEV)
+    view = buf[offset:offset + fout * fin].view(fout, fin)
+    want = torch.zeros(fout, fin, dtype=torch.float64, device=DEV)
+    for mb in range(2):
+        x = torch.randn(t, fin, generator=g).bfloat16().to(DEV)
+        dy = torch.randn(t, fout, generator=g).bfloat16().to(DEV)
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = lin.nvfp4_linear(xx, ww, generator=torch.Generator().manual_seed(mb),
+                             wgrad_accumulator=BufferAccumulator(view))
+        y.backward(dy)
+        assert ww.grad is None and torch.isfinite(xx.grad.float()).all()
+        # dX is asked for too, so the draws are the autograd backward's (dY's seed, then RHT(dYᵀ)'s)
+        _, qw, qxt = lin.nvfp4_linear_forward(x, w, True, True)
+        _, dw = lin.nvfp4_linear_backward(dy, qw, qxt, x.dtype, torch.float32,
+                                          generator=torch.Generator().manual_seed(mb))
+        want += dw.double()
+    assert not buf[:offset].any() and not buf[offset + fout * fin:].any()
+    err = (view.double() - want).norm() / want.norm()
+    assert err < 1e-5, err
+
+
 def _gpu_tiles(monkeypatch):
     """The tile sizes a GPU launch takes (the interpreter's own are smaller, so masked lanes of
     the GPU's tiles would go unexercised): 32 / 64 channel blocks a program in the two-way
@@ -302,6 +344,9 @@ def test_bounds_check_catches_an_access_past_a_tensor():
     pytest.param(40, 80, 144, marks=pytest.mark.long),
     # 40 / 72 channel blocks: a second tile of 32 (x, W) / 64 (dY) blocks, partly masked (~45 s)
     pytest.param(16, 640, 1152, marks=[pytest.mark.slow, pytest.mark.long]),
+    # every tile full (the unmasked EVEN path of each call: 32 channel blocks a program for x and
+    # W, 64 for dY), and 4 token blocks, so RHT(xᵀ)'s codes are stored four blocks a word
+    pytest.param(64, 512, 1024, marks=[pytest.mark.slow, pytest.mark.long]),
 ])
 def test_fused_linear_touches_only_its_tensors_at_gpu_tiles(t, fin, fout, monkeypatch):
     """Forward and backward of the fused path at the GPU's tile sizes: no load, store or atomic
