@@ -501,23 +501,25 @@ def run_arms(todo: list[tuple[str, dict | None]], args, deadline: float | None, 
         for r in [r for r in running if r.poll()]:
             running.remove(r)
             st = r.finish()
-            if st.startswith("failed") and r.peers > 1 and r.out_of_memory() and not budget_spent:
+            ckpt = os.path.join(args.out, r.arm, "checkpoints")
+            retriable = st.startswith("failed") and not budget_spent
+            oom = retriable and r.out_of_memory()
+            if oom and r.peers > 1:
                 jobs = max(1, min(jobs, len(running)))
                 print(f"[ablation] {r.arm}: out of GPU memory beside {r.peers - 1} other run(s); "
                       f"queued again, at most {jobs} at once from now on", flush=True)
-                pending.insert(0, (r.arm, checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))))
+                pending.insert(0, (r.arm, checkpoint_state(ckpt)))
                 continue
-            fault = (r.cuda_error() if st.startswith("failed") and not budget_spent and not r.out_of_memory()
-                     else None)
+            fault = r.cuda_error() if retriable and not oom else None
             if fault and restarts.get(r.arm, 0) < args.max_restarts:
                 restarts[r.arm] = restarts.get(r.arm, 0) + 1
-                meta = checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))
+                meta = checkpoint_state(ckpt)
                 print(f"[ablation] {r.arm}: stopped by {fault}; restart {restarts[r.arm]} of "
                       f"{args.max_restarts}, from step {meta['iteration'] if meta else 0}", flush=True)
                 pending.insert(0, (r.arm, meta))
                 continue
             if st == "interrupted":
-                m = checkpoint_state(os.path.join(args.out, r.arm, "checkpoints"))
+                m = checkpoint_state(ckpt)
                 st = f"interrupted at step {m['iteration'] if m else 0}: run again to resume"
             status[r.arm] = st
             print(f"[ablation] {r.arm}: {st}", flush=True)
