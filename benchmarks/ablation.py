@@ -55,7 +55,9 @@ run's gap is taken to the bf16 run of its own corpus and seed (paired: the seed'
 loss cancels), and the table gives, per corpus and arm, the mean and sample standard deviation
 over the seeds of the validation loss and of that gap, with the mean held-out perplexity and
 cloze accuracy, and, where nvfp4_linear is an arm, each arm's mean gap as a share of
-nvfp4_linear's (what a lever or LoRA-SVD leaves of it). An FP4 arm of Muon or Root (q_muon,
+nvfp4_linear's (what a lever or LoRA-SVD leaves of it) and each arm's validation loss against
+nvfp4_linear's of the same seed (a lever's effect without the BF16 run's seed-to-seed spread,
+which at the medium scale exceeds NVFP4's gap). An FP4 arm of Muon or Root (q_muon,
 full_stack_muon, q_root, full_stack_root) is also compared, paired the same way, with its
 optimizer's BF16 arm when that is an arm too (muon, root): the cost of its FP4 parts at the same
 lr. OUT/ablation.json then holds the
@@ -622,6 +624,11 @@ def summarize(runs: list[Run], status: dict, evals: dict, args, cfgs: dict) -> l
         ok = p and p["val_loss"] is not None and r["val_loss"] is not None
         r["optimizer_peer"] = peer
         r["val_gap_vs_optimizer_pct"] = 100.0 * (r["val_loss"] - p["val_loss"]) / p["val_loss"] if ok else None
+        # Every other arm against the plain NVFP4 linear of its group: a lever's effect paired by
+        # seed, free of the BF16 run's own seed-to-seed spread (which can exceed the gap itself).
+        n = by_group.get((*run.group, "nvfp4_linear")) if run.arm not in ("bf16", "nvfp4_linear") else None
+        ok = n and n["val_loss"] is not None and r["val_loss"] is not None
+        r["val_vs_nvfp4_pct"] = 100.0 * (r["val_loss"] - n["val_loss"]) / n["val_loss"] if ok else None
     return rows
 
 
@@ -649,6 +656,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
             val_m, val_s = _mean_std([r["val_loss"] for r in mine])
             gap_m, gap_s = _mean_std([r["val_gap_pct"] for r in mine])
             peer_m, peer_s = _mean_std([r.get("val_gap_vs_optimizer_pct") for r in mine])
+            nv_m, nv_s = _mean_std([r.get("val_vs_nvfp4_pct") for r in mine])
             out.append({
                 "corpus": corpus, "arm": arm, "runs": len(all_runs), "complete": len(mine),
                 "seeds": [r["seed"] for r in mine],
@@ -658,6 +666,9 @@ def aggregate(rows: list[dict]) -> list[dict]:
                                         if r["val_gap_pct"] is not None},
                 "optimizer_peer": next((r.get("optimizer_peer") for r in all_runs), None),
                 "val_gap_vs_optimizer_pct_mean": peer_m, "val_gap_vs_optimizer_pct_std": peer_s,
+                "val_vs_nvfp4_pct_mean": nv_m, "val_vs_nvfp4_pct_std": nv_s,
+                "val_vs_nvfp4_pct_by_seed": {str(r["seed"]): r["val_vs_nvfp4_pct"] for r in mine
+                                             if r.get("val_vs_nvfp4_pct") is not None},
                 "final_train_loss_mean": _mean_std([r["final_train_loss"] for r in mine])[0],
                 "heldout_perplexity_mean": _mean_std([r["heldout_perplexity"] for r in mine])[0],
                 "cloze_greedy_accuracy_mean": _mean_std([r["cloze_greedy_accuracy"] for r in mine])[0],
@@ -753,22 +764,26 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
              f"columns are seed means. Final train loss: mean of the last {args.last_k} logged losses; "
              "cloze: scripts/evaluate.py (greedy; k-way)."]
     peers = any(a["optimizer_peer"] for a in summary)
+    paired = any(a["val_vs_nvfp4_pct_mean"] is not None for a in summary)
     if peers:
         lines[-1] += (" Gap vs its optimizer: an FP4 arm of Muon or Root against that optimizer's BF16 "
                       "arm (same lr, corpus and seed), mean ± sd over the seeds.")
+    if paired:
+        lines[-1] += (" Vs nvfp4_linear: (arm − nvfp4_linear) / nvfp4_linear of the validation loss, same "
+                      "corpus and seed, mean ± sd (per seed).")
+    cols = ["arm", "seeds", "final train loss", "val loss", "gap vs bf16 (val)", "gap per seed",
+            *(["gap vs its optimizer (val)"] if peers else []), "share of nvfp4_linear's gap",
+            *(["vs nvfp4_linear (val)"] if paired else []),
+            "held-out ppl", "cloze acc (greedy)", "cloze acc (k-way)", "wall time"]
     for corpus, c in header["corpora"].items():
         lines += ["", f"### {corpus}", "",
                   f"Data `{c['data']}`: {c['train_tokens'] / 1e6:.2f}M training tokens, "
                   f"{c['epochs']:.2f} epochs a run.", "",
-                  "| arm | seeds | final train loss | val loss | gap vs bf16 (val) | gap per seed | "
-                  + ("gap vs its optimizer (val) | " if peers else "")
-                  + "share of nvfp4_linear's gap | held-out ppl | cloze acc (greedy) | cloze acc (k-way) | "
-                  "wall time |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if peers else "")]
+                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for a in (a for a in summary if a["corpus"] == corpus):
             seeds = f"{a['complete']}" + ("" if a["complete"] == a["runs"] else f" of {a['runs']}")
             if not a["complete"]:
-                lines.append(f"| {a['arm']} | {seeds} |" + " |" * (10 if peers else 9))
+                lines.append(f"| {a['arm']} | {seeds} |" + " |" * (len(cols) - 2))
                 continue
             gap = ("0 (baseline)" if a["arm"] == "bf16"
                    else _pm(a["val_gap_pct_mean"], a["val_gap_pct_std"], "+.2f", "%"))
@@ -776,15 +791,19 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
             vs_peer = ("" if not a["optimizer_peer"] else
                        _pm(a["val_gap_vs_optimizer_pct_mean"], a["val_gap_vs_optimizer_pct_std"], "+.2f", "%")
                        + f" vs {a['optimizer_peer']}")
+            vs_nv = ("" if a["val_vs_nvfp4_pct_mean"] is None else
+                     _pm(a["val_vs_nvfp4_pct_mean"], a["val_vs_nvfp4_pct_std"], "+.2f", "%") + " ("
+                     + ", ".join(f"{g:+.2f}" for g in a["val_vs_nvfp4_pct_by_seed"].values()) + ")")
             wall = "—" if a["wall_s_mean"] is None else f"{a['wall_s_mean'] / 60:.1f} min"
             if a["wall_s_mean"] is not None and a["jobs"] > 1:
                 wall += f" ({a['jobs']} at once)"
-            lines.append(f"| {a['arm']} | {seeds} | {_f(a['final_train_loss_mean'], '.4f')} | "
-                         f"{_pm(a['val_loss_mean'], a['val_loss_std'], '.4f')} | {gap} | {per_seed} | "
-                         + (f"{vs_peer} | " if peers else "")
-                         + f"{_f(a['share_of_nvfp4_gap'], '.2f')} | "
-                         f"{_f(a['heldout_perplexity_mean'], '.2f')} | {_f(a['cloze_greedy_accuracy_mean'], '.3f')} | "
-                         f"{_f(a['cloze_choice_accuracy_mean'], '.3f')} | {wall} |")
+            cells = [a["arm"], seeds, _f(a["final_train_loss_mean"], ".4f"),
+                     _pm(a["val_loss_mean"], a["val_loss_std"], ".4f"), gap, per_seed,
+                     *([vs_peer] if peers else []), _f(a["share_of_nvfp4_gap"], ".2f"),
+                     *([vs_nv] if paired else []),
+                     _f(a["heldout_perplexity_mean"], ".2f"), _f(a["cloze_greedy_accuracy_mean"], ".3f"),
+                     _f(a["cloze_choice_accuracy_mean"], ".3f"), wall]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -276,18 +276,11 @@ def test_summary_share_of_the_nvfp4_gap():
     assert got["bf16"]["share_of_nvfp4_gap"] is None
 
 
-def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
-    """summarize() / aggregate() / markdown_grid(): q_muon and full_stack_muon are compared with
-    muon of the same corpus and seed, q_root with root; AdamW-family arms get no such peer (their
-    BF16 arm is the baseline). Validation losses written as metrics.jsonl, gaps worked by hand."""
+def _summarized(mod, tmp_path, arms, val, failed=()):
+    """summarize() over arms x seeds 1, 2 of corpus "c" whose metrics.jsonl hold the validation
+    losses ``val[seed, arm]`` at step 4; the runs named in ``failed`` are not complete."""
     import argparse
 
-    mod = ablation_module()
-    val = {(1, "bf16"): 4.00, (1, "muon"): 3.80, (1, "q_muon"): 3.819, (1, "full_stack_muon"): 3.838,
-           (1, "root"): 3.90, (1, "q_root"): 3.90, (1, "q_adamw"): 4.02,
-           (2, "bf16"): 4.10, (2, "muon"): 3.90, (2, "q_muon"): 3.9039, (2, "full_stack_muon"): 3.939,
-           (2, "root"): 4.00, (2, "q_root"): 4.02, (2, "q_adamw"): 4.10}
-    arms = ["bf16", "muon", "q_muon", "full_stack_muon", "root", "q_root", "q_adamw"]
     runs = mod.plan_runs(arms, {"c": "data/c"}, [1, 2])
     args = argparse.Namespace(out=str(tmp_path), iters=4, last_k=1, family_lrs={},
                               switches={r.name: list(mod.ARMS[r.arm]) for r in runs})
@@ -296,7 +289,68 @@ def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
         with open(os.path.join(args.out, r.name, "metrics.jsonl"), "w") as f:
             f.write(json.dumps({"iter": 4, "loss": 3.0}) + "\n")
             f.write(json.dumps({"iter": 4, "val_loss": val[r.seed, r.arm]}) + "\n")
-    rows = mod.summarize(runs, {r.name: "complete" for r in runs}, {}, args, {})
+    status = {r.name: "failed: x" if (r.seed, r.arm) in failed else "complete" for r in runs}
+    return mod.summarize(runs, status, {}, args, {}), args
+
+
+_GRID_HEADER = {"model": "m", "tokens_per_step": 1, "seeds": [1, 2], "device": "d", "git_commit": "0" * 10,
+                "date": "x", "command": "c", "corpora": {"c": {"data": "data/c", "train_tokens": 1e6, "epochs": 1.0}}}
+
+
+def _row(md: str, arm: str) -> list[str]:
+    """The cells of ``arm``'s row of a markdown table, checked against the header's column count."""
+    head = next(line for line in md.splitlines() if line.startswith("| arm |"))
+    line = next(line for line in md.splitlines() if line.startswith(f"| {arm} |"))
+    assert len(line.split("|")) == len(head.split("|")), (head, line)
+    return [c.strip() for c in line.split("|")[1:-1]]
+
+
+def test_every_arm_paired_with_nvfp4_linear_by_seed(tmp_path):
+    """summarize() / aggregate() / markdown_grid(): each arm but bf16 and nvfp4_linear against the
+    nvfp4_linear run of its seed (hand-computed from the written validation losses); a seed whose
+    nvfp4_linear failed gives no pair; without nvfp4_linear the column is not in the table."""
+    mod = ablation_module()
+    val = {(1, "bf16"): 4.00, (1, "nvfp4_linear"): 4.04, (1, "nvfp4_linear_levers"): 4.0198, (1, "lora_svd"): 4.04,
+           (2, "bf16"): 4.10, (2, "nvfp4_linear"): 4.10, (2, "nvfp4_linear_levers"): 4.059, (2, "lora_svd"): 4.141}
+    rows, args = _summarized(mod, tmp_path / "a", ["bf16", "nvfp4_linear", "nvfp4_linear_levers", "lora_svd"], val)
+    by = {(r["seed"], r["arm"]): r for r in rows}
+    assert by[1, "nvfp4_linear_levers"]["val_vs_nvfp4_pct"] == pytest.approx(-0.5)    # 4.0198 / 4.04 - 1
+    assert by[2, "nvfp4_linear_levers"]["val_vs_nvfp4_pct"] == pytest.approx(-1.0)    # 4.059 / 4.10 - 1
+    assert by[2, "lora_svd"]["val_vs_nvfp4_pct"] == pytest.approx(1.0)
+    for arm in ("bf16", "nvfp4_linear"):
+        assert by[1, arm]["val_vs_nvfp4_pct"] is None
+    summary = {a["arm"]: a for a in mod.aggregate(rows)}
+    lev = summary["nvfp4_linear_levers"]
+    assert lev["val_vs_nvfp4_pct_mean"] == pytest.approx(-0.75)
+    assert lev["val_vs_nvfp4_pct_std"] == pytest.approx(0.5 / 2 ** 0.5)              # sd of -0.5, -1.0
+    assert lev["val_vs_nvfp4_pct_by_seed"] == pytest.approx({"1": -0.5, "2": -1.0})
+    md = mod.markdown_grid(mod.aggregate(rows), args, _GRID_HEADER)
+    col = next(line for line in md.splitlines() if line.startswith("| arm |")).split(" | ").index(
+        "vs nvfp4_linear (val)")
+    assert _row(md, "nvfp4_linear_levers")[col] == "-0.75% ± 0.35% (-0.50, -1.00)"
+    assert _row(md, "bf16")[col] == "" and _row(md, "nvfp4_linear")[col] == ""
+
+    rows, args = _summarized(mod, tmp_path / "b", ["bf16", "nvfp4_linear", "nvfp4_linear_levers"], val,
+                             failed={(2, "nvfp4_linear")})
+    lev = next(a for a in mod.aggregate(rows) if a["arm"] == "nvfp4_linear_levers")
+    assert lev["val_vs_nvfp4_pct_by_seed"] == pytest.approx({"1": -0.5}) and lev["val_vs_nvfp4_pct_std"] is None
+
+    rows, args = _summarized(mod, tmp_path / "c", ["bf16", "lora_svd"], val)
+    md = mod.markdown_grid(mod.aggregate(rows), args, _GRID_HEADER)
+    assert "vs nvfp4_linear" not in md and _row(md, "lora_svd")[0] == "lora_svd"
+
+
+def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
+    """summarize() / aggregate() / markdown_grid(): q_muon and full_stack_muon are compared with
+    muon of the same corpus and seed, q_root with root; AdamW-family arms get no such peer (their
+    BF16 arm is the baseline). Validation losses written as metrics.jsonl, gaps worked by hand."""
+    mod = ablation_module()
+    val = {(1, "bf16"): 4.00, (1, "muon"): 3.80, (1, "q_muon"): 3.819, (1, "full_stack_muon"): 3.838,
+           (1, "root"): 3.90, (1, "q_root"): 3.90, (1, "q_adamw"): 4.02,
+           (2, "bf16"): 4.10, (2, "muon"): 3.90, (2, "q_muon"): 3.9039, (2, "full_stack_muon"): 3.939,
+           (2, "root"): 4.00, (2, "q_root"): 4.02, (2, "q_adamw"): 4.10}
+    arms = ["bf16", "muon", "q_muon", "full_stack_muon", "root", "q_root", "q_adamw"]
+    rows, args = _summarized(mod, tmp_path, arms, val)
     by = {(r["seed"], r["arm"]): r for r in rows}
     assert by[1, "q_muon"]["optimizer_peer"] == "muon" and by[1, "q_root"]["optimizer_peer"] == "root"
     assert by[1, "full_stack_muon"]["optimizer_peer"] == "muon"
@@ -312,13 +366,8 @@ def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
     assert summary["q_muon"]["val_gap_vs_optimizer_pct_std"] == pytest.approx(0.4 / 2 ** 0.5)   # sd of 0.5, 0.1
     assert summary["q_root"]["val_gap_vs_optimizer_pct_mean"] == pytest.approx(0.25)
     assert summary["bf16"]["optimizer_peer"] is None
-    header = {"model": "m", "tokens_per_step": 1, "seeds": [1, 2], "device": "d", "git_commit": "0" * 10,
-              "date": "x", "command": "c", "corpora": {"c": {"data": "data/c", "train_tokens": 1e6, "epochs": 1.0}}}
-    md = mod.markdown_grid(mod.aggregate(rows), args, header)
-    q_muon = next(line for line in md.splitlines() if line.startswith("| q_muon |"))
-    assert "+0.30% ± 0.28% vs muon" in q_muon
-    header_row = next(line for line in md.splitlines() if line.startswith("| arm |"))
-    assert len(q_muon.split("|")) == len(header_row.split("|"))
+    md = mod.markdown_grid(mod.aggregate(rows), args, _GRID_HEADER)
+    assert "+0.30% ± 0.28% vs muon" in _row(md, "q_muon")
 
 
 def test_out_of_memory_beside_others_is_retried_with_fewer_at_once(tmp_path, monkeypatch, capsys):
