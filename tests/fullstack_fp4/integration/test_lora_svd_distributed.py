@@ -70,6 +70,7 @@ def runs(tmp_path_factory):
             for r in ROUTES for k in ("plain_w1_r0", "dist_w2_r0", "dist_w2_r1")}
 
 
+@pytest.mark.long   # three gloo processes per route, ~25 s: make test-all
 @pytest.mark.parametrize("route", ["projected", "dense"])
 def test_lora_svd_dp2_distributed_optimizer_matches_one_process(runs, route):
     one, a, b = (runs[(route, k)] for k in ("plain_w1_r0", "dist_w2_r0", "dist_w2_r1"))

@@ -109,6 +109,7 @@ def _worker(rank: int, init: str, out: str):
         dist.destroy_process_group()
 
 
+@pytest.mark.long   # two processes, ~15 s: make test-all
 def test_duplicated_tp_step_equals_one_process():
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "res")
