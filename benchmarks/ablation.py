@@ -614,22 +614,24 @@ def summarize(runs: list[Run], status: dict, evals: dict, args, cfgs: dict) -> l
     by_group = {(run.corpus, run.seed, run.arm): r for run, r in zip(runs, rows)}
     for run, r in zip(runs, rows):
         b = by_group.get((*run.group, "bf16"))
-        for key, gap in (("val_loss", "val_gap_pct"), ("final_train_loss", "train_gap_pct")):
-            ok = b and b[key] is not None and r[key] is not None
-            r[gap] = 100.0 * (r[key] - b[key]) / b[key] if ok else None
+        r["val_gap_pct"] = _pct_over(r, b, "val_loss")
+        r["train_gap_pct"] = _pct_over(r, b, "final_train_loss")
         # An FP4 arm of an orthogonal optimizer against that optimizer in BF16 (q_muon and
         # full_stack_muon against muon, same lr, corpus and seed): the cost of its FP4 parts alone.
         peer = optimizer_peer(run.arm, r["overrides"])
-        p = by_group.get((*run.group, peer)) if peer else None
-        ok = p and p["val_loss"] is not None and r["val_loss"] is not None
         r["optimizer_peer"] = peer
-        r["val_gap_vs_optimizer_pct"] = 100.0 * (r["val_loss"] - p["val_loss"]) / p["val_loss"] if ok else None
+        r["val_gap_vs_optimizer_pct"] = _pct_over(r, by_group.get((*run.group, peer)) if peer else None)
         # Every other arm against the plain NVFP4 linear of its group: a lever's effect paired by
         # seed, free of the BF16 run's own seed-to-seed spread (which can exceed the gap itself).
         n = by_group.get((*run.group, "nvfp4_linear")) if run.arm not in ("bf16", "nvfp4_linear") else None
-        ok = n and n["val_loss"] is not None and r["val_loss"] is not None
-        r["val_vs_nvfp4_pct"] = 100.0 * (r["val_loss"] - n["val_loss"]) / n["val_loss"] if ok else None
+        r["val_vs_nvfp4_pct"] = _pct_over(r, n)
     return rows
+
+
+def _pct_over(r: dict, ref: dict | None, key: str = "val_loss") -> float | None:
+    """100 (r − ref) / ref of ``key``; None without a reference run or when either lacks the value."""
+    ok = ref is not None and ref[key] is not None and r[key] is not None
+    return 100.0 * (r[key] - ref[key]) / ref[key] if ok else None
 
 
 def optimizer_peer(arm: str, switches: list[str]) -> str | None:
@@ -751,6 +753,10 @@ def _pm(m, sd, fmt, unit=""):
     return format(m, fmt) + unit + ("" if sd is None else " ± " + format(sd, fmt.lstrip("+")) + unit)
 
 
+def _by_seed(pcts: dict) -> str:
+    return ", ".join(f"{g:+.2f}" for g in pcts.values())
+
+
 def markdown_grid(summary: list[dict], args, header: dict) -> str:
     """The several-corpora / several-seeds table: a section per corpus, a row per arm."""
     lines = [f"Ablation: {header['model']}; {header['tokens_per_step']:,} tokens/step x {args.iters} steps "
@@ -787,13 +793,13 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
                 continue
             gap = ("0 (baseline)" if a["arm"] == "bf16"
                    else _pm(a["val_gap_pct_mean"], a["val_gap_pct_std"], "+.2f", "%"))
-            per_seed = ", ".join(f"{g:+.2f}" for g in a["val_gap_pct_by_seed"].values()) if a["arm"] != "bf16" else ""
+            per_seed = _by_seed(a["val_gap_pct_by_seed"]) if a["arm"] != "bf16" else ""
             vs_peer = ("" if not a["optimizer_peer"] else
                        _pm(a["val_gap_vs_optimizer_pct_mean"], a["val_gap_vs_optimizer_pct_std"], "+.2f", "%")
                        + f" vs {a['optimizer_peer']}")
             vs_nv = ("" if a["val_vs_nvfp4_pct_mean"] is None else
-                     _pm(a["val_vs_nvfp4_pct_mean"], a["val_vs_nvfp4_pct_std"], "+.2f", "%") + " ("
-                     + ", ".join(f"{g:+.2f}" for g in a["val_vs_nvfp4_pct_by_seed"].values()) + ")")
+                     _pm(a["val_vs_nvfp4_pct_mean"], a["val_vs_nvfp4_pct_std"], "+.2f", "%")
+                     + f" ({_by_seed(a['val_vs_nvfp4_pct_by_seed'])})")
             wall = "—" if a["wall_s_mean"] is None else f"{a['wall_s_mean'] / 60:.1f} min"
             if a["wall_s_mean"] is not None and a["jobs"] > 1:
                 wall += f" ({a['jobs']} at once)"
