@@ -55,9 +55,10 @@ run's gap is taken to the bf16 run of its own corpus and seed (paired: the seed'
 loss cancels), and the table gives, per corpus and arm, the mean and sample standard deviation
 over the seeds of the validation loss and of that gap, with the mean held-out perplexity and
 cloze accuracy, and, where nvfp4_linear is an arm, each arm's mean gap as a share of
-nvfp4_linear's (what a lever or LoRA-SVD leaves of it) and each arm's validation loss against
-nvfp4_linear's of the same seed (a lever's effect without the BF16 run's seed-to-seed spread,
-which at the medium scale exceeds NVFP4's gap). An FP4 arm of Muon or Root (q_muon,
+nvfp4_linear's (what a lever or LoRA-SVD leaves of it). Each arm's validation loss is also set
+against that of the `--paired-with` arm (default nvfp4_linear) of the same corpus and seed: a
+lever's effect without the BF16 run's seed-to-seed spread, which at the medium scale exceeds
+NVFP4's gap (`--paired-with full_stack`: what the levers do to the full stack). An FP4 arm of Muon or Root (q_muon,
 full_stack_muon, q_root, full_stack_root) is also compared, paired the same way, with its
 optimizer's BF16 arm when that is an arm too (muon, root): the cost of its FP4 parts at the same
 lr. OUT/ablation.json then holds the
@@ -123,6 +124,9 @@ def parse_args(argv=None):
     p.add_argument("--time-budget", type=float, default=0, help="seconds of training for this invocation (0: none)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="times an arm stopped by a CUDA error resumes from its newest checkpoint (default 0)")
+    p.add_argument("--paired-with", default="nvfp4_linear", metavar="ARM",
+                   help="the table's paired column: every other arm but bf16 against this arm's run of "
+                        "the same corpus and seed (validation loss)")
     p.add_argument("--last-k", type=int, default=10, help="final train loss = mean of the last k logged losses")
     p.add_argument("--ppl-tokens", type=int, default=0, help="held-out tokens for perplexity (0: all)")
     p.add_argument("--cloze-items", type=int, default=500)
@@ -621,10 +625,11 @@ def summarize(runs: list[Run], status: dict, evals: dict, args, cfgs: dict) -> l
         peer = optimizer_peer(run.arm, r["overrides"])
         r["optimizer_peer"] = peer
         r["val_gap_vs_optimizer_pct"] = _pct_over(r, by_group.get((*run.group, peer)) if peer else None)
-        # Every other arm against the plain NVFP4 linear of its group: a lever's effect paired by
-        # seed, free of the BF16 run's own seed-to-seed spread (which can exceed the gap itself).
-        n = by_group.get((*run.group, "nvfp4_linear")) if run.arm not in ("bf16", "nvfp4_linear") else None
-        r["val_vs_nvfp4_pct"] = _pct_over(r, n)
+        # Every other arm against the --paired-with arm (nvfp4_linear) of its group: a lever's
+        # effect paired by seed, free of the BF16 run's own seed-to-seed spread (which can exceed
+        # the gap itself).
+        n = by_group.get((*run.group, args.paired_with)) if run.arm not in ("bf16", args.paired_with) else None
+        r["val_vs_paired_pct"] = _pct_over(r, n)
     return rows
 
 
@@ -658,7 +663,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
             val_m, val_s = _mean_std([r["val_loss"] for r in mine])
             gap_m, gap_s = _mean_std([r["val_gap_pct"] for r in mine])
             peer_m, peer_s = _mean_std([r.get("val_gap_vs_optimizer_pct") for r in mine])
-            nv_m, nv_s = _mean_std([r.get("val_vs_nvfp4_pct") for r in mine])
+            nv_m, nv_s = _mean_std([r.get("val_vs_paired_pct") for r in mine])
             out.append({
                 "corpus": corpus, "arm": arm, "runs": len(all_runs), "complete": len(mine),
                 "seeds": [r["seed"] for r in mine],
@@ -668,9 +673,9 @@ def aggregate(rows: list[dict]) -> list[dict]:
                                         if r["val_gap_pct"] is not None},
                 "optimizer_peer": next((r.get("optimizer_peer") for r in all_runs), None),
                 "val_gap_vs_optimizer_pct_mean": peer_m, "val_gap_vs_optimizer_pct_std": peer_s,
-                "val_vs_nvfp4_pct_mean": nv_m, "val_vs_nvfp4_pct_std": nv_s,
-                "val_vs_nvfp4_pct_by_seed": {str(r["seed"]): r["val_vs_nvfp4_pct"] for r in mine
-                                             if r.get("val_vs_nvfp4_pct") is not None},
+                "val_vs_paired_pct_mean": nv_m, "val_vs_paired_pct_std": nv_s,
+                "val_vs_paired_pct_by_seed": {str(r["seed"]): r["val_vs_paired_pct"] for r in mine
+                                              if r.get("val_vs_paired_pct") is not None},
                 "final_train_loss_mean": _mean_std([r["final_train_loss"] for r in mine])[0],
                 "heldout_perplexity_mean": _mean_std([r["heldout_perplexity"] for r in mine])[0],
                 "cloze_greedy_accuracy_mean": _mean_std([r["cloze_greedy_accuracy"] for r in mine])[0],
@@ -770,16 +775,16 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
              f"columns are seed means. Final train loss: mean of the last {args.last_k} logged losses; "
              "cloze: scripts/evaluate.py (greedy; k-way)."]
     peers = any(a["optimizer_peer"] for a in summary)
-    paired = any(a["val_vs_nvfp4_pct_mean"] is not None for a in summary)
+    paired = any(a["val_vs_paired_pct_mean"] is not None for a in summary)
     if peers:
         lines[-1] += (" Gap vs its optimizer: an FP4 arm of Muon or Root against that optimizer's BF16 "
                       "arm (same lr, corpus and seed), mean ± sd over the seeds.")
     if paired:
-        lines[-1] += (" Vs nvfp4_linear: (arm − nvfp4_linear) / nvfp4_linear of the validation loss, same "
-                      "corpus and seed, mean ± sd (per seed).")
+        lines[-1] += (f" Vs {args.paired_with}: (arm − {args.paired_with}) / {args.paired_with} of the "
+                      "validation loss, same corpus and seed, mean ± sd (per seed).")
     cols = ["arm", "seeds", "final train loss", "val loss", "gap vs bf16 (val)", "gap per seed",
             *(["gap vs its optimizer (val)"] if peers else []), "share of nvfp4_linear's gap",
-            *(["vs nvfp4_linear (val)"] if paired else []),
+            *([f"vs {args.paired_with} (val)"] if paired else []),
             "held-out ppl", "cloze acc (greedy)", "cloze acc (k-way)", "wall time"]
     for corpus, c in header["corpora"].items():
         lines += ["", f"### {corpus}", "",
@@ -797,9 +802,9 @@ def markdown_grid(summary: list[dict], args, header: dict) -> str:
             vs_peer = ("" if not a["optimizer_peer"] else
                        _pm(a["val_gap_vs_optimizer_pct_mean"], a["val_gap_vs_optimizer_pct_std"], "+.2f", "%")
                        + f" vs {a['optimizer_peer']}")
-            vs_nv = ("" if a["val_vs_nvfp4_pct_mean"] is None else
-                     _pm(a["val_vs_nvfp4_pct_mean"], a["val_vs_nvfp4_pct_std"], "+.2f", "%")
-                     + f" ({_by_seed(a['val_vs_nvfp4_pct_by_seed'])})")
+            vs_nv = ("" if a["val_vs_paired_pct_mean"] is None else
+                     _pm(a["val_vs_paired_pct_mean"], a["val_vs_paired_pct_std"], "+.2f", "%")
+                     + f" ({_by_seed(a['val_vs_paired_pct_by_seed'])})")
             wall = "—" if a["wall_s_mean"] is None else f"{a['wall_s_mean'] / 60:.1f} min"
             if a["wall_s_mean"] is not None and a["jobs"] > 1:
                 wall += f" ({a['jobs']} at once)"
@@ -894,6 +899,8 @@ def main(argv=None) -> int:
         unknown = [a for a in arms if a not in ARMS]
         if unknown:
             raise UsageError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        if args.paired_with not in ARMS:
+            raise UsageError(f"--paired-with {args.paired_with}: not an arm; choose from {', '.join(ARMS)}")
         if args.iters <= 0:
             raise UsageError("--iters must be positive")
         if args.jobs < 1 or (args.jobs > 1 and args.nproc > 1):
@@ -1014,8 +1021,8 @@ def main(argv=None) -> int:
                                          "epochs": args.iters * tokens_per_step / tt if tt else 0.0}
         summary = aggregate(rows)
         table = markdown_grid(summary, args, header)
-        doc = {"meta": {**header, "iters": args.iters, "config": args.config, "last_k": args.last_k},
-               "summary": summary, "rows": rows}
+        doc = {"meta": {**header, "iters": args.iters, "config": args.config, "last_k": args.last_k,
+                        "paired_with": args.paired_with}, "summary": summary, "rows": rows}
         plot_grid(rows, os.path.join(args.out, "ablation.png"), tokens_per_step, title)
     else:
         train_tokens = train_tokens_of(args.data)

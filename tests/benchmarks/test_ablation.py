@@ -124,6 +124,9 @@ def test_ablation_dry_and_bad_arm(tmp_path):
     assert p.returncode == 2 and "unknown arm" in p.stderr
     p = ablation(["--dry", "--arms", "bf16", "--max-restarts", "-1"])
     assert p.returncode == 2 and p.stderr.strip().splitlines() == ["error: --max-restarts must be >= 0"], p.stderr
+    p = ablation(["--dry", "--arms", "bf16", "--paired-with", "nope"])
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("error: --paired-with nope: not an arm"), p.stderr
 
 
 @pytest.mark.long   # several tiny trainings (~20-40 s): make test-all
@@ -276,13 +279,13 @@ def test_summary_share_of_the_nvfp4_gap():
     assert got["bf16"]["share_of_nvfp4_gap"] is None
 
 
-def _summarized(mod, tmp_path, arms, val, failed=()):
+def _summarized(mod, tmp_path, arms, val, failed=(), paired_with="nvfp4_linear"):
     """summarize() over arms x seeds 1, 2 of corpus "c" whose metrics.jsonl hold the validation
     losses ``val[seed, arm]`` at step 4; the runs named in ``failed`` are not complete."""
     import argparse
 
     runs = mod.plan_runs(arms, {"c": "data/c"}, [1, 2])
-    args = argparse.Namespace(out=str(tmp_path), iters=4, last_k=1, family_lrs={},
+    args = argparse.Namespace(out=str(tmp_path), iters=4, last_k=1, family_lrs={}, paired_with=paired_with,
                               switches={r.name: list(mod.ARMS[r.arm]) for r in runs})
     for r in runs:
         os.makedirs(os.path.join(args.out, r.name))
@@ -308,22 +311,23 @@ def _row(md: str, arm: str) -> list[str]:
 def test_every_arm_paired_with_nvfp4_linear_by_seed(tmp_path):
     """summarize() / aggregate() / markdown_grid(): each arm but bf16 and nvfp4_linear against the
     nvfp4_linear run of its seed (hand-computed from the written validation losses); a seed whose
-    nvfp4_linear failed gives no pair; without nvfp4_linear the column is not in the table."""
+    nvfp4_linear failed gives no pair; without nvfp4_linear the column is not in the table; with
+    --paired-with lora_svd every arm but bf16 is set against lora_svd instead."""
     mod = ablation_module()
     val = {(1, "bf16"): 4.00, (1, "nvfp4_linear"): 4.04, (1, "nvfp4_linear_levers"): 4.0198, (1, "lora_svd"): 4.04,
            (2, "bf16"): 4.10, (2, "nvfp4_linear"): 4.10, (2, "nvfp4_linear_levers"): 4.059, (2, "lora_svd"): 4.141}
     rows, args = _summarized(mod, tmp_path / "a", ["bf16", "nvfp4_linear", "nvfp4_linear_levers", "lora_svd"], val)
     by = {(r["seed"], r["arm"]): r for r in rows}
-    assert by[1, "nvfp4_linear_levers"]["val_vs_nvfp4_pct"] == pytest.approx(-0.5)    # 4.0198 / 4.04 - 1
-    assert by[2, "nvfp4_linear_levers"]["val_vs_nvfp4_pct"] == pytest.approx(-1.0)    # 4.059 / 4.10 - 1
-    assert by[2, "lora_svd"]["val_vs_nvfp4_pct"] == pytest.approx(1.0)
+    assert by[1, "nvfp4_linear_levers"]["val_vs_paired_pct"] == pytest.approx(-0.5)    # 4.0198 / 4.04 - 1
+    assert by[2, "nvfp4_linear_levers"]["val_vs_paired_pct"] == pytest.approx(-1.0)    # 4.059 / 4.10 - 1
+    assert by[2, "lora_svd"]["val_vs_paired_pct"] == pytest.approx(1.0)
     for arm in ("bf16", "nvfp4_linear"):
-        assert by[1, arm]["val_vs_nvfp4_pct"] is None
+        assert by[1, arm]["val_vs_paired_pct"] is None
     summary = {a["arm"]: a for a in mod.aggregate(rows)}
     lev = summary["nvfp4_linear_levers"]
-    assert lev["val_vs_nvfp4_pct_mean"] == pytest.approx(-0.75)
-    assert lev["val_vs_nvfp4_pct_std"] == pytest.approx(0.5 / 2 ** 0.5)              # sd of -0.5, -1.0
-    assert lev["val_vs_nvfp4_pct_by_seed"] == pytest.approx({"1": -0.5, "2": -1.0})
+    assert lev["val_vs_paired_pct_mean"] == pytest.approx(-0.75)
+    assert lev["val_vs_paired_pct_std"] == pytest.approx(0.5 / 2 ** 0.5)              # sd of -0.5, -1.0
+    assert lev["val_vs_paired_pct_by_seed"] == pytest.approx({"1": -0.5, "2": -1.0})
     md = mod.markdown_grid(mod.aggregate(rows), args, _GRID_HEADER)
     col = next(line for line in md.splitlines() if line.startswith("| arm |")).split(" | ").index(
         "vs nvfp4_linear (val)")
@@ -333,11 +337,21 @@ def test_every_arm_paired_with_nvfp4_linear_by_seed(tmp_path):
     rows, args = _summarized(mod, tmp_path / "b", ["bf16", "nvfp4_linear", "nvfp4_linear_levers"], val,
                              failed={(2, "nvfp4_linear")})
     lev = next(a for a in mod.aggregate(rows) if a["arm"] == "nvfp4_linear_levers")
-    assert lev["val_vs_nvfp4_pct_by_seed"] == pytest.approx({"1": -0.5}) and lev["val_vs_nvfp4_pct_std"] is None
+    assert lev["val_vs_paired_pct_by_seed"] == pytest.approx({"1": -0.5}) and lev["val_vs_paired_pct_std"] is None
 
     rows, args = _summarized(mod, tmp_path / "c", ["bf16", "lora_svd"], val)
     md = mod.markdown_grid(mod.aggregate(rows), args, _GRID_HEADER)
     assert "vs nvfp4_linear" not in md and _row(md, "lora_svd")[0] == "lora_svd"
+
+    rows, args = _summarized(mod, tmp_path / "d", ["bf16", "nvfp4_linear", "lora_svd"], val, paired_with="lora_svd")
+    by = {(r["seed"], r["arm"]): r for r in rows}
+    assert by[1, "nvfp4_linear"]["val_vs_paired_pct"] == pytest.approx(0.0)            # 4.04 / 4.04 - 1
+    assert by[2, "nvfp4_linear"]["val_vs_paired_pct"] == pytest.approx(-100 * 0.041 / 4.141)
+    assert by[1, "lora_svd"]["val_vs_paired_pct"] is None and by[1, "bf16"]["val_vs_paired_pct"] is None
+    md = mod.markdown_grid(mod.aggregate(rows), args, _GRID_HEADER)
+    head = next(line for line in md.splitlines() if line.startswith("| arm |")).split(" | ")
+    assert "vs lora_svd (val)" in head and "vs nvfp4_linear (val)" not in head
+    assert _row(md, "nvfp4_linear")[head.index("vs lora_svd (val)")] == "-0.50% ± 0.70% (+0.00, -0.99)"
 
 
 def test_fp4_arms_of_an_orthogonal_optimizer_against_that_optimizer(tmp_path):
